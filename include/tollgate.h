@@ -1,0 +1,338 @@
+/*
+ * tollgate.h - the whole public API of tollgate, a rate-limiting library for C.
+ *
+ * This header is the reference manual. A program asks "may key K do this now,
+ * at cost C, under quota Q?" and gets back allow/deny plus the numbers an HTTP
+ * 429 response needs (remaining, retry-after, reset).
+ *
+ * Conventions used throughout:
+ *   - Every function that can fail returns int: 0 (TG_OK) or a negative TG_E*
+ *     code. tg_strerror() and tg_err_name() describe a code.
+ *   - Time: "now" is microseconds since the Unix epoch (uint64_t). Durations in
+ *     quotas and results are milliseconds. Field names carry the unit (_ms, _us).
+ *   - Keys are byte strings (pointer + length, 1..TG_KEY_MAX bytes, any bytes,
+ *     NUL included). tollgate copies what it keeps; the caller keeps ownership.
+ *   - Handles are opaque; tg_limiter_destroy(NULL) is a harmless no-op.
+ *
+ * Minimal use:
+ *
+ *   tg_config cfg;
+ *   tg_config_init(&cfg);
+ *   cfg.algorithm = TG_TOKEN_BUCKET;
+ *   tg_limiter *lim;
+ *   if (tg_limiter_new(&lim, &cfg) != 0) abort();
+ *   tg_quota q = {.limit = 10, .period_ms = 1000, .burst = 20};
+ *   tg_result r;
+ *   int rc = tg_hit(lim, "user:42", 7, &q, 1, &r);
+ *   if (rc == 0 && !r.allowed) reply_429(r.retry_after_ms);
+ *   tg_limiter_destroy(lim);
+ */
+#ifndef TOLLGATE_H
+#define TOLLGATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Export macro -------------------------------------------------------
+ * The library is built with -fvisibility=hidden; only TG_EXTERN symbols are
+ * exported from the shared object. Static builds define TG_STATIC (the CMake
+ * target does it for consumers of the static library). */
+#if defined(TG_STATIC)
+#define TG_EXTERN
+#elif defined(_WIN32)
+#if defined(TG_BUILDING_SHARED)
+#define TG_EXTERN __declspec(dllexport)
+#else
+#define TG_EXTERN __declspec(dllimport)
+#endif
+#elif defined(__GNUC__) && __GNUC__ >= 4
+#define TG_EXTERN __attribute__((visibility("default")))
+#else
+#define TG_EXTERN
+#endif
+
+/* ---- Version -------------------------------------------------------------
+ * This block is the single source of truth: CMake parses these three lines. */
+#define TG_VERSION_MAJOR 0
+#define TG_VERSION_MINOR 1
+#define TG_VERSION_PATCH 0
+/* 0xMMmmpp: comparable with <, e.g. #if TG_VERSION_HEX >= 0x000100 */
+#define TG_VERSION_HEX                                                         \
+  ((TG_VERSION_MAJOR << 16) | (TG_VERSION_MINOR << 8) | (TG_VERSION_PATCH))
+
+/* The version of the library actually linked, as TG_VERSION_HEX would give. */
+TG_EXTERN unsigned tg_version(void);
+/* The same as a static string "MAJOR.MINOR.PATCH". */
+TG_EXTERN const char *tg_version_string(void);
+
+/* ---- Limits --------------------------------------------------------------- */
+
+/* Longest key accepted, in bytes. Longer (or empty) keys are TG_EKEY. */
+#define TG_KEY_MAX 256
+/* Longest period accepted, in ms (about 31.7 years). Longer is TG_EQUOTA. */
+#define TG_PERIOD_MAX_MS UINT64_C(1000000000000)
+/* Latest "now" accepted, in us since the epoch (about the year 2262): beyond
+ * it nanosecond arithmetic would not fit 64 bits. Later is TG_ETIME. */
+#define TG_NOW_MAX_US UINT64_C(9000000000000000)
+/* retry_after_ms value meaning "this call can never be allowed", e.g. a cost
+ * greater than the limit (windows) or the burst (buckets). */
+#define TG_NEVER UINT64_MAX
+
+/* ---- Status codes ---------------------------------------------------------
+ * One table generates the enum, tg_strerror() and tg_err_name(), so they
+ * never drift. Values are negative, stable, and only ever appended. */
+#define TG_ERRNO_MAP(XX)                                                       \
+  XX(EINVAL, -1, "invalid argument")                                           \
+  XX(EKEY, -2, "key is empty or longer than TG_KEY_MAX bytes")                 \
+  XX(EQUOTA, -3, "invalid quota (limit 0, period 0 or out of range)")          \
+  XX(EOVERFLOW, -4, "arithmetic would overflow 64 bits")                       \
+  XX(ENOTSUP, -5, "operation not supported by this algorithm")                 \
+  XX(ENOMEM, -6, "out of memory")                                              \
+  XX(ERANGE, -7, "value out of range for this algorithm")                      \
+  XX(ETIME, -8, "time out of range (clock before 1970 or after TG_NOW_MAX_US)") \
+  XX(EFULL, -9, "store is full")                                               \
+  XX(ESTORE, -10, "store failure")
+
+typedef enum tg_errno {
+  TG_OK = 0,
+#define TG__ERR_ENUM(name, val, msg) TG_##name = (val),
+  TG_ERRNO_MAP(TG__ERR_ENUM)
+#undef TG__ERR_ENUM
+} tg_errno;
+
+/* A human-readable message for a status code; "unknown error" for values that
+ * are not codes. Never NULL; the string is static. */
+TG_EXTERN const char *tg_strerror(int err);
+/* The code's name, e.g. "TG_EKEY"; "TG_OK" for 0, "TG_UNKNOWN" otherwise. */
+TG_EXTERN const char *tg_err_name(int err);
+
+/* ---- Algorithms -----------------------------------------------------------
+ * All five give the same answers on every store. Full semantics in README.md
+ * and DESIGN.md; the summary each caller needs:
+ *
+ * TG_FIXED_WINDOW: windows aligned to the Unix epoch, window = floor(now_ms /
+ *   period_ms). A call adds its cost to the window's count and is allowed when
+ *   count <= limit. A DENIED CALL IS STILL COUNTED (like Hammer and the Redis
+ *   INCR pattern). retry_after_ms = end of window - now.
+ * TG_FIXED_WINDOW_PER_KEY: a window opens at the key's first hit and ends at
+ *   that moment + period_ms; it is active while end > now. Hits inside do not
+ *   move the end; the first hit after it opens a fresh window. Denied calls are
+ *   counted.
+ * TG_SLIDING_WINDOW: a log of allowed (time, cost) entries; a call is allowed
+ *   when the costs of entries younger than period_ms plus its cost <= limit,
+ *   so no interval of length period_ms ever admits more than limit. Denied
+ *   calls are not recorded. Memory per key is bounded, see
+ *   tg_config.sliding_max_entries.
+ * TG_TOKEN_BUCKET: a new bucket is full (burst tokens); it refills
+ *   continuously at limit per period_ms up to burst; a call is allowed when
+ *   tokens >= cost. count = tokens left. A denied call changes nothing.
+ * TG_LEAKY_BUCKET (as a meter): a new bucket is empty; it drains continuously
+ *   at limit per period_ms; a call is allowed when level + cost <= burst.
+ *   count = level after the call. A denied call changes nothing.
+ *
+ * Both buckets keep one 64-bit word per key (GCRA's theoretical arrival time,
+ * in nanoseconds). Their refill/drain rate is quantised to an emission
+ * interval of whole nanoseconds, rounded UP: T = ceil(period_ms * 10^6 /
+ * limit) ns, so tollgate never admits faster than the quota says (the error is
+ * below one part in T, e.g. 5.5e-8 at 55 per second). A quota whose rate is
+ * above one per nanosecond (limit > period_ms * 10^6) is TG_EQUOTA. */
+typedef enum tg_algorithm {
+  TG_FIXED_WINDOW = 0,
+  TG_FIXED_WINDOW_PER_KEY = 1,
+  TG_SLIDING_WINDOW = 2,
+  TG_TOKEN_BUCKET = 3,
+  TG_LEAKY_BUCKET = 4
+} tg_algorithm;
+
+/* Number of algorithms, for loops over all of them. */
+#define TG_ALGORITHM_COUNT 5
+
+/* The algorithm's name as used in docs and the command-line tool, e.g.
+ * "fixed_window"; "unknown" for values outside the enum. Static string. */
+TG_EXTERN const char *tg_algorithm_name(tg_algorithm alg);
+
+/* ---- Quota ----------------------------------------------------------------
+ * "limit per period_ms", plus burst for the buckets. Passed with every call:
+ * a key should always be used with the same quota (a different quota on the
+ * same key reinterprets its state, which is well defined but rarely useful).
+ *
+ * Hammer's bucket call hit(key, rate_per_s, capacity, cost) is
+ *   {.limit = rate_per_s, .period_ms = 1000, .burst = capacity};
+ * its window call hit(key, scale_ms, limit, increment) is
+ *   {.limit = limit, .period_ms = scale_ms}. */
+typedef struct tg_quota {
+  uint64_t limit;     /* events (cost units) per period; must be >= 1 */
+  uint64_t period_ms; /* ms, 1..TG_PERIOD_MAX_MS */
+  uint64_t burst;     /* bucket capacity in cost units; 0 means "= limit".
+                         Ignored by the three window algorithms. */
+} tg_quota;
+
+/* ---- Result --------------------------------------------------------------- */
+typedef struct tg_result {
+  bool allowed;            /* the call was admitted (and its cost consumed) */
+  bool degraded;           /* the answer came from the failure policy, not the
+                              store: see tg_config.on_failure */
+  uint64_t count;          /* per algorithm: windows: count in the window (after
+                              adding cost when it was counted); sliding: sum of
+                              live costs; token bucket: whole tokens left;
+                              leaky bucket: level, rounded up */
+  uint64_t remaining;      /* how many cost-1 calls would still be allowed now,
+                              after this call */
+  uint64_t retry_after_ms; /* 0 when allowed; otherwise the exact wait in ms,
+                              rounded up, after which the same call would be
+                              allowed (if nothing else happens meanwhile);
+                              TG_NEVER when it never can */
+  uint64_t reset_after_ms; /* ms until the key is back to a fresh state (empty
+                              window or log, full token bucket, empty leaky
+                              bucket), rounded up; 0 if it is fresh now */
+} tg_result;
+
+/* ---- Clock ----------------------------------------------------------------
+ * Returns microseconds since the Unix epoch. Called at most once per
+ * operation, from the calling thread; must be thread-safe if the limiter is
+ * shared. Tests inject their own to drive time by hand. */
+typedef uint64_t (*tg_clock_fn)(void *ctx);
+
+/* CLOCK_REALTIME in us (the default). ctx is ignored. */
+TG_EXTERN uint64_t tg_clock_realtime(void *ctx);
+/* CLOCK_REALTIME_COARSE in us: a few ns instead of ~25 ns per read, at the
+ * price of the kernel tick's resolution (1-4 ms). ctx is ignored. */
+TG_EXTERN uint64_t tg_clock_coarse(void *ctx);
+
+/* ---- Failure policy --------------------------------------------------------
+ * What a decision answers when the store cannot (e.g. the store is full).
+ * The function still returns the error code; the policy only decides what is
+ * written into the result, which then has degraded = true. */
+typedef enum tg_policy {
+  TG_POLICY_ERROR = 0,      /* result: not allowed, retry_after_ms TG_NEVER */
+  TG_POLICY_FAIL_OPEN = 1,  /* result: allowed */
+  TG_POLICY_FAIL_CLOSED = 2 /* result: not allowed, retry_after_ms = period */
+} tg_policy;
+
+/* ---- Limiter configuration ------------------------------------------------ */
+typedef struct tg_config {
+  tg_algorithm algorithm; /* default TG_FIXED_WINDOW */
+  tg_clock_fn clock;      /* default tg_clock_realtime */
+  void *clock_ctx;        /* passed to clock; owned by the caller */
+  tg_policy on_failure;   /* default TG_POLICY_ERROR */
+  uint32_t sliding_max_entries; /* TG_SLIDING_WINDOW only: most log entries
+                              kept per key (default 1024, 1..2^24). Entries of
+                              the same microsecond are merged. When a new entry
+                              would exceed the cap it is merged into the
+                              newest entry, which takes the later time: memory
+                              stays bounded and the limit is never exceeded,
+                              at the price of keeping some cost a little
+                              longer than its true age (answers become
+                              conservative, never permissive). */
+} tg_config;
+
+/* Fills *cfg with the defaults documented beside each field. Always use it
+ * before setting fields, so new fields get their defaults. */
+TG_EXTERN void tg_config_init(tg_config *cfg);
+
+/* ---- Limiter ---------------------------------------------------------------
+ * The limiter handle. In this version its state lives in a private in-process
+ * store (a hash table owned by the limiter, growing as keys arrive).
+ *
+ * THREAD SAFETY: a limiter may be used by one thread at a time; callers that
+ * share one across threads must serialise the calls themselves. */
+typedef struct tg_limiter tg_limiter;
+
+/* Creates a limiter from *cfg (copied; NULL means all defaults) and stores it
+ * in *out. Returns TG_EINVAL for a bad algorithm, policy or
+ * sliding_max_entries, TG_ENOMEM if allocation fails (*out is then NULL). */
+TG_EXTERN int tg_limiter_new(tg_limiter **out, const tg_config *cfg);
+/* Frees the limiter and all key state. NULL is a harmless no-op. */
+TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
+
+/* ---- Operations ------------------------------------------------------------
+ * Every operation validates its input first: lim, key and the output pointer
+ * must be non-NULL (TG_EINVAL), 1 <= key_len <= TG_KEY_MAX (TG_EKEY), the
+ * quota valid (TG_EQUOTA). Invalid input never changes any state.
+ *
+ * Each operation comes twice: reading the limiter's clock, and with an
+ * explicit now_us ("_at"), for callers that read the time once per event-loop
+ * turn and pass it down, and for replaying history. Time never moves a key's
+ * stored state backwards: if now is earlier than what the key has seen, the
+ * elapsed time is taken as 0.
+ *
+ * Supported operations per algorithm (others are TG_ENOTSUP):
+ *
+ *   op          FIXED  PER_KEY  SLIDING  TOKEN  LEAKY
+ *   hit          yes    yes      yes      yes    yes
+ *   inc          yes    yes      -        -      -
+ *   get          yes    yes      yes      yes    yes
+ *   set          yes    yes      -        yes    yes
+ *   expires_at   yes    yes      yes      yes    yes
+ *   reset        yes    yes      yes      yes    yes
+ */
+
+/* Decides one call of `cost` units and, when allowed (or for the windows,
+ * always), consumes it. cost 0 is a peek: it reports the same fields without
+ * changing anything (and is allowed unless the key is already over its
+ * limit). On success returns 0 and fills *out. On error *out is still written:
+ * for a store failure with the answer of tg_config.on_failure and degraded =
+ * true, for invalid input as "not allowed, retry TG_NEVER". */
+TG_EXTERN int tg_hit(tg_limiter *lim, const void *key, size_t key_len,
+                     const tg_quota *q, uint64_t cost, tg_result *out);
+TG_EXTERN int tg_hit_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                        size_t key_len, const tg_quota *q, uint64_t cost,
+                        tg_result *out);
+
+/* Windows only: adds cost to the key's count without checking the limit (for
+ * work that happened anyway) and stores the new count in *count_out (may be
+ * NULL). A per-key window that has ended is reopened at now. TG_EOVERFLOW if
+ * the count would pass 2^64 - 1. */
+TG_EXTERN int tg_inc(tg_limiter *lim, const void *key, size_t key_len,
+                     const tg_quota *q, uint64_t cost, uint64_t *count_out);
+TG_EXTERN int tg_inc_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                        size_t key_len, const tg_quota *q, uint64_t cost,
+                        uint64_t *count_out);
+
+/* Reads the key's value now without changing it: windows: count in the current
+ * window (0 once the window index changes or a per-key window has ended);
+ * sliding: sum of live costs; token bucket: whole tokens available (an unknown
+ * key is full: burst); leaky bucket: level rounded up (unknown key: 0). */
+TG_EXTERN int tg_get(tg_limiter *lim, const void *key, size_t key_len,
+                     const tg_quota *q, uint64_t *value_out);
+TG_EXTERN int tg_get_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                        size_t key_len, const tg_quota *q, uint64_t *value_out);
+
+/* Sets the key's value: fixed window: the current window's count; per-key
+ * window: re-anchors the window to [now, now + period) with that count; token
+ * bucket: tokens available now; leaky bucket: level now. For the buckets the
+ * value must be <= burst (TG_ERANGE otherwise). */
+TG_EXTERN int tg_set(tg_limiter *lim, const void *key, size_t key_len,
+                     const tg_quota *q, uint64_t value);
+TG_EXTERN int tg_set_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                        size_t key_len, const tg_quota *q, uint64_t value);
+
+/* Stores in *at_ms the absolute time, in ms since the epoch (rounded up), at
+ * which the key is back to a fresh state: end of the current window (if the
+ * key has a count in it, or for a per-key window, while it is active); expiry
+ * of the newest sliding-log entry; when a token bucket is full again; when a
+ * leaky bucket is empty. 0 when the key is fresh already. */
+TG_EXTERN int tg_expires_at(tg_limiter *lim, const void *key, size_t key_len,
+                            const tg_quota *q, uint64_t *at_ms);
+TG_EXTERN int tg_expires_at_at(tg_limiter *lim, uint64_t now_us,
+                               const void *key, size_t key_len,
+                               const tg_quota *q, uint64_t *at_ms);
+
+/* Deletes the key's state (it becomes fresh). Deleting an unknown key is not
+ * an error. */
+TG_EXTERN int tg_reset(tg_limiter *lim, const void *key, size_t key_len);
+
+/* Number of keys the limiter currently holds state for (fresh keys may still
+ * be counted until they are touched or cleaned). */
+TG_EXTERN size_t tg_key_count(const tg_limiter *lim);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TOLLGATE_H */

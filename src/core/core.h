@@ -1,0 +1,151 @@
+/*
+ * core.h - the pure algorithm core: (state, quota, cost, now) -> (decision,
+ * new state).
+ *
+ * Nothing in src/core reads a clock, takes a lock, allocates or does I/O, so
+ * every store (the in-process table, shared memory, a caller's custom store)
+ * runs exactly the same arithmetic and gives the same answers. A store holds
+ * one of two kinds of per-key state:
+ *
+ *   tg__state  two 64-bit words: windows keep (end_us, count), buckets keep
+ *              the GCRA theoretical arrival time in a (ns) and leave b at 0;
+ *   tg__log    the sliding window's entry list, in caller-provided memory.
+ *
+ * Units: time in us at the API edge, ns inside the buckets, ms in results.
+ */
+#ifndef TG_CORE_H
+#define TG_CORE_H
+
+#include "tollgate.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* The operations a store executes. */
+typedef enum tg__op {
+  TG__OP_HIT = 0,
+  TG__OP_INC,
+  TG__OP_GET,
+  TG__OP_SET,
+  TG__OP_EXPIRES,
+  TG__OP_COUNT_
+} tg__op;
+
+/* A quota validated and prepared for one algorithm, so the steps never divide
+ * by zero or overflow. Computed once per call by tg__quota_prepare(). */
+typedef struct tg__quota {
+  uint64_t limit;     /* events per period, >= 1 */
+  uint64_t period_us; /* us, >= 1000 */
+  uint64_t burst;     /* bucket capacity in cost units (burst or limit) */
+  uint64_t t_ns;      /* buckets: emission interval, ns, >= 1 */
+  uint64_t tau_ns;    /* buckets: tolerance burst * t_ns, ns */
+} tg__quota;
+
+/* Fixed-size state of the windows and buckets. The all-zero value is
+ * "absent", and so is any fully decayed value (tg__state_fresh). */
+typedef struct tg__state {
+  uint64_t a; /* windows: end of the window, us; buckets: TAT, ns */
+  uint64_t b; /* windows: count in the window; buckets: 0 */
+} tg__state;
+
+/* One sliding-log entry: cost admitted at time t_us. */
+typedef struct tg__entry {
+  uint64_t t_us;
+  uint64_t cost;
+} tg__entry;
+
+/* A sliding log in memory the store owns: entries sorted by t_us, strictly
+ * increasing. The step may append one entry: the store guarantees
+ * room >= min(n + 1, max) before calling it. */
+typedef struct tg__log {
+  tg__entry *e;  /* entries, oldest first */
+  uint32_t n;    /* entries in use */
+  uint32_t room; /* entries that e can hold */
+  uint32_t max;  /* cap from tg_config.sliding_max_entries */
+} tg__log;
+
+/* What one call asks of the store. */
+typedef struct tg__call {
+  tg__op op;
+  tg_algorithm alg;
+  const void *key;
+  size_t key_len;
+  tg__quota q;
+  uint64_t arg;    /* cost (hit, inc) or value (set) */
+  uint64_t now_us; /* already range-checked */
+} tg__call;
+
+/* What one call answers. */
+typedef struct tg__outcome {
+  tg_result r;    /* hit */
+  uint64_t value; /* inc: new count; get: value; expires: absolute ms */
+} tg__outcome;
+
+/* Validates *q for alg and fills *out. TG_EQUOTA when limit or period is 0,
+ * the period is above TG_PERIOD_MAX_MS, or (buckets) the rate is above one
+ * per ns or burst * T does not fit the documented range. */
+int tg__quota_prepare(tg__quota *out, const tg_quota *q, tg_algorithm alg);
+
+/* True when `op` is defined for `alg` (the table in tollgate.h). */
+bool tg__op_supported(tg_algorithm alg, tg__op op);
+
+/* Runs one call on fixed-size state. *st is read and, when *changed is set
+ * true, replaced by the new state, which the store must then publish (or, for
+ * a CAS store, publish only if the old state is still current and otherwise
+ * call again). Never called for TG_SLIDING_WINDOW. */
+int tg__state_step(const tg__call *c, tg__state *st, tg__outcome *o,
+                   bool *changed);
+
+/* True when `st` is equivalent to absent at now (a store may delete it). */
+bool tg__state_fresh(tg_algorithm alg, const tg__state *st, uint64_t now_us);
+
+/* Runs one call on a sliding log; may drop expired entries and append one.
+ * *changed says whether the log was modified. */
+int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
+                 bool *changed);
+
+/* Drops entries that have expired at now_us; returns how many were dropped. */
+uint32_t tg__log_prune(tg__log *log, uint64_t period_us, uint64_t now_us);
+
+/* The per-family steps behind tg__state_step (window.c, gcra.c). */
+int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
+                    bool *changed);
+int tg__gcra_step(const tg__call *c, tg__state *st, tg__outcome *o,
+                  bool *changed);
+
+/* ---- small arithmetic helpers shared by the steps ---- */
+
+/* ceil(x / d) without overflow; d > 0. */
+static inline uint64_t tg__div_ceil(uint64_t x, uint64_t d) {
+  return x / d + (x % d != 0);
+}
+
+/* a + b, or false on overflow. */
+static inline bool tg__add(uint64_t a, uint64_t b, uint64_t *out) {
+  return !__builtin_add_overflow(a, b, out);
+}
+
+/* a * b, or false on overflow. */
+static inline bool tg__mul(uint64_t a, uint64_t b, uint64_t *out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+
+/* Whole ms from now_us until later_us, rounded up; 0 if not later. */
+static inline uint64_t tg__ms_until(uint64_t later_us, uint64_t now_us) {
+  return later_us > now_us ? tg__div_ceil(later_us - now_us, 1000) : 0;
+}
+
+/* Fills a result for an allowed/denied outcome; the steps use it so the
+ * relationship between the fields is written once. */
+static inline void tg__result_set(tg_result *r, bool allowed, uint64_t count,
+                                  uint64_t remaining, uint64_t retry_ms,
+                                  uint64_t reset_ms) {
+  r->allowed = allowed;
+  r->degraded = false;
+  r->count = count;
+  r->remaining = remaining;
+  r->retry_after_ms = allowed ? 0 : retry_ms;
+  r->reset_after_ms = reset_ms;
+}
+
+#endif /* TG_CORE_H */

@@ -1,0 +1,84 @@
+/*
+ * gcra.c - token bucket and leaky bucket as one GCRA word per key.
+ *
+ * State is the theoretical arrival time (TAT) in ns. With emission interval T
+ * and tolerance tau = burst * T, a call of cost c at now computes
+ * tat' = max(tat, now) + c * T and is allowed iff tat' - now <= tau. The debt
+ * d = max(tat, now) - now is the bucket's fill in ns: the leaky bucket's level
+ * is d / T, the token bucket's tokens are (tau - d) / T. Both buckets admit
+ * exactly the same calls; they differ only in what they report and in their
+ * names for a fresh key (full of tokens, empty of water).
+ *
+ * Ranges (from tg__quota_prepare and TG_NOW_MAX_US): now <= 9e18 ns,
+ * tau <= 4e18 ns, a stored TAT <= its write time + tau, so d + c * T with
+ * c <= burst stays below 2^64 even when the clock has stepped back.
+ */
+#include "core.h"
+
+#define NS_PER_MS UINT64_C(1000000)
+
+/* Whole tokens left for debt d (0 when the debt exceeds tau, which only a
+ * clock stepping back can cause). */
+static uint64_t tokens(const tg__quota *q, uint64_t d) {
+  return d <= q->tau_ns ? (q->tau_ns - d) / q->t_ns : 0;
+}
+
+/* Leaky level for debt d, rounded up, never above burst. */
+static uint64_t level(const tg__quota *q, uint64_t d) {
+  uint64_t lv = tg__div_ceil(d, q->t_ns);
+  return lv < q->burst ? lv : q->burst;
+}
+
+static uint64_t report(const tg__call *c, uint64_t d) {
+  return c->alg == TG_TOKEN_BUCKET ? tokens(&c->q, d) : level(&c->q, d);
+}
+
+int tg__gcra_step(const tg__call *c, tg__state *st, tg__outcome *o,
+                  bool *changed) {
+  const tg__quota *q = &c->q;
+  uint64_t now = c->now_us * 1000;
+  uint64_t base = st->a > now ? st->a : now;
+  uint64_t d = base - now;
+  *changed = false;
+  switch (c->op) {
+  case TG__OP_HIT: {
+    uint64_t cost = c->arg;
+    if (cost > q->burst) {
+      tg__result_set(&o->r, false, report(c, d), tokens(q, d), TG_NEVER,
+                     tg__div_ceil(d, NS_PER_MS));
+      return TG_OK;
+    }
+    uint64_t d2 = d + cost * q->t_ns;
+    bool allowed = d2 <= q->tau_ns;
+    if (allowed && cost > 0) {
+      st->a = now + d2;
+      st->b = 0;
+      *changed = true;
+    }
+    uint64_t after = allowed ? d2 : d;
+    tg__result_set(&o->r, allowed, report(c, after), tokens(q, after),
+                   allowed ? 0 : tg__div_ceil(d2 - q->tau_ns, NS_PER_MS),
+                   tg__div_ceil(after, NS_PER_MS));
+    return TG_OK;
+  }
+  case TG__OP_GET:
+    o->value = report(c, d);
+    return TG_OK;
+  case TG__OP_SET: {
+    if (c->arg > q->burst)
+      return TG_ERANGE;
+    uint64_t fill = c->alg == TG_TOKEN_BUCKET ? q->burst - c->arg : c->arg;
+    st->a = now + fill * q->t_ns;
+    st->b = 0;
+    *changed = true;
+    return TG_OK;
+  }
+  case TG__OP_EXPIRES:
+    o->value = d > 0 ? tg__div_ceil(base, NS_PER_MS) : 0;
+    return TG_OK;
+  case TG__OP_INC:
+  case TG__OP_COUNT_:
+    break;
+  }
+  return TG_ENOTSUP;
+}

@@ -1,0 +1,39 @@
+/*
+ * step.c - dispatch of a call on fixed-size state to its algorithm family,
+ * and the "is this state equivalent to absent" test stores use to reclaim
+ * keys.
+ */
+#include "core.h"
+
+int tg__state_step(const tg__call *c, tg__state *st, tg__outcome *o,
+                   bool *changed) {
+  *changed = false;
+  if (!tg__op_supported(c->alg, c->op))
+    return TG_ENOTSUP;
+  switch (c->alg) {
+  case TG_FIXED_WINDOW:
+  case TG_FIXED_WINDOW_PER_KEY:
+    return tg__window_step(c, st, o, changed);
+  case TG_TOKEN_BUCKET:
+  case TG_LEAKY_BUCKET:
+    return tg__gcra_step(c, st, o, changed);
+  case TG_SLIDING_WINDOW:
+    break;
+  }
+  return TG_EINVAL;
+}
+
+bool tg__state_fresh(tg_algorithm alg, const tg__state *st, uint64_t now_us) {
+  switch (alg) {
+  case TG_FIXED_WINDOW:
+    return st->b == 0 || st->a <= now_us;
+  case TG_FIXED_WINDOW_PER_KEY:
+    return st->a <= now_us;
+  case TG_TOKEN_BUCKET:
+  case TG_LEAKY_BUCKET:
+    return st->a <= now_us * 1000;
+  case TG_SLIDING_WINDOW:
+    break;
+  }
+  return false;
+}

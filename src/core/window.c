@@ -1,0 +1,93 @@
+/*
+ * window.c - the two fixed-window algorithms as pure steps on (end_us, count).
+ *
+ * Both keep the end of the window the key's count belongs to, in us, and the
+ * count (denied calls included, as Hammer and the Redis INCR pattern do).
+ * TG_FIXED_WINDOW aligns windows to the epoch: the window of now ends at
+ * (floor(now_ms / period_ms) + 1) * period_ms. TG_FIXED_WINDOW_PER_KEY opens a
+ * window at the first hit and ends it period later; it is active while
+ * end > now (strict).
+ */
+#include "core.h"
+
+/* The window a call at now falls into: the stored one if it is still current
+ * (or ahead of now because the clock stepped back: state never moves
+ * backwards), else a fresh one with count 0 that a write would open. */
+static tg__state live_window(const tg__call *c, const tg__state *st) {
+  tg__state w = {0, 0};
+  if (c->alg == TG_FIXED_WINDOW) {
+    uint64_t period_ms = c->q.period_us / 1000;
+    uint64_t end_us = (c->now_us / 1000 / period_ms + 1) * period_ms * 1000;
+    if (st->a >= end_us)
+      return *st;
+    w.a = end_us;
+  } else {
+    if (st->a > c->now_us)
+      return *st;
+    w.a = c->now_us + c->q.period_us;
+  }
+  return w;
+}
+
+/* True while the stored window is not equivalent to absent: an epoch window
+ * with a count, or an active per-key window (even at count 0, after set(0),
+ * since its end is fixed). A stored epoch window that ends after now is
+ * always the current one: window ends are multiples of the period. */
+static bool window_live(const tg__call *c, const tg__state *st) {
+  if (st->a <= c->now_us)
+    return false;
+  return c->alg == TG_FIXED_WINDOW_PER_KEY || st->b > 0;
+}
+
+int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
+                    bool *changed) {
+  tg__state w = live_window(c, st);
+  uint64_t limit = c->q.limit;
+  *changed = false;
+  switch (c->op) {
+  case TG__OP_HIT: {
+    uint64_t cost = c->arg, count;
+    if (!tg__add(w.b, cost, &count))
+      return TG_EOVERFLOW;
+    if (cost > 0) {
+      w.b = count;
+      *st = w;
+      *changed = true;
+    }
+    bool allowed = count <= limit;
+    uint64_t retry = cost > limit ? TG_NEVER : tg__ms_until(w.a, c->now_us);
+    uint64_t reset = window_live(c, st) ? tg__ms_until(st->a, c->now_us) : 0;
+    tg__result_set(&o->r, allowed, count, allowed ? limit - count : 0, retry,
+                   reset);
+    return TG_OK;
+  }
+  case TG__OP_INC: {
+    uint64_t count;
+    if (!tg__add(w.b, c->arg, &count))
+      return TG_EOVERFLOW;
+    if (c->arg > 0) {
+      w.b = count;
+      *st = w;
+      *changed = true;
+    }
+    o->value = count;
+    return TG_OK;
+  }
+  case TG__OP_GET:
+    o->value = w.b;
+    return TG_OK;
+  case TG__OP_SET:
+    if (c->alg == TG_FIXED_WINDOW_PER_KEY)
+      w.a = c->now_us + c->q.period_us; /* set re-anchors the window */
+    w.b = c->arg;
+    *st = w;
+    *changed = true;
+    return TG_OK;
+  case TG__OP_EXPIRES:
+    o->value = window_live(c, st) ? tg__div_ceil(st->a, 1000) : 0;
+    return TG_OK;
+  case TG__OP_COUNT_:
+    break;
+  }
+  return TG_ENOTSUP;
+}

@@ -1,0 +1,22 @@
+/*
+ * siphash.h - SipHash-2-4 (Aumasson & Bernstein), written from the paper.
+ *
+ * Keys come from attackers (IPs, API tokens), so every table hashes them with
+ * SipHash under a random per-table 128-bit key: an attacker who cannot learn
+ * the key cannot aim many keys at one bucket.
+ */
+#ifndef TG_SIPHASH_H
+#define TG_SIPHASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* SipHash-2-4 of data[0..len) under key k (k[0] = first 8 key bytes read
+ * little-endian, k[1] = the next 8). */
+uint64_t tg__siphash(const uint64_t k[2], const void *data, size_t len);
+
+/* Fills k with 16 random bytes from the kernel (getrandom, falling back to
+ * /dev/urandom). Returns 0, or -1 if no randomness could be had. */
+int tg__siphash_random_key(uint64_t k[2]);
+
+#endif /* TG_SIPHASH_H */

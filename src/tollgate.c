@@ -1,0 +1,248 @@
+/*
+ * tollgate.c - the limiter: validates input, prepares the quota, reads the
+ * clock once, hands the call to the store, and turns store failures into the
+ * answer the configured policy asks for.
+ */
+#include "tollgate.h"
+
+#include "core/core.h"
+#include "store/store.h"
+
+#include <stdlib.h>
+
+#define STR2(x) #x
+#define STR(x) STR2(x)
+
+struct tg_limiter {
+  tg_config cfg;    /* copied at creation */
+  tg__store *store; /* owned */
+};
+
+unsigned tg_version(void) { return TG_VERSION_HEX; }
+
+const char *tg_version_string(void) {
+  return STR(TG_VERSION_MAJOR) "." STR(TG_VERSION_MINOR) "." STR(
+      TG_VERSION_PATCH);
+}
+
+const char *tg_algorithm_name(tg_algorithm alg) {
+  switch (alg) {
+  case TG_FIXED_WINDOW:
+    return "fixed_window";
+  case TG_FIXED_WINDOW_PER_KEY:
+    return "fixed_window_per_key";
+  case TG_SLIDING_WINDOW:
+    return "sliding_window";
+  case TG_TOKEN_BUCKET:
+    return "token_bucket";
+  case TG_LEAKY_BUCKET:
+    return "leaky_bucket";
+  }
+  return "unknown";
+}
+
+#define SLIDING_MAX_DEFAULT 1024u
+#define SLIDING_MAX_LIMIT (1u << 24)
+
+void tg_config_init(tg_config *cfg) {
+  if (!cfg)
+    return;
+  cfg->algorithm = TG_FIXED_WINDOW;
+  cfg->clock = tg_clock_realtime;
+  cfg->clock_ctx = NULL;
+  cfg->on_failure = TG_POLICY_ERROR;
+  cfg->sliding_max_entries = SLIDING_MAX_DEFAULT;
+}
+
+static bool config_valid(const tg_config *cfg) {
+  if ((unsigned)cfg->algorithm >= TG_ALGORITHM_COUNT)
+    return false;
+  if (cfg->on_failure != TG_POLICY_ERROR &&
+      cfg->on_failure != TG_POLICY_FAIL_OPEN &&
+      cfg->on_failure != TG_POLICY_FAIL_CLOSED)
+    return false;
+  return cfg->clock != NULL && cfg->sliding_max_entries >= 1 &&
+         cfg->sliding_max_entries <= SLIDING_MAX_LIMIT;
+}
+
+int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
+  if (!out)
+    return TG_EINVAL;
+  *out = NULL;
+  tg_config defaults;
+  if (!cfg) {
+    tg_config_init(&defaults);
+    cfg = &defaults;
+  }
+  if (!config_valid(cfg))
+    return TG_EINVAL;
+  tg_limiter *lim = calloc(1, sizeof *lim);
+  if (!lim)
+    return TG_ENOMEM;
+  lim->cfg = *cfg;
+  int rc = tg__simple_store_new(&lim->store, cfg->sliding_max_entries);
+  if (rc != TG_OK) {
+    free(lim);
+    return rc;
+  }
+  *out = lim;
+  return TG_OK;
+}
+
+void tg_limiter_destroy(tg_limiter *lim) {
+  if (!lim)
+    return;
+  lim->store->ops->destroy(lim->store);
+  free(lim);
+}
+
+size_t tg_key_count(const tg_limiter *lim) {
+  return lim ? lim->store->ops->key_count(lim->store) : 0;
+}
+
+/* Everything every operation checks, in the order the header documents,
+ * then the store call. now is NULL to read the limiter's clock (once). */
+static int run(tg_limiter *lim, tg__op op, const uint64_t *now, const void *key,
+               size_t key_len, const tg_quota *q, uint64_t arg,
+               tg__outcome *o) {
+  if (!lim || !key || !q)
+    return TG_EINVAL;
+  if (key_len == 0 || key_len > TG_KEY_MAX)
+    return TG_EKEY;
+  if (!tg__op_supported(lim->cfg.algorithm, op))
+    return TG_ENOTSUP;
+  tg__call c;
+  int rc = tg__quota_prepare(&c.q, q, lim->cfg.algorithm);
+  if (rc != TG_OK)
+    return rc;
+  uint64_t now_us = now ? *now : lim->cfg.clock(lim->cfg.clock_ctx);
+  if (now_us > TG_NOW_MAX_US)
+    return TG_ETIME;
+  c.op = op;
+  c.alg = lim->cfg.algorithm;
+  c.key = key;
+  c.key_len = key_len;
+  c.arg = arg;
+  c.now_us = now_us;
+  return lim->store->ops->exec(lim->store, &c, o);
+}
+
+static bool store_failure(int rc) {
+  return rc == TG_ENOMEM || rc == TG_EFULL || rc == TG_ESTORE;
+}
+
+/* The result written when a hit fails: the policy's answer for a store
+ * failure, "not allowed, never" for invalid input. */
+static void failure_result(const tg_limiter *lim, int rc, const tg_quota *q,
+                           tg_result *out) {
+  *out = (tg_result){0};
+  out->retry_after_ms = TG_NEVER;
+  if (!lim || !q || !store_failure(rc))
+    return;
+  out->degraded = true;
+  switch (lim->cfg.on_failure) {
+  case TG_POLICY_FAIL_OPEN:
+    out->allowed = true;
+    out->retry_after_ms = 0;
+    break;
+  case TG_POLICY_FAIL_CLOSED:
+    out->retry_after_ms = q->period_ms;
+    break;
+  case TG_POLICY_ERROR:
+    break;
+  }
+}
+
+static int hit(tg_limiter *lim, const uint64_t *now, const void *key,
+               size_t key_len, const tg_quota *q, uint64_t cost,
+               tg_result *out) {
+  if (!out)
+    return TG_EINVAL;
+  tg__outcome o;
+  int rc = run(lim, TG__OP_HIT, now, key, key_len, q, cost, &o);
+  if (rc == TG_OK)
+    *out = o.r;
+  else
+    failure_result(lim, rc, q, out);
+  return rc;
+}
+
+int tg_hit_at(tg_limiter *lim, uint64_t now_us, const void *key,
+              size_t key_len, const tg_quota *q, uint64_t cost,
+              tg_result *out) {
+  return hit(lim, &now_us, key, key_len, q, cost, out);
+}
+
+int tg_hit(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
+           uint64_t cost, tg_result *out) {
+  return hit(lim, NULL, key, key_len, q, cost, out);
+}
+
+/* The operations that answer one number share this; value_out may be NULL
+ * only where the header allows it (inc, set). */
+static int run_value(tg_limiter *lim, tg__op op, const uint64_t *now,
+                     const void *key, size_t key_len, const tg_quota *q,
+                     uint64_t arg, uint64_t *value_out) {
+  tg__outcome o;
+  int rc = run(lim, op, now, key, key_len, q, arg, &o);
+  if (rc == TG_OK && value_out)
+    *value_out = o.value;
+  return rc;
+}
+
+int tg_inc_at(tg_limiter *lim, uint64_t now_us, const void *key,
+              size_t key_len, const tg_quota *q, uint64_t cost,
+              uint64_t *count_out) {
+  return run_value(lim, TG__OP_INC, &now_us, key, key_len, q, cost, count_out);
+}
+
+int tg_inc(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
+           uint64_t cost, uint64_t *count_out) {
+  return run_value(lim, TG__OP_INC, NULL, key, key_len, q, cost, count_out);
+}
+
+int tg_get_at(tg_limiter *lim, uint64_t now_us, const void *key,
+              size_t key_len, const tg_quota *q, uint64_t *value_out) {
+  if (!value_out)
+    return TG_EINVAL;
+  return run_value(lim, TG__OP_GET, &now_us, key, key_len, q, 0, value_out);
+}
+
+int tg_get(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
+           uint64_t *value_out) {
+  if (!value_out)
+    return TG_EINVAL;
+  return run_value(lim, TG__OP_GET, NULL, key, key_len, q, 0, value_out);
+}
+
+int tg_set_at(tg_limiter *lim, uint64_t now_us, const void *key,
+              size_t key_len, const tg_quota *q, uint64_t value) {
+  return run_value(lim, TG__OP_SET, &now_us, key, key_len, q, value, NULL);
+}
+
+int tg_set(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
+           uint64_t value) {
+  return run_value(lim, TG__OP_SET, NULL, key, key_len, q, value, NULL);
+}
+
+int tg_expires_at_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                     size_t key_len, const tg_quota *q, uint64_t *at_ms) {
+  if (!at_ms)
+    return TG_EINVAL;
+  return run_value(lim, TG__OP_EXPIRES, &now_us, key, key_len, q, 0, at_ms);
+}
+
+int tg_expires_at(tg_limiter *lim, const void *key, size_t key_len,
+                  const tg_quota *q, uint64_t *at_ms) {
+  if (!at_ms)
+    return TG_EINVAL;
+  return run_value(lim, TG__OP_EXPIRES, NULL, key, key_len, q, 0, at_ms);
+}
+
+int tg_reset(tg_limiter *lim, const void *key, size_t key_len) {
+  if (!lim || !key)
+    return TG_EINVAL;
+  if (key_len == 0 || key_len > TG_KEY_MAX)
+    return TG_EKEY;
+  return lim->store->ops->reset(lim->store, key, key_len);
+}
