@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# run.sh - the install test: installs the build tree CTest is testing into a
+# temporary prefix, then builds and runs a small outside program against it
+# four ways: find_package with tollgate::tollgate and tollgate::tollgate_static
+# (consumer/CMakeLists.txt), and pkg-config with cc, shared and static. It also
+# checks the installed pkg-config file (version, prefix) and the installed
+# `tollgate` program. Registered by tests/install/CMakeLists.txt, which passes:
+#
+#   run.sh BUILD_DIR CMAKE_COMMAND GENERATOR C_COMPILER LIBDIR VERSION SANITIZE
+#
+# SANITIZE is the build's TG_SANITIZE (may be empty): a sanitized library can
+# only be linked into a sanitized program, so the consumers get the same
+# -fsanitize flags. The prefix is removed on success, kept on failure.
+set -euo pipefail
+
+build_dir=$1 cmake=$2 generator=$3 cc=$4 libdir=$5 version=$6 sanitize=${7:-}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-install.XXXXXX")
+prefix=$work/prefix
+trap 'rc=$?; if [ $rc = 0 ]; then rm -rf "$work"; else echo "install test: FAILED, files kept in $work" >&2; fi' EXIT
+
+fail() {
+  echo "install test: $*" >&2
+  exit 1
+}
+
+sanflags=()
+if [ -n "$sanitize" ]; then
+  sanflags=("-fsanitize=$sanitize" -fno-omit-frame-pointer)
+  echo "install test: sanitized build ($sanitize): consumers get ${sanflags[*]}"
+fi
+
+expected="tollgate $version: 3 allowed, 1 denied"
+
+# check_run NAME EXE SHARED: runs a consumer and compares its one line; SHARED
+# (yes/no) says whether it must load libtollgate.so from the prefix or carry
+# the library inside.
+check_run() {
+  local name=$1 exe=$2 shared=$3 out
+  if command -v readelf >/dev/null 2>&1; then
+    if readelf -d "$exe" | grep -q 'NEEDED.*\[libtollgate\.so'; then
+      [ "$shared" = yes ] || fail "$name: links libtollgate.so, expected the static library"
+    else
+      [ "$shared" = no ] || fail "$name: does not link libtollgate.so"
+    fi
+  fi
+  out=$(LD_LIBRARY_PATH="$prefix/$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$exe") ||
+    fail "$name: exited with status $?"
+  [ "$out" = "$expected" ] || fail "$name: printed '$out', expected '$expected'"
+  echo "install test: $name: ok ($out)"
+}
+
+# 1. Install exactly what this build tree holds.
+"$cmake" --install "$build_dir" --prefix "$prefix" >"$work/install.log" ||
+  { cat "$work/install.log" >&2; fail "cmake --install failed"; }
+for f in "include/tollgate.h" "$libdir/libtollgate.a" "$libdir/libtollgate.so" \
+  "$libdir/pkgconfig/tollgate.pc" "$libdir/cmake/tollgate/tollgateConfig.cmake" \
+  "$libdir/cmake/tollgate/tollgateConfigVersion.cmake"; do
+  [ -e "$prefix/$f" ] || fail "not installed: $f"
+done
+
+# 2. find_package(tollgate): shared and static targets.
+consumer_build=$work/consumer-build
+cmake_args=(-S "$here/consumer" -B "$consumer_build" -G "$generator"
+  "-DCMAKE_C_COMPILER=$cc" "-DCMAKE_PREFIX_PATH=$prefix"
+  "-DTG_EXPECT_PREFIX=$prefix" "-DTG_EXPECT_VERSION=$version")
+if [ -n "$sanitize" ]; then
+  cmake_args+=("-DCMAKE_C_FLAGS=${sanflags[*]}" "-DCMAKE_EXE_LINKER_FLAGS=${sanflags[*]}")
+fi
+"$cmake" "${cmake_args[@]}" >"$work/consumer-configure.log" 2>&1 ||
+  { cat "$work/consumer-configure.log" >&2; fail "configuring the find_package consumer failed"; }
+"$cmake" --build "$consumer_build" >"$work/consumer-build.log" 2>&1 ||
+  { cat "$work/consumer-build.log" >&2; fail "building the find_package consumers failed"; }
+check_run "find_package tollgate::tollgate" "$consumer_build/consumer_shared" yes
+check_run "find_package tollgate::tollgate_static" "$consumer_build/consumer_static" no
+
+# 3. pkg-config, looking only at this prefix (never a system tollgate.pc).
+export PKG_CONFIG_LIBDIR="$prefix/$libdir/pkgconfig"
+unset PKG_CONFIG_PATH
+command -v pkg-config >/dev/null 2>&1 || fail "pkg-config is not installed"
+pc_version=$(pkg-config --modversion tollgate)
+[ "$pc_version" = "$version" ] || fail "tollgate.pc says version $pc_version, expected $version"
+pc_prefix=$(pkg-config --variable=prefix tollgate)
+[ "$pc_prefix" = "$prefix" ] || fail "tollgate.pc says prefix=$pc_prefix, expected $prefix"
+read -r -a pc_cflags <<<"$(pkg-config --cflags tollgate)"
+read -r -a pc_libs <<<"$(pkg-config --libs tollgate)"
+warn=(-std=c11 -Wall -Wextra -Wpedantic -Werror)
+
+"$cc" "${warn[@]}" "${sanflags[@]}" "${pc_cflags[@]}" "$here/consumer/consumer.c" \
+  -o "$work/pc_shared" "${pc_libs[@]}" || fail "cc with pkg-config --cflags --libs failed"
+check_run "pkg-config shared" "$work/pc_shared" yes
+
+# Static: --static adds Libs.private; -l:libtollgate.a picks the archive even
+# though libtollgate.so sits beside it.
+read -r -a pc_static_libs <<<"$(pkg-config --static --libs tollgate)"
+pc_static_libs=("${pc_static_libs[@]/#-ltollgate/-l:libtollgate.a}")
+"$cc" "${warn[@]}" "${sanflags[@]}" -DCONSUMER_STATIC -DTG_STATIC "${pc_cflags[@]}" \
+  "$here/consumer/consumer.c" -o "$work/pc_static" "${pc_static_libs[@]}" ||
+  fail "cc with pkg-config --static --libs failed"
+check_run "pkg-config static" "$work/pc_static" no
+
+# 4. The installed command-line program, if the build has it.
+if [ -x "$prefix/bin/tollgate" ]; then
+  out=$("$prefix/bin/tollgate" version) || fail "installed tollgate version: status $?"
+  case $out in
+  *"$version"*) echo "install test: bin/tollgate: ok ($out)" ;;
+  *) fail "installed tollgate version printed '$out', expected $version" ;;
+  esac
+fi
+
+echo "install test: all consumers built and ran against $prefix"
