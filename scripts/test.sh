@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# test.sh - configure, build and run the whole test suite: the one command to
+# type after cloning.
+#
+#   ./scripts/test.sh                 the debug preset (gcc or cc, -Werror)
+#   ./scripts/test.sh asan tsan       several presets in turn: debug, release,
+#                                     asan (ASan+UBSan), tsan, clang
+#
+# Each preset is a CMake workflow (CMakePresets.json): configure into
+# build/<preset>, build, run CTest with output on failure. First it makes sure
+# the build dependencies are there (cmake >= 3.25, a C compiler, pkg-config,
+# cmocka); when one is missing it installs it with apt-get if it runs as root
+# on Debian/Ubuntu, and otherwise says what to install and stops.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+presets=("$@")
+[ ${#presets[@]} -gt 0 ] || presets=(debug)
+
+# Debian package for each missing dependency.
+missing=()
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+command -v make >/dev/null 2>&1 || command -v ninja >/dev/null 2>&1 || missing+=(make)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists cmocka; then
+  missing+=(libcmocka-dev)
+fi
+for p in "${presets[@]}"; do
+  [ "$p" != clang ] || command -v clang >/dev/null 2>&1 || missing+=(clang)
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+  else
+    echo "test.sh: missing build dependencies. On Debian/Ubuntu:" >&2
+    echo "  sudo apt-get install ${missing[*]}" >&2
+    echo "(elsewhere: CMake >= 3.25, a C11 compiler, pkg-config and cmocka)" >&2
+    exit 1
+  fi
+fi
+
+cmake_version=$(cmake --version | sed -n '1s/[^0-9]*\([0-9][0-9.]*\).*/\1/p')
+if ! printf '3.25\n%s\n' "$cmake_version" | sort -V -C; then
+  echo "test.sh: CMake $cmake_version is too old: the presets need 3.25 or newer" >&2
+  exit 1
+fi
+
+# Build with every core unless the caller chose a level.
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}
+
+for p in "${presets[@]}"; do
+  echo "=== test.sh: preset $p"
+  cmake --workflow --preset "$p"
+done
