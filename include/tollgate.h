@@ -96,7 +96,9 @@ TG_EXTERN const char *tg_version_string(void);
   XX(ERANGE, -7, "value out of range for this algorithm")                      \
   XX(ETIME, -8, "time out of range (clock before 1970 or after TG_NOW_MAX_US)") \
   XX(EFULL, -9, "store is full")                                               \
-  XX(ESTORE, -10, "store failure")
+  XX(ESTORE, -10, "store failure")                                             \
+  XX(EBUSY, -11, "key is locked by another caller")                            \
+  XX(ECORRUPT, -12, "stored state is corrupt or of an unknown version")
 
 typedef enum tg_errno {
   TG_OK = 0,
@@ -205,21 +207,95 @@ TG_EXTERN uint64_t tg_clock_realtime(void *ctx);
 TG_EXTERN uint64_t tg_clock_coarse(void *ctx);
 
 /* ---- Failure policy --------------------------------------------------------
- * What a decision answers when the store cannot (e.g. the store is full).
- * The function still returns the error code; the policy only decides what is
- * written into the result, which then has degraded = true. */
+ * What a decision answers when the store cannot decide: the memory table is
+ * full even after reclaiming decayed keys (TG_EFULL), a custom store's key is
+ * locked (TG_EBUSY) or fails (TG_ESTORE, TG_ECORRUPT), memory runs out
+ * (TG_ENOMEM). The function still returns that code; the policy only decides
+ * what is written into the result, which then has degraded = true. */
 typedef enum tg_policy {
-  TG_POLICY_ERROR = 0,      /* result: not allowed, retry_after_ms TG_NEVER */
-  TG_POLICY_FAIL_OPEN = 1,  /* result: allowed */
-  TG_POLICY_FAIL_CLOSED = 2 /* result: not allowed, retry_after_ms = period */
+  TG_POLICY_FAIL_OPEN = 0,  /* result: allowed (the default, as glimit and
+                               most Redis limiters do: a broken limiter
+                               should not take the service down) */
+  TG_POLICY_FAIL_CLOSED = 1, /* result: not allowed, retry_after_ms = period */
+  TG_POLICY_ERROR = 2       /* result: not allowed, retry_after_ms TG_NEVER:
+                               the caller must look at the return code */
 } tg_policy;
+
+/* ---- Cleanup ---------------------------------------------------------------
+ * The memory store reclaims keys whose state has decayed to "fresh" (an
+ * ended window, a full token bucket, an empty leaky bucket or log): such a key
+ * is indistinguishable from an unknown one, so reclaiming it changes no
+ * answer. A cleaning pass reclaims those that have been fresh for at least
+ * key_older_than_ms; the background thread runs one every clean_period_ms;
+ * tg_clean() runs one by hand. When the table is full, a new key first
+ * reclaims fresh keys near the insert cursor, whatever their age, without
+ * calling before_clean. */
+
+/* One expired entry handed to before_clean. The key bytes are valid only for
+ * the duration of the call. */
+typedef struct tg_expired {
+  const void *key;        /* key bytes (not NUL-terminated) */
+  size_t key_len;
+  uint64_t value;         /* windows: the count of the ended window; sliding:
+                             the cost left in the log; buckets: 0 */
+  uint64_t expired_at_ms; /* when the state became fresh, ms since epoch */
+} tg_expired;
+
+/* Called by a cleaning pass with up to 64 entries at a time, only when
+ * something expired, before they are deleted; from the cleaning thread (or
+ * the tg_clean caller), never while a tollgate lock is held, so it may call
+ * tollgate itself. Its return value is ignored for deletion: deletion goes on
+ * even if it reports failure (non-zero), as in Hammer. An entry hit again
+ * between this call and its deletion is not deleted (the cleaner deletes only
+ * the state it inspected). */
+typedef int (*tg_before_clean_fn)(tg_algorithm alg, const tg_expired *entries,
+                                  size_t n, void *ctx);
+
+/* ---- Custom store (glimit's Store) ----------------------------------------
+ * Keep state wherever you like; tollgate does the arithmetic. Per call,
+ * tollgate calls lock_and_get, computes, then exactly one of set_and_unlock
+ * (the state changed) or unlock (it did not). Callbacks may be called from
+ * any thread that uses the limiter, concurrently for different keys.
+ *
+ * The serialised state is documented and versioned (little-endian):
+ *   byte 0      format version, 1
+ *   byte 1      algorithm (tg_algorithm)
+ *   bytes 2-3   0
+ *   bytes 4-7   u32 number of log entries n (sliding window; else 0)
+ *   windows     u64 window end (us since epoch), u64 count
+ *   buckets     u64 theoretical arrival time (ns since epoch), u64 0
+ *   sliding     n x (u64 time (us since epoch), u64 cost), oldest first
+ * so it is at most 8 + 16 * max(1, sliding_max_entries) bytes. State that
+ * does not parse is TG_ECORRUPT (never a crash). */
+enum {
+  TG_CUSTOM_OK = 0,        /* locked; the state was copied */
+  TG_CUSTOM_NOT_FOUND = 1, /* locked; the key has no state */
+  TG_CUSTOM_BUSY = 2,      /* the lock could not be taken: nothing is held */
+  TG_CUSTOM_ERROR = 3      /* failure: nothing is held */
+};
+
+typedef struct tg_custom_store {
+  /* Locks the key and copies its state (at most cap bytes) into buf, setting
+   * *len. Returns a TG_CUSTOM_* code. */
+  int (*lock_and_get)(void *ctx, const void *key, size_t key_len, void *buf,
+                      size_t cap, size_t *len);
+  /* Stores len bytes as the key's state and unlocks. ttl_ms is how long the
+   * state matters: after it the state is fresh and may be deleted; 0 means
+   * it is fresh already (delete it now if you like). Returns TG_CUSTOM_OK or
+   * TG_CUSTOM_ERROR (then the lock must still be released). */
+  int (*set_and_unlock)(void *ctx, const void *key, size_t key_len,
+                        const void *data, size_t len, uint64_t ttl_ms);
+  /* Releases the lock without changing the state. */
+  void (*unlock)(void *ctx, const void *key, size_t key_len);
+  void *ctx; /* passed to every callback; owned by the caller */
+} tg_custom_store;
 
 /* ---- Limiter configuration ------------------------------------------------ */
 typedef struct tg_config {
   tg_algorithm algorithm; /* default TG_FIXED_WINDOW */
   tg_clock_fn clock;      /* default tg_clock_realtime */
   void *clock_ctx;        /* passed to clock; owned by the caller */
-  tg_policy on_failure;   /* default TG_POLICY_ERROR */
+  tg_policy on_failure;   /* default TG_POLICY_FAIL_OPEN */
   uint32_t sliding_max_entries; /* TG_SLIDING_WINDOW only: most log entries
                               kept per key (default 1024, 1..2^24). Entries of
                               the same microsecond are merged. When a new entry
@@ -229,6 +305,24 @@ typedef struct tg_config {
                               at the price of keeping some cost a little
                               longer than its true age (answers become
                               conservative, never permissive). */
+  uint64_t capacity;      /* memory store: most keys held at once (default
+                              65536, at most 2^40). The table takes about 64
+                              bytes per key, reserved up front. */
+  uint64_t long_keys;     /* memory store: most keys longer than 32 bytes
+                              held at once; 0 (the default) means "as many
+                              as capacity". 256 bytes each, backed by the
+                              kernel only once used. */
+  uint64_t clean_period_ms;   /* memory store: background cleaning period
+                              (default 60000); 0 runs no thread: call
+                              tg_clean() yourself */
+  uint64_t key_older_than_ms; /* how long a key may stay after its state
+                              became fresh (default 86400000, 24 h) */
+  tg_before_clean_fn before_clean; /* may be NULL (the default) */
+  void *before_clean_ctx;          /* passed to before_clean */
+  const tg_custom_store *custom_store; /* NULL (default): the built-in
+                              memory store. Else the caller's store; the
+                              struct is copied and must stay valid as long as
+                              the limiter, as must its ctx. */
 } tg_config;
 
 /* Fills *cfg with the defaults documented beside each field. Always use it
@@ -236,18 +330,27 @@ typedef struct tg_config {
 TG_EXTERN void tg_config_init(tg_config *cfg);
 
 /* ---- Limiter ---------------------------------------------------------------
- * The limiter handle. In this version its state lives in a private in-process
- * store (a hash table owned by the limiter, growing as keys arrive).
+ * The limiter handle. Its state lives in the built-in memory store (a
+ * concurrent hash table of fixed capacity owned by the limiter) unless a
+ * custom store is configured.
  *
- * THREAD SAFETY: a limiter may be used by one thread at a time; callers that
- * share one across threads must serialise the calls themselves. */
+ * THREAD SAFETY: every operation may be called from any number of threads at
+ * once on the same limiter. With the memory store, decisions on existing keys
+ * are lock-free (one 16-byte compare-and-swap; a sliding log takes a per-key
+ * lock); creating and reclaiming keys take a table lock. With a custom store,
+ * thread safety is that of its callbacks. tg_limiter_new and
+ * tg_limiter_destroy must not race with other calls on the same limiter. */
 typedef struct tg_limiter tg_limiter;
 
 /* Creates a limiter from *cfg (copied; NULL means all defaults) and stores it
- * in *out. Returns TG_EINVAL for a bad algorithm, policy or
- * sliding_max_entries, TG_ENOMEM if allocation fails (*out is then NULL). */
+ * in *out; starts the cleaning thread if clean_period_ms > 0 (memory store).
+ * Returns TG_EINVAL for a bad algorithm, policy, sliding_max_entries,
+ * capacity or long_keys, or a custom store without its three callbacks;
+ * TG_ENOMEM or TG_ESTORE if memory or the thread cannot be had (*out is then
+ * NULL). */
 TG_EXTERN int tg_limiter_new(tg_limiter **out, const tg_config *cfg);
-/* Frees the limiter and all key state. NULL is a harmless no-op. */
+/* Stops the cleaning thread (waiting for a pass in progress), frees the
+ * limiter and all key state it owns. NULL is a harmless no-op. */
 TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
 
 /* ---- Operations ------------------------------------------------------------
@@ -327,9 +430,22 @@ TG_EXTERN int tg_expires_at_at(tg_limiter *lim, uint64_t now_us,
  * an error. */
 TG_EXTERN int tg_reset(tg_limiter *lim, const void *key, size_t key_len);
 
-/* Number of keys the limiter currently holds state for (fresh keys may still
- * be counted until they are touched or cleaned). */
+/* Number of keys the memory store currently holds (fresh keys are counted
+ * until they are reclaimed); 0 for a custom store. */
 TG_EXTERN size_t tg_key_count(const tg_limiter *lim);
+
+/* Bytes of memory the store has reserved for key state (the whole table,
+ * including its virtual reservation for long keys and logs); 0 for a custom
+ * store. */
+TG_EXTERN size_t tg_store_bytes(const tg_limiter *lim);
+
+/* Runs one cleaning pass now (memory store): keys whose state has been fresh
+ * for at least key_older_than_ms are handed to before_clean and reclaimed.
+ * *removed (may be NULL) receives how many were reclaimed. If another pass is
+ * running it returns 0 at once with nothing removed. TG_ENOTSUP for a custom
+ * store (it expires keys by their TTL). */
+TG_EXTERN int tg_clean(tg_limiter *lim, size_t *removed);
+TG_EXTERN int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed);
 
 #ifdef __cplusplus
 }

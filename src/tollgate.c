@@ -5,6 +5,7 @@
  */
 #include "tollgate.h"
 
+#include "cleanup.h"
 #include "core/core.h"
 #include "store/store.h"
 
@@ -14,8 +15,11 @@
 #define STR(x) STR2(x)
 
 struct tg_limiter {
-  tg_config cfg;    /* copied at creation */
-  tg__store *store; /* owned */
+  tg_config cfg;           /* copied at creation */
+  tg_custom_store custom;  /* copy of *cfg.custom_store (cfg points here) */
+  tg__store *store;        /* owned */
+  tg__cleaner *cleaner;    /* owned; NULL when no thread runs */
+  tg__clean_bridge bridge; /* before_clean as the cleaning pass calls it */
 };
 
 unsigned tg_version(void) { return TG_VERSION_HEX; }
@@ -43,6 +47,10 @@ const char *tg_algorithm_name(tg_algorithm alg) {
 
 #define SLIDING_MAX_DEFAULT 1024u
 #define SLIDING_MAX_LIMIT (1u << 24)
+#define CAPACITY_DEFAULT 65536u
+#define CAPACITY_LIMIT (UINT64_C(1) << 40)
+#define CLEAN_PERIOD_DEFAULT_MS 60000u
+#define KEY_OLDER_THAN_DEFAULT_MS UINT64_C(86400000)
 
 void tg_config_init(tg_config *cfg) {
   if (!cfg)
@@ -50,8 +58,15 @@ void tg_config_init(tg_config *cfg) {
   cfg->algorithm = TG_FIXED_WINDOW;
   cfg->clock = tg_clock_realtime;
   cfg->clock_ctx = NULL;
-  cfg->on_failure = TG_POLICY_ERROR;
+  cfg->on_failure = TG_POLICY_FAIL_OPEN;
   cfg->sliding_max_entries = SLIDING_MAX_DEFAULT;
+  cfg->capacity = CAPACITY_DEFAULT;
+  cfg->long_keys = 0;
+  cfg->clean_period_ms = CLEAN_PERIOD_DEFAULT_MS;
+  cfg->key_older_than_ms = KEY_OLDER_THAN_DEFAULT_MS;
+  cfg->before_clean = NULL;
+  cfg->before_clean_ctx = NULL;
+  cfg->custom_store = NULL;
 }
 
 static bool config_valid(const tg_config *cfg) {
@@ -61,8 +76,27 @@ static bool config_valid(const tg_config *cfg) {
       cfg->on_failure != TG_POLICY_FAIL_OPEN &&
       cfg->on_failure != TG_POLICY_FAIL_CLOSED)
     return false;
+  if (cfg->custom_store &&
+      (!cfg->custom_store->lock_and_get || !cfg->custom_store->set_and_unlock ||
+       !cfg->custom_store->unlock))
+    return false;
   return cfg->clock != NULL && cfg->sliding_max_entries >= 1 &&
-         cfg->sliding_max_entries <= SLIDING_MAX_LIMIT;
+         cfg->sliding_max_entries <= SLIDING_MAX_LIMIT && cfg->capacity >= 1 &&
+         cfg->capacity <= CAPACITY_LIMIT && cfg->long_keys <= cfg->capacity;
+}
+
+static int store_new(tg_limiter *lim) {
+  const tg_config *cfg = &lim->cfg;
+  if (cfg->custom_store) {
+    lim->custom = *cfg->custom_store;
+    lim->cfg.custom_store = &lim->custom;
+    return tg__custom_store_new(&lim->store, &lim->custom, cfg->algorithm,
+                                cfg->sliding_max_entries);
+  }
+  tg__table_params p = {cfg->algorithm, cfg->capacity,
+                        cfg->long_keys ? cfg->long_keys : cfg->capacity,
+                        cfg->sliding_max_entries, false};
+  return tg__memory_store_new(&lim->store, &p);
 }
 
 int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
@@ -80,8 +114,14 @@ int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
   if (!lim)
     return TG_ENOMEM;
   lim->cfg = *cfg;
-  int rc = tg__simple_store_new(&lim->store, cfg->sliding_max_entries);
+  lim->bridge = (tg__clean_bridge){cfg->algorithm, cfg->before_clean,
+                                   cfg->before_clean_ctx};
+  int rc = store_new(lim);
+  if (rc == TG_OK && lim->store->ops->clean && cfg->clean_period_ms > 0)
+    rc = tg__cleaner_start(&lim->cleaner, lim, cfg->clean_period_ms);
   if (rc != TG_OK) {
+    if (lim->store)
+      lim->store->ops->destroy(lim->store);
     free(lim);
     return rc;
   }
@@ -92,12 +132,46 @@ int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
 void tg_limiter_destroy(tg_limiter *lim) {
   if (!lim)
     return;
+  tg__cleaner_stop(lim->cleaner);
   lim->store->ops->destroy(lim->store);
   free(lim);
 }
 
 size_t tg_key_count(const tg_limiter *lim) {
   return lim ? lim->store->ops->key_count(lim->store) : 0;
+}
+
+size_t tg_store_bytes(const tg_limiter *lim) {
+  return lim ? lim->store->ops->bytes(lim->store) : 0;
+}
+
+static int clean(tg_limiter *lim, const uint64_t *now, size_t *removed) {
+  size_t n = 0;
+  if (removed)
+    *removed = 0;
+  if (!lim)
+    return TG_EINVAL;
+  if (!lim->store->ops->clean)
+    return TG_ENOTSUP;
+  uint64_t now_us = now ? *now : lim->cfg.clock(lim->cfg.clock_ctx);
+  if (now_us > TG_NOW_MAX_US)
+    return TG_ETIME;
+  uint64_t older_us;
+  if (!tg__mul(lim->cfg.key_older_than_ms, 1000, &older_us))
+    older_us = UINT64_MAX;
+  int rc = lim->store->ops->clean(lim->store, now_us, older_us,
+                                  tg__clean_bridge_cb, &lim->bridge, &n);
+  if (removed)
+    *removed = n;
+  return rc;
+}
+
+int tg_clean(tg_limiter *lim, size_t *removed) {
+  return clean(lim, NULL, removed);
+}
+
+int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed) {
+  return clean(lim, &now_us, removed);
 }
 
 /* Everything every operation checks, in the order the header documents,
@@ -128,7 +202,8 @@ static int run(tg_limiter *lim, tg__op op, const uint64_t *now, const void *key,
 }
 
 static bool store_failure(int rc) {
-  return rc == TG_ENOMEM || rc == TG_EFULL || rc == TG_ESTORE;
+  return rc == TG_ENOMEM || rc == TG_EFULL || rc == TG_ESTORE ||
+         rc == TG_EBUSY || rc == TG_ECORRUPT;
 }
 
 /* The result written when a hit fails: the policy's answer for a store

@@ -11,6 +11,7 @@
 #define TG_STORE_H
 
 #include "../core/core.h"
+#include "table.h"
 
 typedef struct tg__store tg__store;
 
@@ -18,10 +19,15 @@ typedef struct tg__store_ops {
   /* Executes one validated call (op supported, quota prepared, now in
    * range). Returns 0 or a TG_E* code; on 0, *o holds the answer. */
   int (*exec)(tg__store *s, const tg__call *c, tg__outcome *o);
-  /* Deletes the key's state; absent keys are not an error. */
+  /* Makes the key fresh; absent keys are not an error. */
   int (*reset)(tg__store *s, const void *key, size_t key_len);
-  /* Keys currently holding state. */
+  /* Keys currently holding state (0 when the store cannot tell). */
   size_t (*key_count)(const tg__store *s);
+  /* One cleaning pass (NULL when the store expires keys by itself). */
+  int (*clean)(tg__store *s, uint64_t now_us, uint64_t older_than_us,
+               tg__clean_cb cb, void *ctx, size_t *removed);
+  /* Bytes of memory reserved for state (0 when not in this process). */
+  size_t (*bytes)(const tg__store *s);
   /* Frees everything. */
   void (*destroy)(tg__store *s);
 } tg__store_ops;
@@ -31,8 +37,12 @@ struct tg__store {
   const tg__store_ops *ops;
 };
 
-/* The single-threaded in-process store (store/simple.c). sliding_max caps
- * each sliding log (tg_config.sliding_max_entries). */
-int tg__simple_store_new(tg__store **out, uint32_t sliding_max);
+/* The embedded memory store: the concurrent table in anonymous memory. */
+int tg__memory_store_new(tg__store **out, const tg__table_params *p);
+
+/* The caller's store (glimit's Store): locking and bytes are theirs, the
+ * arithmetic ours. */
+int tg__custom_store_new(tg__store **out, const tg_custom_store *cs,
+                         tg_algorithm alg, uint32_t log_entries);
 
 #endif /* TG_STORE_H */

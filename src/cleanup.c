@@ -1,0 +1,107 @@
+/*
+ * cleanup.c - background expiry: one thread per limiter that runs a cleaning
+ * pass every clean_period_ms and sleeps on a condition variable in between,
+ * so that destroying the limiter wakes and joins it at once.
+ */
+#include "cleanup.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <time.h>
+
+void tg__clean_bridge_cb(const tg__clean_item *items, size_t n, void *ctx) {
+  const tg__clean_bridge *b = ctx;
+  if (!b->fn || n == 0)
+    return;
+  tg_expired e[64];
+  while (n > 0) {
+    size_t k = n < 64 ? n : 64;
+    for (size_t i = 0; i < k; i++) {
+      e[i].key = items[i].key;
+      e[i].key_len = items[i].key_len;
+      e[i].value = items[i].value;
+      e[i].expired_at_ms = items[i].expired_at_ms;
+    }
+    (void)b->fn(b->alg, e, k, b->ctx); /* failure never stops deletion */
+    items += k;
+    n -= k;
+  }
+}
+
+struct tg__cleaner {
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* signalled on stop; waits use CLOCK_MONOTONIC */
+  bool stop;         /* guarded by mu */
+  uint64_t period_ms;
+  tg_limiter *lim;
+};
+
+static void deadline_after(struct timespec *ts, uint64_t ms) {
+  clock_gettime(CLOCK_MONOTONIC, ts);
+  uint64_t ns = (uint64_t)ts->tv_nsec + (ms % 1000) * 1000000u;
+  ts->tv_sec += (time_t)(ms / 1000 + ns / 1000000000u);
+  ts->tv_nsec = (long)(ns % 1000000000u);
+}
+
+static void *run(void *arg) {
+  tg__cleaner *c = arg;
+  pthread_mutex_lock(&c->mu);
+  while (!c->stop) {
+    struct timespec ts;
+    deadline_after(&ts, c->period_ms);
+    int rc = 0;
+    while (!c->stop && rc != ETIMEDOUT)
+      rc = pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+    if (c->stop)
+      break;
+    pthread_mutex_unlock(&c->mu);
+    (void)tg_clean(c->lim, NULL);
+    pthread_mutex_lock(&c->mu);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+int tg__cleaner_start(tg__cleaner **out, tg_limiter *lim, uint64_t period_ms) {
+  tg__cleaner *c = calloc(1, sizeof *c);
+  if (!c)
+    return TG_ENOMEM;
+  c->period_ms = period_ms;
+  c->lim = lim;
+  pthread_condattr_t ca;
+  int ok = pthread_condattr_init(&ca) == 0;
+  ok = ok && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0;
+  ok = ok && pthread_cond_init(&c->cv, &ca) == 0;
+  pthread_condattr_destroy(&ca);
+  if (!ok) {
+    free(c);
+    return TG_ESTORE;
+  }
+  if (pthread_mutex_init(&c->mu, NULL) != 0) {
+    pthread_cond_destroy(&c->cv);
+    free(c);
+    return TG_ESTORE;
+  }
+  if (pthread_create(&c->thread, NULL, run, c) != 0) {
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+    return TG_ESTORE;
+  }
+  *out = c;
+  return TG_OK;
+}
+
+void tg__cleaner_stop(tg__cleaner *c) {
+  if (!c)
+    return;
+  pthread_mutex_lock(&c->mu);
+  c->stop = true;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  pthread_join(c->thread, NULL);
+  pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->cv);
+  free(c);
+}

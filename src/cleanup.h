@@ -1,0 +1,29 @@
+/*
+ * cleanup.h - the background cleaning thread and the bridge from the table's
+ * cleaning pass to the public before_clean callback.
+ */
+#ifndef TG_CLEANUP_H
+#define TG_CLEANUP_H
+
+#include "store/table.h"
+
+/* What a pass needs to call the user's before_clean. */
+typedef struct tg__clean_bridge {
+  tg_algorithm alg;
+  tg_before_clean_fn fn; /* may be NULL */
+  void *ctx;
+} tg__clean_bridge;
+
+/* A tg__clean_cb that converts table items into tg_expired entries and calls
+ * bridge->fn (ctx is a tg__clean_bridge *). */
+void tg__clean_bridge_cb(const tg__clean_item *items, size_t n, void *ctx);
+
+typedef struct tg__cleaner tg__cleaner;
+
+/* Starts a thread that calls tg_clean(lim, NULL) every period_ms. */
+int tg__cleaner_start(tg__cleaner **out, tg_limiter *lim, uint64_t period_ms);
+
+/* Stops the thread, waiting for a pass in progress; NULL is a no-op. */
+void tg__cleaner_stop(tg__cleaner *c);
+
+#endif /* TG_CLEANUP_H */

@@ -1,0 +1,80 @@
+/*
+ * memory.c - the embedded default store: the concurrent table (table.c) in
+ * an anonymous private mapping.
+ *
+ * The mapping is reserved with MAP_NORESERVE and the kernel backs pages as
+ * they are first touched, so long-key chunks and sliding-log blocks cost
+ * physical memory only once used (and are reused from free lists after).
+ */
+/* MAP_ANONYMOUS and MAP_NORESERVE are not POSIX: ask glibc for them here
+ * only, on top of the project-wide _POSIX_C_SOURCE. */
+#define _DEFAULT_SOURCE 1
+
+#include "store.h"
+#include "table.h"
+
+#include <stdlib.h>
+#include <sys/mman.h>
+
+typedef struct memory {
+  tg__store base;
+  tg__table t;
+  size_t bytes;
+} memory;
+
+static int mem_exec(tg__store *s, const tg__call *c, tg__outcome *o) {
+  return tg__table_exec(&((memory *)s)->t, c, o);
+}
+
+static int mem_reset(tg__store *s, const void *key, size_t key_len) {
+  return tg__table_reset(&((memory *)s)->t, key, key_len);
+}
+
+static size_t mem_key_count(const tg__store *s) {
+  return tg__table_live(&((const memory *)s)->t);
+}
+
+static int mem_clean(tg__store *s, uint64_t now_us, uint64_t older_than_us,
+                     tg__clean_cb cb, void *ctx, size_t *removed) {
+  return tg__table_clean(&((memory *)s)->t, now_us, older_than_us, cb, ctx,
+                         removed);
+}
+
+static size_t mem_bytes(const tg__store *s) {
+  return ((const memory *)s)->bytes;
+}
+
+static void mem_destroy(tg__store *s) {
+  memory *m = (memory *)s;
+  tg__table_fini(&m->t);
+  munmap(m->t.base, m->bytes);
+  free(m);
+}
+
+static const tg__store_ops memory_ops = {mem_exec,  mem_reset, mem_key_count,
+                                         mem_clean, mem_bytes, mem_destroy};
+
+int tg__memory_store_new(tg__store **out, const tg__table_params *p) {
+  size_t bytes = tg__table_bytes(p);
+  if (bytes == 0)
+    return TG_EINVAL;
+  memory *m = calloc(1, sizeof *m);
+  if (!m)
+    return TG_ENOMEM;
+  void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mem == MAP_FAILED) {
+    free(m);
+    return TG_ENOMEM;
+  }
+  int rc = tg__table_init(&m->t, mem, p);
+  if (rc != TG_OK) {
+    munmap(mem, bytes);
+    free(m);
+    return rc;
+  }
+  m->base.ops = &memory_ops;
+  m->bytes = bytes;
+  *out = &m->base;
+  return TG_OK;
+}

@@ -1,0 +1,731 @@
+/*
+ * table.c - the concurrent fixed-capacity hash table (see table.h for the
+ * layout and the concurrency contract).
+ *
+ * Open addressing with linear probing from home = (hash * nslots) >> 64.
+ * Inserts and reclaims are serialised by the table mutex, so an insert may
+ * reuse a TOMB safely; lookups never lock and fall back to the insert path
+ * when they miss, which re-checks under the mutex. A TOMB directly followed
+ * by an EMPTY becomes EMPTY again (no LIVE key beyond it can depend on it), so
+ * probe chains stay short however long the table runs.
+ *
+ * State encodings in the slot's 16-byte pair, generation g from the ctrl:
+ *   windows : w0 = end_us | (g mod 1024) << 54, w1 = count
+ *   buckets : w0 = TAT (ns),                     w1 = g
+ *   sliding : w0 = log block index + 1,          w1 = g
+ * (end_us stays below 2^54 because now <= TG_NOW_MAX_US and period <=
+ * TG_PERIOD_MAX_MS.)
+ */
+#include "table.h"
+
+#include "../siphash.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { EMPTY = 0, LIVE = 1, TOMB = 2 };
+
+#define CHUNK_WORDS (TG_KEY_MAX / 8)
+#define WIN_GEN_SHIFT 54
+#define WIN_END_MASK ((UINT64_C(1) << WIN_GEN_SHIFT) - 1)
+#define WIN_GEN_MASK UINT64_C(0x3ff)
+/* Slots a pressure reclaim inspects per failed insert. */
+#define RECLAIM_SCAN 4096u
+
+/* ---- ctrl words ---- */
+
+static unsigned ctrl_status(uint64_t c) { return (unsigned)(c & 3u); }
+static size_t ctrl_len(uint64_t c) { return (size_t)((c >> 2) & 0x1ffu); }
+static uint64_t ctrl_tag(uint64_t c) { return (c >> 16) & 0xffffu; }
+static uint32_t ctrl_gen(uint64_t c) { return (uint32_t)(c >> 32); }
+static uint64_t ctrl_make(unsigned status, size_t len, uint64_t tag,
+                          uint32_t gen) {
+  return (uint64_t)gen << 32 | (tag & 0xffffu) << 16 | (uint64_t)len << 2 |
+         status;
+}
+
+/* ---- keys ---- */
+
+/* A caller's key as the table compares it: hashed once, copied into zero
+ * padded words so comparisons are word by word. */
+typedef struct kref {
+  uint64_t hash;
+  uint64_t tag;
+  size_t len;
+  size_t nw; /* words that hold the key */
+  uint64_t w[CHUNK_WORDS];
+} kref;
+
+static void kref_init(const tg__table *t, kref *k, const void *key,
+                      size_t len) {
+  k->hash = tg__siphash(t->h->sip, key, len);
+  k->tag = k->hash >> 48;
+  k->len = len;
+  k->nw = (len + 7) / 8;
+  k->w[k->nw - 1] = 0;
+  memcpy(k->w, key, len);
+}
+
+static uint64_t home(const tg__table *t, uint64_t hash) {
+  return (uint64_t)(((tg__u128)hash * t->h->nslots) >> 64);
+}
+
+static uint64_t next(const tg__table *t, uint64_t i) {
+  return i + 1 == t->h->nslots ? 0 : i + 1;
+}
+
+static uint64_t prev(const tg__table *t, uint64_t i) {
+  return i == 0 ? t->h->nslots - 1 : i - 1;
+}
+
+/* The words holding slot i's key, or NULL if a chunk index is corrupt. */
+static const uint64_t *key_words(const tg__table *t, uint64_t i, size_t len) {
+  const tg__slot *s = &t->slots[i];
+  if (len <= TG__INLINE_KEY)
+    return s->key;
+  uint64_t ci = tg__load_relaxed(&s->key[0]);
+  return ci < t->h->nchunks ? t->chunks + ci * CHUNK_WORDS : NULL;
+}
+
+static bool key_equal(const tg__table *t, uint64_t i, const kref *k) {
+  const uint64_t *w = key_words(t, i, k->len);
+  if (!w)
+    return false;
+  for (size_t j = 0; j < k->nw; j++)
+    if (tg__load_relaxed(&w[j]) != k->w[j])
+      return false;
+  return true;
+}
+
+/* Lock-free lookup. On success *idx is the slot and *ctrl the ctrl word that
+ * was valid before and after the key comparison. */
+static bool find(const tg__table *t, const kref *k, uint64_t *idx,
+                 uint64_t *ctrl) {
+  uint64_t n = t->h->nslots, i = home(t, k->hash);
+  for (uint64_t probes = 0; probes < n; probes++) {
+    uint64_t c = tg__load_acquire(&t->ctrl[i]);
+    unsigned st = ctrl_status(c);
+    if (st == EMPTY)
+      return false;
+    if (st == LIVE && ctrl_tag(c) == k->tag && ctrl_len(c) == k->len &&
+        key_equal(t, i, k)) {
+      tg__fence_acquire();
+      if (tg__load_acquire(&t->ctrl[i]) == c) {
+        *idx = i;
+        *ctrl = c;
+        return true;
+      }
+      continue; /* the slot changed while we compared: look again */
+    }
+    i = next(t, i);
+  }
+  return false;
+}
+
+/* ---- state encodings ---- */
+
+static bool is_window(tg_algorithm alg) {
+  return alg == TG_FIXED_WINDOW || alg == TG_FIXED_WINDOW_PER_KEY;
+}
+
+static bool gen_ok(tg_algorithm alg, uint64_t w0, uint64_t w1, uint32_t g) {
+  if (is_window(alg))
+    return (w0 >> WIN_GEN_SHIFT) == (g & WIN_GEN_MASK);
+  return w1 == g;
+}
+
+static tg__state decode(tg_algorithm alg, uint64_t w0, uint64_t w1) {
+  tg__state st = {w0, 0};
+  if (is_window(alg)) {
+    st.a = w0 & WIN_END_MASK;
+    st.b = w1;
+  }
+  return st;
+}
+
+static void encode(tg_algorithm alg, const tg__state *st, uint32_t g,
+                   uint64_t *w0, uint64_t *w1) {
+  if (is_window(alg)) {
+    *w0 = (st->a & WIN_END_MASK) | ((uint64_t)g & WIN_GEN_MASK)
+                                       << WIN_GEN_SHIFT;
+    *w1 = st->b;
+  } else {
+    *w0 = st->a;
+    *w1 = g;
+  }
+}
+
+/* A consistent view of a slot's pair. Buckets and logs keep the generation in
+ * w1, which only grows, so two plain loads around w0 suffice and a reader
+ * never writes. Window pairs change in both words, so their snapshot is taken
+ * with a CAS of the value onto itself. */
+static void read_pair(tg_algorithm alg, tg__pair *p, uint64_t *w0,
+                      uint64_t *w1) {
+  if (!is_window(alg)) {
+    tg__load_pair(p, 1, w0, w1);
+    return;
+  }
+  *w0 = tg__load_relaxed(&p->w[0]);
+  *w1 = tg__load_relaxed(&p->w[1]);
+  while (!tg__cas128(p, w0, w1, *w0, *w1))
+    ;
+}
+
+/* ---- locks ---- */
+
+static int lock(pthread_mutex_t *m) {
+  int rc = pthread_mutex_lock(m);
+  if (rc == EOWNERDEAD) {
+    /* A process died holding it. Every structure it guards is published
+     * last (ctrl words) or re-initialised on use, so the state is usable
+     * as it is. */
+    pthread_mutex_consistent(m);
+    return TG_OK;
+  }
+  return rc == 0 ? TG_OK : TG_ESTORE;
+}
+
+static void unlock(pthread_mutex_t *m) { pthread_mutex_unlock(m); }
+
+static int mutex_init(pthread_mutex_t *m, bool shared) {
+  pthread_mutexattr_t a;
+  if (pthread_mutexattr_init(&a) != 0)
+    return TG_ESTORE;
+  int rc = 0;
+  if (shared) {
+    rc |= pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    rc |= pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+  }
+  rc |= pthread_mutex_init(m, &a);
+  pthread_mutexattr_destroy(&a);
+  return rc == 0 ? TG_OK : TG_ESTORE;
+}
+
+/* ---- arenas (all under the table mutex) ---- */
+
+static tg__log_block *block(const tg__table *t, uint64_t idx) {
+  return (tg__log_block *)(void *)(t->logs + idx * t->h->log_block_bytes);
+}
+
+/* Returns chunk index + 1, or 0 when none is left. */
+static uint64_t chunk_alloc(tg__table *t) {
+  tg__table_hdr *h = t->h;
+  if (h->chunk_free) {
+    uint64_t idx = h->chunk_free - 1;
+    h->chunk_free = tg__load_relaxed(&t->chunks[idx * CHUNK_WORDS]);
+    return idx + 1;
+  }
+  if (h->chunk_bump < h->nchunks)
+    return ++h->chunk_bump;
+  return 0;
+}
+
+static void chunk_release(tg__table *t, uint64_t idx) {
+  tg__store_relaxed(&t->chunks[idx * CHUNK_WORDS], t->h->chunk_free);
+  t->h->chunk_free = idx + 1;
+}
+
+/* Returns block index + 1, or 0 when none is left. */
+static uint64_t block_alloc(tg__table *t) {
+  tg__table_hdr *h = t->h;
+  uint64_t idx;
+  if (h->log_free) {
+    idx = h->log_free - 1;
+    h->log_free = block(t, idx)->next_free;
+  } else if (h->log_bump < h->nlogs) {
+    idx = h->log_bump++;
+  } else {
+    return 0;
+  }
+  tg__log_block *b = block(t, idx);
+  if (!b->inited) {
+    if (mutex_init(&b->mu, h->shared) != TG_OK)
+      return 0; /* the index is lost to this table: harmless and unlikely */
+    b->inited = 1;
+  }
+  return idx + 1;
+}
+
+static void block_release(tg__table *t, uint64_t idx) {
+  block(t, idx)->next_free = t->h->log_free;
+  t->h->log_free = idx + 1;
+}
+
+/* ---- reclaim ---- */
+
+/* When a state stopped mattering, us since the epoch (0: never mattered). */
+static uint64_t state_expiry_us(tg_algorithm alg, const tg__state *st) {
+  if (is_window(alg))
+    return st->a;
+  return tg__div_ceil(st->a, 1000); /* TAT ns -> us */
+}
+
+/* A TOMB followed by an EMPTY can become EMPTY (no LIVE key beyond it probed
+ * through it), and so can the TOMBs before it. The generation is kept. */
+static void tombs_to_empty(tg__table *t, uint64_t i) {
+  if (ctrl_status(tg__load_relaxed(&t->ctrl[next(t, i)])) != EMPTY)
+    return;
+  for (uint64_t n = 0; n < t->h->nslots; n++) {
+    uint64_t c = tg__load_relaxed(&t->ctrl[i]);
+    if (ctrl_status(c) != TOMB)
+      return;
+    tg__store_release(&t->ctrl[i], ctrl_make(EMPTY, 0, 0, ctrl_gen(c)));
+    i = prev(t, i);
+  }
+}
+
+/* Reclaims slot i if it still holds ctrl c and state (w0, w1) and, unless
+ * force (reset), that state has been absent-equivalent for at least
+ * older_than_us at now. Table mutex held. Returns true if the slot was
+ * freed. */
+static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
+                    uint64_t w1, uint64_t now_us, uint64_t older_than_us,
+                    bool force) {
+  tg__table_hdr *h = t->h;
+  tg_algorithm alg = (tg_algorithm)h->algorithm;
+  if (tg__load_acquire(&t->ctrl[i]) != c)
+    return false;
+  uint32_t g = ctrl_gen(c), g2 = g + 1;
+  tg__pair *p = &t->slots[i].st;
+  if (alg == TG_SLIDING_WINDOW) {
+    if (w0 == 0 || w0 > h->nlogs)
+      return false;
+    tg__log_block *b = block(t, w0 - 1);
+    if (lock(&b->mu) != TG_OK)
+      return false;
+    uint64_t expiry = b->n ? b->e[b->n - 1].t_us + b->period_us : 0;
+    bool ok = (force || (now_us >= expiry && now_us - expiry >= older_than_us)) &&
+              tg__cas128(p, &w0, &w1, 0, g2);
+    if (ok)
+      b->n = 0;
+    unlock(&b->mu);
+    if (!ok)
+      return false;
+    block_release(t, w0 - 1);
+  } else {
+    tg__state absent = {0, 0};
+    uint64_t n0, n1;
+    encode(alg, &absent, g2, &n0, &n1);
+    if (!tg__cas128(p, &w0, &w1, n0, n1))
+      return false; /* hit since inspection: the key survives */
+  }
+  if (ctrl_len(c) > TG__INLINE_KEY)
+    chunk_release(t, tg__load_relaxed(&t->slots[i].key[0]));
+  tg__store_release(&t->ctrl[i], ctrl_make(TOMB, 0, 0, g2));
+  tg__fetch_sub(&h->live, 1);
+  tombs_to_empty(t, i);
+  return true;
+}
+
+/* Inspects LIVE slot i (ctrl c): fills the observed state and reports whether
+ * it has been absent-equivalent at now for at least older_than_us. */
+static bool inspect(tg__table *t, uint64_t i, uint64_t c, uint64_t now_us,
+                    uint64_t older_than_us, tg__clean_item *it) {
+  tg_algorithm alg = (tg_algorithm)t->h->algorithm;
+  uint64_t w0, w1, expiry;
+  read_pair(alg, &t->slots[i].st, &w0, &w1);
+  if (!gen_ok(alg, w0, w1, ctrl_gen(c)))
+    return false;
+  if (alg == TG_SLIDING_WINDOW) {
+    if (w0 == 0 || w0 > t->h->nlogs)
+      return false;
+    tg__log_block *b = block(t, w0 - 1);
+    if (lock(&b->mu) != TG_OK)
+      return false;
+    uint64_t sum = 0;
+    for (uint32_t j = 0; j < b->n; j++)
+      sum += b->e[j].cost;
+    expiry = b->n ? b->e[b->n - 1].t_us + b->period_us : 0;
+    unlock(&b->mu);
+    it->value = sum;
+  } else {
+    tg__state st = decode(alg, w0, w1);
+    if (!tg__state_fresh(alg, &st, now_us))
+      return false;
+    expiry = state_expiry_us(alg, &st);
+    it->value = is_window(alg) ? st.b : 0;
+  }
+  if (now_us < expiry || now_us - expiry < older_than_us)
+    return false;
+  it->slot = i;
+  it->ctrl = c;
+  it->w0 = w0;
+  it->w1 = w1;
+  it->expired_at_ms = tg__div_ceil(expiry, 1000);
+  return true;
+}
+
+/* Under pressure (table full): reclaim every decayed key among the next
+ * RECLAIM_SCAN slots from the rotating cursor. Table mutex held. */
+static void reclaim_some(tg__table *t, uint64_t now_us) {
+  tg__table_hdr *h = t->h;
+  uint64_t i = h->cursor % h->nslots;
+  uint64_t scan = h->nslots < RECLAIM_SCAN ? h->nslots : RECLAIM_SCAN;
+  tg__clean_item it;
+  for (uint64_t n = 0; n < scan; n++, i = next(t, i)) {
+    uint64_t c = tg__load_acquire(&t->ctrl[i]);
+    if (ctrl_status(c) == LIVE && inspect(t, i, c, now_us, 0, &it))
+      reclaim(t, i, c, it.w0, it.w1, now_us, 0, false);
+  }
+  h->cursor = i;
+}
+
+/* ---- insert ---- */
+
+/* Makes sure the key has a LIVE slot: publishes it with an absent state, the
+ * key and (sliding) an empty log written before the ctrl word. */
+static int insert(tg__table *t, const kref *k, const tg__call *c) {
+  tg__table_hdr *h = t->h;
+  int rc = lock(&h->mu);
+  if (rc != TG_OK)
+    return rc;
+  uint64_t i, ctl;
+  if (find(t, k, &i, &ctl))
+    goto out; /* someone else created it meanwhile */
+  if (tg__load_relaxed(&h->live) >= h->capacity)
+    reclaim_some(t, c->now_us);
+  rc = TG_EFULL;
+  if (tg__load_relaxed(&h->live) >= h->capacity)
+    goto out;
+  /* first TOMB or EMPTY from home: there is one since live < nslots */
+  i = home(t, k->hash);
+  uint64_t cc = 0, probes;
+  for (probes = 0; probes < h->nslots; probes++, i = next(t, i)) {
+    cc = tg__load_relaxed(&t->ctrl[i]);
+    if (ctrl_status(cc) != LIVE)
+      break;
+  }
+  if (probes == h->nslots)
+    goto out;
+  uint32_t g = ctrl_gen(cc);
+  tg__slot *s = &t->slots[i];
+  uint64_t chunk = 0;
+  if (k->len <= TG__INLINE_KEY) {
+    for (size_t j = 0; j < 4; j++)
+      tg__store_relaxed(&s->key[j], j < k->nw ? k->w[j] : 0);
+  } else {
+    chunk = chunk_alloc(t);
+    if (!chunk)
+      goto out;
+    uint64_t *w = t->chunks + (chunk - 1) * CHUNK_WORDS;
+    for (size_t j = 0; j < k->nw; j++)
+      tg__store_relaxed(&w[j], k->w[j]);
+    tg__store_relaxed(&s->key[0], chunk - 1);
+  }
+  uint64_t w0, w1;
+  if (c->alg == TG_SLIDING_WINDOW) {
+    uint64_t bi = block_alloc(t);
+    if (!bi) {
+      if (chunk)
+        chunk_release(t, chunk - 1);
+      goto out;
+    }
+    tg__log_block *b = block(t, bi - 1);
+    if (lock(&b->mu) == TG_OK) { /* a stale waiter may still hold it */
+      b->n = 0;
+      b->period_us = c->q.period_us;
+      unlock(&b->mu);
+    }
+    w0 = bi;
+    w1 = g;
+  } else {
+    tg__state absent = {0, 0};
+    encode(c->alg, &absent, g, &w0, &w1);
+  }
+  tg__store_relaxed(&s->st.w[0], w0);
+  tg__store_relaxed(&s->st.w[1], w1);
+  tg__store_release(&t->ctrl[i], ctrl_make(LIVE, k->len, k->tag, g));
+  tg__fetch_add(&h->live, 1);
+  rc = TG_OK;
+out:
+  unlock(&h->mu);
+  return rc;
+}
+
+/* ---- operations ---- */
+
+/* Windows and buckets: one CAS per decision. A bucket reads its pair without
+ * writing and publishes only a changed state, so a denied decision writes
+ * nothing; a window snapshot is validated by the CAS itself. */
+static int exec_state(tg__table *t, const kref *k, const tg__call *c,
+                      tg__outcome *o) {
+  bool win = is_window(c->alg);
+  for (;;) {
+    uint64_t i, ctl;
+    if (!find(t, k, &i, &ctl)) {
+      tg__state st = {0, 0};
+      bool changed;
+      int rc = tg__state_step(c, &st, o, &changed);
+      if (rc != TG_OK || !changed || tg__state_fresh(c->alg, &st, c->now_us))
+        return rc;
+      rc = insert(t, k, c);
+      if (rc != TG_OK)
+        return rc;
+      continue;
+    }
+    tg__pair *p = &t->slots[i].st;
+    uint32_t g = ctrl_gen(ctl);
+    uint64_t w0, w1;
+    if (win) {
+      w0 = tg__load_relaxed(&p->w[0]);
+      w1 = tg__load_relaxed(&p->w[1]);
+    } else {
+      tg__load_pair(p, 1, &w0, &w1);
+    }
+    while (gen_ok(c->alg, w0, w1, g)) {
+      tg__state st = decode(c->alg, w0, w1);
+      bool changed;
+      int rc = tg__state_step(c, &st, o, &changed);
+      uint64_t n0 = w0, n1 = w1;
+      if (rc == TG_OK && changed)
+        encode(c->alg, &st, g, &n0, &n1);
+      else if (!win)
+        return rc; /* consistent snapshot, nothing to write */
+      if (tg__cas128(p, &w0, &w1, n0, n1))
+        return rc;
+      /* lost a race (or a window guess was torn): w0, w1 are current */
+    }
+    /* the slot was reclaimed since the lookup: look it up again */
+  }
+}
+
+/* Sliding log: the block's mutex serialises the key's log. */
+static int exec_log(tg__table *t, const kref *k, const tg__call *c,
+                    tg__outcome *o) {
+  tg__table_hdr *h = t->h;
+  for (;;) {
+    uint64_t i, ctl;
+    bool changed;
+    if (!find(t, k, &i, &ctl)) {
+      tg__entry one[1];
+      tg__log lg = {one, 0, 1, h->log_entries};
+      int rc = tg__log_step(c, &lg, o, &changed);
+      if (rc != TG_OK || !changed)
+        return rc;
+      rc = insert(t, k, c);
+      if (rc != TG_OK)
+        return rc;
+      continue;
+    }
+    tg__pair *p = &t->slots[i].st;
+    uint32_t g = ctrl_gen(ctl);
+    uint64_t w0, w1;
+    tg__load_pair(p, 1, &w0, &w1);
+    if (w1 != g)
+      continue;
+    if (w0 == 0 || w0 > h->nlogs)
+      return TG_ESTORE; /* corrupt state */
+    tg__log_block *b = block(t, w0 - 1);
+    int rc = lock(&b->mu);
+    if (rc != TG_OK)
+      return rc;
+    if (tg__load_acquire(&p->w[1]) != g) {
+      unlock(&b->mu);
+      continue;
+    }
+    tg__log lg = {b->e, b->n, h->log_entries, h->log_entries};
+    if (lg.n > lg.max)
+      lg.n = lg.max; /* corrupt count: never index past the block */
+    rc = tg__log_step(c, &lg, o, &changed);
+    b->n = lg.n;
+    b->period_us = c->q.period_us;
+    unlock(&b->mu);
+    return rc;
+  }
+}
+
+int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o) {
+  kref k;
+  kref_init(t, &k, c->key, c->key_len);
+  if (c->alg == TG_SLIDING_WINDOW)
+    return exec_log(t, &k, c, o);
+  return exec_state(t, &k, c, o);
+}
+
+/* Reset frees the key's slot at once (so memory and tg_key_count follow),
+ * under the table mutex, replacing only the state it read: a hit that lands
+ * in between makes the CAS fail and the reset read again. */
+int tg__table_reset(tg__table *t, const void *key, size_t key_len) {
+  tg_algorithm alg = (tg_algorithm)t->h->algorithm;
+  kref k;
+  kref_init(t, &k, key, key_len);
+  int rc = lock(&t->h->mu);
+  if (rc != TG_OK)
+    return rc;
+  uint64_t i, ctl;
+  while (find(t, &k, &i, &ctl)) {
+    uint64_t w0, w1;
+    read_pair(alg, &t->slots[i].st, &w0, &w1);
+    if (gen_ok(alg, w0, w1, ctrl_gen(ctl)) &&
+        reclaim(t, i, ctl, w0, w1, 0, 0, true))
+      break;
+  }
+  unlock(&t->h->mu);
+  return TG_OK;
+}
+
+size_t tg__table_live(const tg__table *t) {
+  return (size_t)tg__load_relaxed(&t->h->live);
+}
+
+/* ---- cleaning ---- */
+
+#define CLEAN_BATCH 64u
+
+static size_t flush(tg__table *t, tg__clean_item *items, size_t n,
+                    uint64_t now_us, uint64_t older_than_us, tg__clean_cb cb,
+                    void *ctx) {
+  if (n == 0)
+    return 0;
+  if (cb)
+    cb(items, n, ctx); /* outside every lock; its outcome never stops us */
+  size_t removed = 0;
+  if (lock(&t->h->mu) != TG_OK)
+    return 0;
+  for (size_t j = 0; j < n; j++)
+    removed += reclaim(t, items[j].slot, items[j].ctrl, items[j].w0,
+                       items[j].w1, now_us, older_than_us, false);
+  unlock(&t->h->mu);
+  return removed;
+}
+
+int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
+                    tg__clean_cb cb, void *ctx, size_t *removed) {
+  tg__table_hdr *h = t->h;
+  *removed = 0;
+  int rc = pthread_mutex_trylock(&h->clean_mu);
+  if (rc == EBUSY)
+    return TG_OK; /* another pass is running */
+  if (rc == EOWNERDEAD)
+    pthread_mutex_consistent(&h->clean_mu);
+  else if (rc != 0)
+    return TG_ESTORE;
+  tg__clean_item *items = malloc(CLEAN_BATCH * sizeof *items);
+  if (!items) {
+    unlock(&h->clean_mu);
+    return TG_ENOMEM;
+  }
+  size_t n = 0;
+  for (uint64_t i = 0; i < h->nslots; i++) {
+    uint64_t c = tg__load_acquire(&t->ctrl[i]);
+    if (ctrl_status(c) != LIVE)
+      continue;
+    tg__clean_item *it = &items[n];
+    if (!inspect(t, i, c, now_us, older_than_us, it))
+      continue;
+    /* copy the key, then check the slot still held it */
+    size_t len = ctrl_len(c);
+    const uint64_t *w = key_words(t, i, len);
+    if (!w)
+      continue;
+    uint64_t words[CHUNK_WORDS];
+    for (size_t j = 0; j < (len + 7) / 8; j++)
+      words[j] = tg__load_relaxed(&w[j]);
+    tg__fence_acquire();
+    if (tg__load_acquire(&t->ctrl[i]) != c)
+      continue;
+    memcpy(it->key, words, len);
+    it->key_len = len;
+    if (++n == CLEAN_BATCH) {
+      *removed += flush(t, items, n, now_us, older_than_us, cb, ctx);
+      n = 0;
+    }
+  }
+  *removed += flush(t, items, n, now_us, older_than_us, cb, ctx);
+  free(items);
+  unlock(&h->clean_mu);
+  return TG_OK;
+}
+
+/* ---- layout ---- */
+
+typedef struct layout {
+  uint64_t nslots, nchunks, nlogs, block_bytes;
+  uint64_t ctrl_off, slot_off, chunk_off, log_off, total;
+} layout;
+
+static uint64_t round64(uint64_t x) { return (x + 63) & ~UINT64_C(63); }
+
+static bool plan(const tg__table_params *p, layout *l) {
+  if (p->capacity == 0 || p->capacity > (UINT64_C(1) << 40) ||
+      p->long_keys > p->capacity || p->log_entries == 0 ||
+      p->log_entries > (1u << 24) ||
+      (unsigned)p->algorithm >= TG_ALGORITHM_COUNT)
+    return false;
+  l->nslots = p->capacity + tg__div_ceil(p->capacity, TG__LOAD_NUM);
+  l->nchunks = p->long_keys;
+  l->nlogs = p->algorithm == TG_SLIDING_WINDOW ? p->capacity : 0;
+  l->block_bytes =
+      round64(sizeof(tg__log_block) + (uint64_t)p->log_entries * sizeof(tg__entry));
+  uint64_t off = round64(sizeof(tg__table_hdr)), sz;
+  l->ctrl_off = off;
+  off = round64(off + l->nslots * 8);
+  l->slot_off = off;
+  off = round64(off + l->nslots * sizeof(tg__slot));
+  l->chunk_off = off;
+  if (!tg__mul(l->nchunks, TG_KEY_MAX, &sz) || !tg__add(off, sz, &off))
+    return false;
+  l->log_off = off;
+  if (!tg__mul(l->nlogs, l->block_bytes, &sz) || !tg__add(off, sz, &off))
+    return false;
+  l->total = off;
+  return off <= SIZE_MAX;
+}
+
+size_t tg__table_bytes(const tg__table_params *p) {
+  layout l;
+  return plan(p, &l) ? (size_t)l.total : 0;
+}
+
+static void attach_view(tg__table *t, void *mem) {
+  t->base = mem;
+  t->h = mem;
+  t->ctrl = (uint64_t *)(void *)(t->base + t->h->ctrl_off);
+  t->slots = (tg__slot *)(void *)(t->base + t->h->slot_off);
+  t->chunks = (uint64_t *)(void *)(t->base + t->h->chunk_off);
+  t->logs = t->base + t->h->log_off;
+}
+
+int tg__table_init(tg__table *t, void *mem, const tg__table_params *p) {
+  layout l;
+  if (!plan(p, &l))
+    return TG_EINVAL;
+  tg__table_hdr *h = mem;
+  h->magic = TG__TABLE_MAGIC;
+  h->version = TG__TABLE_VERSION;
+  h->hdr_bytes = (uint32_t)sizeof *h;
+  h->algorithm = (uint32_t)p->algorithm;
+  h->slot_bytes = (uint32_t)sizeof(tg__slot);
+  h->log_entries = p->log_entries;
+  h->log_block_bytes = (uint32_t)l.block_bytes;
+  h->shared = p->shared;
+  h->capacity = p->capacity;
+  h->nslots = l.nslots;
+  h->nchunks = l.nchunks;
+  h->nlogs = l.nlogs;
+  h->ctrl_off = l.ctrl_off;
+  h->slot_off = l.slot_off;
+  h->chunk_off = l.chunk_off;
+  h->log_off = l.log_off;
+  h->total_bytes = l.total;
+  if (tg__siphash_random_key(h->sip) != 0)
+    return TG_ESTORE;
+  if (mutex_init(&h->mu, p->shared) != TG_OK)
+    return TG_ESTORE;
+  if (mutex_init(&h->clean_mu, p->shared) != TG_OK) {
+    pthread_mutex_destroy(&h->mu);
+    return TG_ESTORE;
+  }
+  attach_view(t, mem);
+  return TG_OK;
+}
+
+void tg__table_fini(tg__table *t) {
+  tg__table_hdr *h = t->h;
+  for (uint64_t i = 0; i < h->log_bump; i++)
+    if (block(t, i)->inited)
+      pthread_mutex_destroy(&block(t, i)->mu);
+  pthread_mutex_destroy(&h->clean_mu);
+  pthread_mutex_destroy(&h->mu);
+}
