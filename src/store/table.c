@@ -261,6 +261,26 @@ static uint64_t state_expiry_us(tg_algorithm alg, const tg__state *st) {
   return tg__div_ceil(st->a, 1000); /* TAT ns -> us */
 }
 
+/* Publishes, before the reclaim that needs it, that no call may evaluate an
+ * absent key earlier than expiry_us. */
+static void raise_horizon(tg__table *t, uint64_t expiry_us) {
+  uint64_t cur = tg__load_relaxed(&t->h->horizon_us);
+  while (cur < expiry_us && !tg__cas64(&t->h->horizon_us, &cur, expiry_us))
+    ;
+}
+
+/* The call as it applies to an absent key: no earlier than the horizon. */
+static const tg__call *absent_call(const tg__table *t, const tg__call *c,
+                                   tg__call *tmp) {
+  uint64_t hz = tg__load_acquire(&t->h->horizon_us);
+  if (c->now_us >= hz)
+    return c;
+  if (c != tmp)
+    *tmp = *c;
+  tmp->now_us = hz;
+  return tmp;
+}
+
 /* A TOMB followed by an EMPTY can become EMPTY (no LIVE key beyond it probed
  * through it), and so can the TOMBs before it. The generation is kept. */
 static void tombs_to_empty(tg__table *t, uint64_t i) {
@@ -288,6 +308,12 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
     return false;
   uint32_t g = ctrl_gen(c), g2 = g + 1;
   tg__pair *p = &t->slots[i].st;
+  if (!force && alg != TG_SLIDING_WINDOW) {
+    /* the caller inspected (w0, w1) as fresh at now, so this never moves
+     * the horizon past now, even if the CAS below then fails */
+    tg__state st = decode(alg, w0, w1);
+    raise_horizon(t, state_expiry_us(alg, &st));
+  }
   if (alg == TG_SLIDING_WINDOW) {
     if (w0 == 0 || w0 > h->nlogs)
       return false;
@@ -295,8 +321,10 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
     if (lock(&b->mu) != TG_OK)
       return false;
     uint64_t expiry = b->n ? b->e[b->n - 1].t_us + b->period_us : 0;
-    bool ok = (force || (now_us >= expiry && now_us - expiry >= older_than_us)) &&
-              tg__cas128(p, &w0, &w1, 0, g2);
+    bool ok = force || (now_us >= expiry && now_us - expiry >= older_than_us);
+    if (ok && !force)
+      raise_horizon(t, expiry); /* only for a log that is being reclaimed */
+    ok = ok && tg__cas128(p, &w0, &w1, 0, g2);
     if (ok)
       b->n = 0;
     unlock(&b->mu);
@@ -451,17 +479,20 @@ out:
 static int exec_state(tg__table *t, const kref *k, const tg__call *c,
                       tg__outcome *o) {
   bool win = is_window(c->alg);
+  tg__call tmp; /* c with its time clamped to the horizon, when needed */
   for (;;) {
     uint64_t i, ctl;
     if (!find(t, k, &i, &ctl)) {
+      const tg__call *ac = absent_call(t, c, &tmp);
       tg__state st = {0, 0};
       bool changed;
-      int rc = tg__state_step(c, &st, o, &changed);
-      if (rc != TG_OK || !changed || tg__state_fresh(c->alg, &st, c->now_us))
+      int rc = tg__state_step(ac, &st, o, &changed);
+      if (rc != TG_OK || !changed || tg__state_fresh(c->alg, &st, ac->now_us))
         return rc;
       rc = insert(t, k, c);
       if (rc != TG_OK)
         return rc;
+      c = ac; /* the key now exists; keep the clamped time for its step */
       continue;
     }
     tg__pair *p = &t->slots[i].st;
@@ -494,18 +525,21 @@ static int exec_state(tg__table *t, const kref *k, const tg__call *c,
 static int exec_log(tg__table *t, const kref *k, const tg__call *c,
                     tg__outcome *o) {
   tg__table_hdr *h = t->h;
+  tg__call tmp; /* c with its time clamped to the horizon, when needed */
   for (;;) {
     uint64_t i, ctl;
     bool changed;
     if (!find(t, k, &i, &ctl)) {
+      const tg__call *ac = absent_call(t, c, &tmp);
       tg__entry one[1];
       tg__log lg = {one, 0, 1, h->log_entries};
-      int rc = tg__log_step(c, &lg, o, &changed);
+      int rc = tg__log_step(ac, &lg, o, &changed);
       if (rc != TG_OK || !changed)
         return rc;
       rc = insert(t, k, c);
       if (rc != TG_OK)
         return rc;
+      c = ac;
       continue;
     }
     tg__pair *p = &t->slots[i].st;

@@ -83,6 +83,12 @@ typedef struct tg__table_hdr {
   uint64_t chunk_bump, chunk_free; /* chunk allocator (table mutex) */
   uint64_t log_bump, log_free;     /* block allocator (table mutex) */
   uint64_t cursor;       /* where the next pressure reclaim looks (mutex) */
+  uint64_t horizon_us;   /* latest expiry of any state a cleaner or pressure
+                            reclaimed (atomic, only grows): a call that finds
+                            its key absent is evaluated no earlier than this,
+                            so a thread that read the time before a reclaim
+                            cannot see a fresh state where the reclaimed one
+                            still mattered */
   pthread_mutex_t mu;       /* structural changes */
   pthread_mutex_t clean_mu; /* at most one cleaning pass at a time */
 } tg__table_hdr;

@@ -1,0 +1,352 @@
+/*
+ * test_concurrency.c - stress tests of the memory store under many threads,
+ * meant to run under ThreadSanitizer (the tsan preset) as well as normally.
+ *
+ * Every claim is checked after pthread_join: worker threads only record what
+ * they saw (cmocka's asserts long-jump and must not run off the main thread).
+ *
+ *   a. T threads x M hits on one key, fixed window (and sliding log, leaky
+ *      bucket) of limit L at one instant: exactly L allowed, and the window's
+ *      count equals every hit (denied ones included).
+ *   b. token bucket with no refill and capacity C: exactly C allowed.
+ *   c. per-key window: N threads that all find the window ended open exactly
+ *      one new window, and every hit is counted in it.
+ *   d. the cleaner (a 1 ms background thread and a thread cleaning in a loop)
+ *      racing with hits, round after round, on all five algorithms: every
+ *      key admits exactly L per period, never more (no live state dropped)
+ *      and never less (no update lost).
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tollgate.h"
+
+#define THREADS 4
+#define T0 UINT64_C(1700000000000000) /* us: a fixed instant */
+
+static tg_limiter *make(tg_algorithm alg, uint64_t clean_period_ms,
+                        uint64_t older_than_ms, tg_clock_fn clock,
+                        void *clock_ctx) {
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = alg;
+  cfg.capacity = 1024;
+  cfg.clean_period_ms = clean_period_ms;
+  cfg.key_older_than_ms = older_than_ms;
+  if (clock) {
+    cfg.clock = clock;
+    cfg.clock_ctx = clock_ctx;
+  }
+  tg_limiter *lim = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  return lim;
+}
+
+/* ---- a, b: one key, one instant ---- */
+
+typedef struct hammer {
+  tg_limiter *lim;
+  const tg_quota *q;
+  uint64_t now_us;
+  const char *key;
+  unsigned hits;
+  pthread_barrier_t *start;
+  unsigned allowed; /* out */
+  unsigned errors;  /* out: non-zero return codes */
+} hammer;
+
+static void *hammer_run(void *arg) {
+  hammer *h = arg;
+  pthread_barrier_wait(h->start);
+  for (unsigned i = 0; i < h->hits; i++) {
+    tg_result r;
+    int rc = tg_hit_at(h->lim, h->now_us, h->key, strlen(h->key), h->q, 1, &r);
+    if (rc != TG_OK)
+      h->errors++;
+    else if (r.allowed)
+      h->allowed++;
+  }
+  return NULL;
+}
+
+/* Runs THREADS hammers of `hits` each; returns the total allowed. */
+static unsigned hammer_all(tg_limiter *lim, const tg_quota *q, uint64_t now_us,
+                           const char *key, unsigned hits) {
+  pthread_t th[THREADS];
+  hammer h[THREADS];
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, THREADS);
+  for (int i = 0; i < THREADS; i++) {
+    h[i] = (hammer){lim, q, now_us, key, hits, &start, 0, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, hammer_run, &h[i]), 0);
+  }
+  unsigned allowed = 0, errors = 0;
+  for (int i = 0; i < THREADS; i++) {
+    pthread_join(th[i], NULL);
+    allowed += h[i].allowed;
+    errors += h[i].errors;
+  }
+  pthread_barrier_destroy(&start);
+  assert_int_equal(errors, 0);
+  return allowed;
+}
+
+static void exactly_limit_one_key(tg_algorithm alg, uint64_t expect_count) {
+  tg_limiter *lim = make(alg, 0, 0, NULL, NULL);
+  const tg_quota q = {.limit = 1000, .period_ms = 60000, .burst = 0};
+  const unsigned hits = 5000;
+  unsigned allowed = hammer_all(lim, &q, T0, "hot", hits);
+  assert_int_equal(allowed, 1000);
+  uint64_t v;
+  assert_int_equal(tg_get_at(lim, T0, "hot", 3, &q, &v), TG_OK);
+  assert_int_equal(v, expect_count ? expect_count : 1000);
+  tg_limiter_destroy(lim);
+}
+
+static void a_fixed_window_exact(void **state) {
+  (void)state;
+  /* denied calls are counted: the count is every hit */
+  exactly_limit_one_key(TG_FIXED_WINDOW, (uint64_t)THREADS * 5000);
+}
+
+static void a_per_key_window_exact(void **state) {
+  (void)state;
+  exactly_limit_one_key(TG_FIXED_WINDOW_PER_KEY, (uint64_t)THREADS * 5000);
+}
+
+static void a_sliding_window_exact(void **state) {
+  (void)state;
+  exactly_limit_one_key(TG_SLIDING_WINDOW, 0);
+}
+
+static void a_leaky_bucket_exact(void **state) {
+  (void)state;
+  exactly_limit_one_key(TG_LEAKY_BUCKET, 0); /* level = burst */
+}
+
+static void b_token_bucket_no_refill(void **state) {
+  (void)state;
+  tg_limiter *lim = make(TG_TOKEN_BUCKET, 0, 0, NULL, NULL);
+  /* one token per 11.5 days, time standing still: nothing refills */
+  const tg_quota q = {.limit = 1, .period_ms = 1000000000, .burst = 777};
+  unsigned allowed = hammer_all(lim, &q, T0, "bucket", 3000);
+  assert_int_equal(allowed, 777);
+  uint64_t v;
+  assert_int_equal(tg_get_at(lim, T0, "bucket", 6, &q, &v), TG_OK);
+  assert_int_equal(v, 0);
+  tg_limiter_destroy(lim);
+}
+
+/* ---- c: per-key window opened once ---- */
+
+static void c_per_key_window_opened_once(void **state) {
+  (void)state;
+  tg_limiter *lim = make(TG_FIXED_WINDOW_PER_KEY, 0, 0, NULL, NULL);
+  const tg_quota q = {.limit = 100, .period_ms = 1000, .burst = 0};
+  for (int round = 0; round < 20; round++) {
+    /* every round starts when the previous window has just ended */
+    uint64_t t = T0 + (uint64_t)round * 1000000u;
+    unsigned allowed = hammer_all(lim, &q, t, "pk", 250);
+    assert_int_equal(allowed, 100);
+    uint64_t count, end_ms;
+    assert_int_equal(tg_get_at(lim, t, "pk", 2, &q, &count), TG_OK);
+    assert_int_equal(count, (uint64_t)THREADS * 250);
+    assert_int_equal(tg_expires_at_at(lim, t, "pk", 2, &q, &end_ms), TG_OK);
+    assert_int_equal(end_ms, t / 1000 + 1000); /* one window, opened at t */
+  }
+  tg_limiter_destroy(lim);
+}
+
+/* ---- d: cleaner racing with hits ---- */
+
+#define KEYS 8
+#define ROUNDS 600
+#define LIMIT 40
+#define PER_THREAD 16 /* hits per key per round per thread: 64 >= LIMIT + 1 */
+#define PERIOD_MS 10
+
+typedef struct race {
+  tg_limiter *lim;
+  uint64_t round_now; /* us; the instant of the current round (atomic) */
+  int done;           /* atomic */
+  pthread_barrier_t *rounds;
+  unsigned errors;    /* cleaner thread's failed passes */
+  size_t cleaned; /* cleaner thread: keys it reclaimed */
+} race;
+
+static uint64_t race_clock(void *ctx) {
+  race *r = ctx;
+  return __atomic_load_n(&r->round_now, __ATOMIC_ACQUIRE);
+}
+
+typedef struct worker {
+  race *r;
+  unsigned allowed[ROUNDS][KEYS];
+  unsigned errors;
+  int first_error; /* the first non-zero return code, for the report */
+} worker;
+
+static const tg_quota race_q = {.limit = LIMIT, .period_ms = PERIOD_MS,
+                                .burst = 0};
+
+static void *race_worker(void *arg) {
+  worker *w = arg;
+  race *r = w->r;
+  char key[16];
+  for (int round = 0; round < ROUNDS; round++) {
+    pthread_barrier_wait(r->rounds); /* round_now is set */
+    uint64_t now = race_clock(r);
+    for (int j = 0; j < PER_THREAD; j++)
+      for (int k = 0; k < KEYS; k++) {
+        int n = snprintf(key, sizeof key, "key-%d", k);
+        tg_result res;
+        int rc = tg_hit_at(r->lim, now, key, (size_t)n, &race_q, 1, &res);
+        if (rc != TG_OK) {
+          if (w->errors++ == 0)
+            w->first_error = rc;
+        } else if (res.allowed) {
+          w->allowed[round][k]++;
+        }
+      }
+    pthread_barrier_wait(r->rounds); /* round over */
+  }
+  return NULL;
+}
+
+static void *race_cleaner(void *arg) {
+  race *r = arg;
+  while (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
+    size_t n = 0;
+    if (tg_clean_at(r->lim, race_clock(r), &n) != TG_OK)
+      r->errors++;
+    r->cleaned += n;
+  }
+  return NULL;
+}
+
+static int expired_seen;
+static int count_expired(tg_algorithm alg, const tg_expired *e, size_t n,
+                         void *ctx) {
+  (void)alg;
+  (void)e;
+  (void)ctx;
+  __atomic_fetch_add(&expired_seen, (int)n, __ATOMIC_RELAXED);
+  return -1; /* report failure: deletion must go on regardless */
+}
+
+static void cleaner_race(tg_algorithm alg) {
+  race *r = calloc(1, sizeof *r);
+  assert_non_null(r);
+  r->round_now = T0;
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = alg;
+  cfg.capacity = 64;
+  cfg.clean_period_ms = 1; /* the background thread, every ms */
+  cfg.key_older_than_ms = 0;
+  cfg.clock = race_clock;
+  cfg.clock_ctx = r;
+  cfg.before_clean = count_expired;
+  assert_int_equal(tg_limiter_new(&r->lim, &cfg), TG_OK);
+  expired_seen = 0;
+
+  pthread_barrier_t rounds;
+  pthread_barrier_init(&rounds, NULL, THREADS + 1);
+  r->rounds = &rounds;
+  worker *w = calloc(THREADS, sizeof *w);
+  assert_non_null(w);
+  pthread_t th[THREADS], cl;
+  for (int i = 0; i < THREADS; i++) {
+    w[i].r = r;
+    assert_int_equal(pthread_create(&th[i], NULL, race_worker, &w[i]), 0);
+  }
+  assert_int_equal(pthread_create(&cl, NULL, race_cleaner, r), 0);
+  for (int round = 0; round < ROUNDS; round++) {
+    /* Every key's state from the last round is exactly fresh now: the
+     * cleaners race to reclaim it while the workers hit it again. */
+    __atomic_store_n(&r->round_now,
+                     T0 + (uint64_t)round * PERIOD_MS * 1000u,
+                     __ATOMIC_RELEASE);
+    pthread_barrier_wait(&rounds);
+    pthread_barrier_wait(&rounds);
+  }
+  __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+  for (int i = 0; i < THREADS; i++)
+    pthread_join(th[i], NULL);
+  pthread_join(cl, NULL);
+
+  unsigned errors = r->errors, wrong = 0;
+  for (int i = 0; i < THREADS; i++) {
+    errors += w[i].errors;
+    if (w[i].errors)
+      print_error("%s: worker %d: %u errors, first %s\n",
+                  tg_algorithm_name(alg), i, w[i].errors,
+                  tg_err_name(w[i].first_error));
+  }
+  for (int round = 0; round < ROUNDS; round++)
+    for (int k = 0; k < KEYS; k++) {
+      unsigned sum = 0;
+      for (int i = 0; i < THREADS; i++)
+        sum += w[i].allowed[round][k];
+      if (sum != LIMIT && wrong++ < 5)
+        print_error("%s: round %d key %d admitted %u, limit %d\n",
+                    tg_algorithm_name(alg), round, k, sum, LIMIT);
+    }
+  size_t cleaned = r->cleaned;
+  tg_limiter_destroy(r->lim);
+  pthread_barrier_destroy(&rounds);
+  free(w);
+  free(r);
+  assert_int_equal(errors, 0);
+  assert_int_equal(wrong, 0);
+  /* the race really happened: the cleaners reclaimed keys between rounds
+   * (the loop thread's count; the background thread's go to the callback) */
+  assert_true(cleaned > 0);
+  assert_true(__atomic_load_n(&expired_seen, __ATOMIC_RELAXED) > 0);
+}
+
+static void d_cleaner_fixed_window(void **state) {
+  (void)state;
+  cleaner_race(TG_FIXED_WINDOW);
+}
+static void d_cleaner_per_key_window(void **state) {
+  (void)state;
+  cleaner_race(TG_FIXED_WINDOW_PER_KEY);
+}
+static void d_cleaner_sliding_window(void **state) {
+  (void)state;
+  cleaner_race(TG_SLIDING_WINDOW);
+}
+static void d_cleaner_token_bucket(void **state) {
+  (void)state;
+  cleaner_race(TG_TOKEN_BUCKET);
+}
+static void d_cleaner_leaky_bucket(void **state) {
+  (void)state;
+  cleaner_race(TG_LEAKY_BUCKET);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(a_fixed_window_exact),
+      cmocka_unit_test(a_per_key_window_exact),
+      cmocka_unit_test(a_sliding_window_exact),
+      cmocka_unit_test(a_leaky_bucket_exact),
+      cmocka_unit_test(b_token_bucket_no_refill),
+      cmocka_unit_test(c_per_key_window_opened_once),
+      cmocka_unit_test(d_cleaner_fixed_window),
+      cmocka_unit_test(d_cleaner_per_key_window),
+      cmocka_unit_test(d_cleaner_sliding_window),
+      cmocka_unit_test(d_cleaner_token_bucket),
+      cmocka_unit_test(d_cleaner_leaky_bucket),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
