@@ -1,25 +1,793 @@
 /*
  * test_api.c - the public API's contract outside the algorithms: versions,
- * status codes, configuration, handle lifetime and input validation.
+ * status codes, configuration, handle lifetime, the clock, and input
+ * validation (every bad input is an error code, never a crash, and never
+ * changes any state). Written from include/tollgate.h, for all algorithms.
  */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
+#include "accept_helpers.h"
 
-#include <cmocka.h>
+#include <limits.h>
+#include <stdio.h>
+#include <time.h>
 
-#include "tollgate.h"
+#define T0 MS(UINT64_C(1700000000777))
+
+static const tg_quota q5 = {.limit = 5, .period_ms = 1000, .burst = 0};
+
+static const tg_algorithm all_algs[TG_ALGORITHM_COUNT] = {
+    TG_FIXED_WINDOW, TG_FIXED_WINDOW_PER_KEY, TG_SLIDING_WINDOW,
+    TG_TOKEN_BUCKET, TG_LEAKY_BUCKET};
+
+static bool supports_inc(tg_algorithm a) {
+  return a == TG_FIXED_WINDOW || a == TG_FIXED_WINDOW_PER_KEY;
+}
+static bool supports_set(tg_algorithm a) { return a != TG_SLIDING_WINDOW; }
+static bool is_bucket(tg_algorithm a) {
+  return a == TG_TOKEN_BUCKET || a == TG_LEAKY_BUCKET;
+}
+
+static tg_limiter *new_lim(tg_algorithm a) {
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = a;
+  tg_limiter *lim = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), 0);
+  assert_non_null(lim);
+  return lim;
+}
+
+/* ---- version, codes, names -------------------------------------------------- */
 
 static void version_matches_header(void **state) {
   (void)state;
+  char want[32];
   assert_int_equal(tg_version(), TG_VERSION_HEX);
+  snprintf(want, sizeof want, "%d.%d.%d", TG_VERSION_MAJOR, TG_VERSION_MINOR,
+           TG_VERSION_PATCH);
+  assert_string_equal(tg_version_string(), want);
   assert_string_equal(tg_version_string(), "0.1.0");
+}
+
+static void every_code_has_its_message_and_name(void **state) {
+  (void)state;
+  int n = 0;
+#define XX(name, val, msg)                                                     \
+  assert_int_equal(TG_##name, val);                                            \
+  assert_true(TG_##name < 0);                                                  \
+  assert_string_equal(tg_strerror(TG_##name), msg);                            \
+  assert_string_equal(tg_err_name(TG_##name), "TG_" #name);                    \
+  n++;
+  TG_ERRNO_MAP(XX)
+#undef XX
+  assert_int_equal(n, 10);
+  assert_string_equal(tg_err_name(TG_OK), "TG_OK");
+  assert_non_null(tg_strerror(TG_OK));
+  assert_string_not_equal(tg_strerror(TG_OK), "unknown error");
+}
+
+static void unknown_codes(void **state) {
+  (void)state;
+  const int bad[] = {1, 2, -11, -12, -100, 100, INT_MIN, INT_MAX};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_string_equal(tg_strerror(bad[i]), "unknown error");
+    assert_string_equal(tg_err_name(bad[i]), "TG_UNKNOWN");
+  }
+}
+
+static void algorithm_names(void **state) {
+  (void)state;
+  assert_string_equal(tg_algorithm_name(TG_FIXED_WINDOW), "fixed_window");
+  assert_string_equal(tg_algorithm_name(TG_FIXED_WINDOW_PER_KEY),
+                      "fixed_window_per_key");
+  assert_string_equal(tg_algorithm_name(TG_SLIDING_WINDOW), "sliding_window");
+  assert_string_equal(tg_algorithm_name(TG_TOKEN_BUCKET), "token_bucket");
+  assert_string_equal(tg_algorithm_name(TG_LEAKY_BUCKET), "leaky_bucket");
+  assert_string_equal(tg_algorithm_name((tg_algorithm)TG_ALGORITHM_COUNT),
+                      "unknown");
+  assert_string_equal(tg_algorithm_name((tg_algorithm)100), "unknown");
+  assert_string_equal(tg_algorithm_name((tg_algorithm)-1), "unknown");
+}
+
+/* ---- configuration and lifetime --------------------------------------------- */
+
+static void config_init_sets_the_documented_defaults(void **state) {
+  (void)state;
+  tg_config cfg;
+  memset(&cfg, 0x5a, sizeof cfg);
+  tg_config_init(&cfg);
+  assert_int_equal(cfg.algorithm, TG_FIXED_WINDOW);
+  assert_true(cfg.clock == tg_clock_realtime);
+  assert_null(cfg.clock_ctx);
+  assert_int_equal(cfg.on_failure, TG_POLICY_ERROR);
+  assert_int_equal(cfg.sliding_max_entries, 1024);
+}
+
+static void limiter_new_rejects_a_bad_config(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_limiter *lim;
+
+  tg_config_init(&cfg);
+  cfg.algorithm = (tg_algorithm)TG_ALGORITHM_COUNT;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  cfg.algorithm = (tg_algorithm)-1;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+
+  tg_config_init(&cfg);
+  cfg.on_failure = (tg_policy)3;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  cfg.on_failure = (tg_policy)-1;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_SLIDING_WINDOW;
+  cfg.sliding_max_entries = 0;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  cfg.sliding_max_entries = (UINT32_C(1) << 24) + 1;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  cfg.sliding_max_entries = UINT32_MAX;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+
+  /* the bounds themselves are fine */
+  const uint32_t good[] = {1, UINT32_C(1) << 24};
+  for (size_t i = 0; i < 2; i++) {
+    cfg.sliding_max_entries = good[i];
+    lim = NULL;
+    ASSERT_RC(tg_limiter_new(&lim, &cfg), 0);
+    assert_non_null(lim);
+    tg_limiter_destroy(lim);
+  }
+
+  /* no place to put the handle */
+  tg_config_init(&cfg);
+  ASSERT_RC(tg_limiter_new(NULL, &cfg), TG_EINVAL);
+}
+
+static void limiter_new_accepts_every_algorithm_and_policy(void **state) {
+  (void)state;
+  const tg_policy policies[] = {TG_POLICY_ERROR, TG_POLICY_FAIL_OPEN,
+                                TG_POLICY_FAIL_CLOSED};
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++)
+    for (size_t p = 0; p < 3; p++) {
+      tg_config cfg;
+      tg_config_init(&cfg);
+      cfg.algorithm = all_algs[a];
+      cfg.on_failure = policies[p];
+      tg_limiter *lim = NULL;
+      ASSERT_RC(tg_limiter_new(&lim, &cfg), 0);
+      assert_non_null(lim);
+      assert_int_equal(tg_key_count(lim), 0);
+      tg_limiter_destroy(lim);
+    }
+}
+
+/* cfg NULL means all defaults: a fixed window on the real-time clock. */
+static void limiter_new_with_null_config_uses_defaults(void **state) {
+  (void)state;
+  tg_limiter *lim = NULL;
+  ASSERT_RC(tg_limiter_new(&lim, NULL), 0);
+  assert_non_null(lim);
+  const tg_quota q = {.limit = 1, .period_ms = 86400000};
+  tg_result r;
+  uint64_t before = tg_clock_realtime(NULL) / 1000;
+  ASSERT_RC(tg_hit(lim, "k", 1, &q, 1, &r), 0);
+  assert_true(r.allowed);
+  /* epoch-aligned day: the reset is the end of the current UTC day */
+  uint64_t at = 0;
+  ASSERT_RC(tg_expires_at(lim, "k", 1, &q, &at), 0);
+  assert_true(at % 86400000 == 0);
+  assert_true(at > before && at <= before + 86400000 + 1000);
+  ASSERT_RC(tg_hit(lim, "k", 1, &q, 1, &r), 0);
+  assert_false(r.allowed);
+  tg_limiter_destroy(lim);
+}
+
+static void destroy_null_is_a_no_op(void **state) {
+  (void)state;
+  tg_limiter_destroy(NULL);
+}
+
+/* ---- clocks ------------------------------------------------------------------- */
+
+static void system_clocks_read_the_epoch_in_microseconds(void **state) {
+  (void)state;
+  uint64_t wall = (uint64_t)time(NULL) * 1000000;
+  uint64_t rt = tg_clock_realtime(NULL);
+  uint64_t coarse = tg_clock_coarse(NULL);
+  assert_in_range(rt, wall - 5000000, wall + 5000000);
+  assert_in_range(coarse, wall - 5000000, wall + 5000000);
+  assert_true(tg_clock_realtime(NULL) >= rt);
+}
+
+/* The functions without _at read the injected clock, once at most, and give
+ * the answers their _at twins give at that time. */
+static void operations_read_the_injected_clock(void **state) {
+  (void)state;
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    manual_clock clk = {.now_us = T0, .reads = 0};
+    tg_config cfg;
+    tg_config_init(&cfg);
+    cfg.algorithm = alg;
+    cfg.clock = manual_clock_read;
+    cfg.clock_ctx = &clk;
+    tg_limiter *lim = NULL, *twin = new_lim(alg);
+    ASSERT_RC(tg_limiter_new(&lim, &cfg), 0);
+
+    const uint64_t times[] = {T0, T0 + MS(1), T0 + MS(150) + 7, T0 + MS(999),
+                              T0 + MS(1000), T0 + MS(1400) + 1, T0 + MS(5000)};
+    for (size_t i = 0; i < sizeof times / sizeof times[0]; i++) {
+      uint64_t v1 = 11, v2 = 22;
+      unsigned before;
+      tg_result r1, r2;
+      clk.now_us = times[i];
+
+      before = clk.reads;
+      ASSERT_RC(tg_hit(lim, "k", 1, &q5, 2, &r1), 0);
+      assert_in_range(clk.reads - before, 1, 1);
+      ASSERT_RC(tg_hit_at(twin, times[i], "k", 1, &q5, 2, &r2), 0);
+      assert_int_equal(r1.allowed, r2.allowed);
+      assert_int_equal(r1.count, r2.count);
+      assert_int_equal(r1.remaining, r2.remaining);
+      assert_int_equal(r1.retry_after_ms, r2.retry_after_ms);
+      assert_int_equal(r1.reset_after_ms, r2.reset_after_ms);
+
+      before = clk.reads;
+      ASSERT_RC(tg_get(lim, "k", 1, &q5, &v1), 0);
+      assert_in_range(clk.reads - before, 0, 1);
+      ASSERT_RC(tg_get_at(twin, times[i], "k", 1, &q5, &v2), 0);
+      assert_int_equal(v1, v2);
+
+      before = clk.reads;
+      ASSERT_RC(tg_expires_at(lim, "k", 1, &q5, &v1), 0);
+      assert_in_range(clk.reads - before, 0, 1);
+      ASSERT_RC(tg_expires_at_at(twin, times[i], "k", 1, &q5, &v2), 0);
+      assert_int_equal(v1, v2);
+
+      if (supports_inc(alg) && i % 2 == 0) {
+        before = clk.reads;
+        ASSERT_RC(tg_inc(lim, "j", 1, &q5, 1, &v1), 0);
+        assert_in_range(clk.reads - before, 0, 1);
+        ASSERT_RC(tg_inc_at(twin, times[i], "j", 1, &q5, 1, &v2), 0);
+        assert_int_equal(v1, v2);
+      }
+      if (supports_set(alg) && i == 3) {
+        before = clk.reads;
+        ASSERT_RC(tg_set(lim, "s", 1, &q5, 3), 0);
+        assert_in_range(clk.reads - before, 0, 1);
+        ASSERT_RC(tg_set_at(twin, times[i], "s", 1, &q5, 3), 0);
+      }
+      ASSERT_RC(tg_get(lim, "j", 1, &q5, &v1), 0);
+      ASSERT_RC(tg_get_at(twin, times[i], "j", 1, &q5, &v2), 0);
+      assert_int_equal(v1, v2);
+      ASSERT_RC(tg_expires_at(lim, "s", 1, &q5, &v1), 0);
+      ASSERT_RC(tg_expires_at_at(twin, times[i], "s", 1, &q5, &v2), 0);
+      assert_int_equal(v1, v2);
+    }
+    tg_limiter_destroy(lim);
+    tg_limiter_destroy(twin);
+  }
+}
+
+/* Driving the injected clock changes the answers: it is really used. */
+static void advancing_the_injected_clock_admits_again(void **state) {
+  (void)state;
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    manual_clock clk = {.now_us = T0, .reads = 0};
+    tg_config cfg;
+    tg_config_init(&cfg);
+    cfg.algorithm = all_algs[a];
+    cfg.clock = manual_clock_read;
+    cfg.clock_ctx = &clk;
+    tg_limiter *lim = NULL;
+    ASSERT_RC(tg_limiter_new(&lim, &cfg), 0);
+    tg_result r;
+    ASSERT_RC(tg_hit(lim, "k", 1, &q5, 5, &r), 0);
+    assert_true(r.allowed);
+    ASSERT_RC(tg_hit(lim, "k", 1, &q5, 1, &r), 0);
+    assert_false(r.allowed);
+    assert_true(r.retry_after_ms >= 1 && r.retry_after_ms <= 1000);
+    clk.now_us += MS(r.retry_after_ms);
+    ASSERT_RC(tg_hit(lim, "k", 1, &q5, 1, &r), 0);
+    assert_true(r.allowed);
+    clk.now_us += MS(10000);
+    uint64_t at = 1;
+    ASSERT_RC(tg_expires_at(lim, "k", 1, &q5, &at), 0);
+    assert_int_equal(at, 0);
+    /* a clock beyond TG_NOW_MAX_US is a time error */
+    clk.now_us = TG_NOW_MAX_US + 1;
+    r.allowed = true;
+    ASSERT_RC(tg_hit(lim, "k", 1, &q5, 1, &r), TG_ETIME);
+    assert_false(r.allowed);
+    assert_true(r.retry_after_ms == TG_NEVER);
+    ASSERT_RC(tg_get(lim, "k", 1, &q5, &at), TG_ETIME);
+    ASSERT_RC(tg_expires_at(lim, "k", 1, &q5, &at), TG_ETIME);
+    tg_limiter_destroy(lim);
+  }
+}
+
+/* The coarse clock is a drop-in clock. */
+static void coarse_clock_can_drive_a_limiter(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_TOKEN_BUCKET;
+  cfg.clock = tg_clock_coarse;
+  tg_limiter *lim = NULL;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), 0);
+  tg_result r;
+  ASSERT_RC(tg_hit(lim, "k", 1, &q5, 5, &r), 0);
+  assert_true(r.allowed);
+  ASSERT_RC(tg_hit(lim, "k", 1, &q5, 5, &r), 0);
+  assert_false(r.allowed);
+  tg_limiter_destroy(lim);
+}
+
+/* ---- input validation ------------------------------------------------------- */
+
+/* Calls every operation that takes (now, key, quota) on lim and asserts each
+ * returns `want`; inc and set only where supported. */
+static void all_ops_fail_(tg_limiter *lim, tg_algorithm alg, uint64_t now,
+                          const void *key, size_t len, const tg_quota *q,
+                          int want, const char *file, int line) {
+  tg_result r;
+  uint64_t v;
+  memset(&r, 0, sizeof r);
+  r.allowed = true;
+  rc_(tg_hit_at(lim, now, key, len, q, 1, &r), want, "tg_hit_at", file, line);
+  eq_(r.allowed, 0, "allowed after an error", file, line);
+  eq_(r.retry_after_ms, TG_NEVER, "retry after an error", file, line);
+  rc_(tg_hit_at(lim, now, key, len, q, 0, &r), want, "tg_hit_at peek", file,
+      line);
+  rc_(tg_get_at(lim, now, key, len, q, &v), want, "tg_get_at", file, line);
+  rc_(tg_expires_at_at(lim, now, key, len, q, &v), want, "tg_expires_at_at",
+      file, line);
+  if (supports_inc(alg))
+    rc_(tg_inc_at(lim, now, key, len, q, 1, &v), want, "tg_inc_at", file,
+        line);
+  if (supports_set(alg))
+    rc_(tg_set_at(lim, now, key, len, q, 1), want, "tg_set_at", file, line);
+}
+#define ALL_OPS_FAIL(lim, alg, now, key, len, q, want)                         \
+  all_ops_fail_((lim), (alg), (now), (key), (len), (q), (want), __FILE__,      \
+                __LINE__)
+
+/* What a key looks like from outside: value, expiry and a peek's result. */
+typedef struct snapshot {
+  uint64_t value, expires;
+  tg_result peek;
+  size_t keys;
+} snapshot;
+
+static snapshot snap(tg_limiter *lim, const char *key, uint64_t now) {
+  snapshot s;
+  memset(&s, 0, sizeof s);
+  assert_int_equal(tg_get_at(lim, now, key, strlen(key), &q5, &s.value), 0);
+  assert_int_equal(tg_expires_at_at(lim, now, key, strlen(key), &q5, &s.expires),
+                   0);
+  assert_int_equal(tg_hit_at(lim, now, key, strlen(key), &q5, 0, &s.peek), 0);
+  s.keys = tg_key_count(lim);
+  return s;
+}
+
+static void assert_same_(snapshot a, snapshot b, const char *file, int line) {
+  eq_(b.value, a.value, "value", file, line);
+  eq_(b.expires, a.expires, "expires_at", file, line);
+  eq_(b.peek.allowed, a.peek.allowed, "peek allowed", file, line);
+  eq_(b.peek.count, a.peek.count, "peek count", file, line);
+  eq_(b.peek.remaining, a.peek.remaining, "peek remaining", file, line);
+  eq_(b.peek.retry_after_ms, a.peek.retry_after_ms, "peek retry", file, line);
+  eq_(b.peek.reset_after_ms, a.peek.reset_after_ms, "peek reset", file, line);
+  eq_(b.keys, a.keys, "key count", file, line);
+}
+#define ASSERT_UNCHANGED(a, b) assert_same_((a), (b), __FILE__, __LINE__)
+
+static void null_pointers_are_einval(void **state) {
+  (void)state;
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    tg_limiter *lim = new_lim(alg);
+    tg_result r;
+    uint64_t v;
+    ALLOW(lim, T0, "k", &q5, 1);
+    snapshot before = snap(lim, "k", T0);
+
+    memset(&r, 0, sizeof r);
+    r.allowed = true;
+    ASSERT_RC(tg_hit_at(NULL, T0, "k", 1, &q5, 1, &r), TG_EINVAL);
+    assert_false(r.allowed);
+    assert_true(r.retry_after_ms == TG_NEVER);
+    r.allowed = true;
+    ASSERT_RC(tg_hit_at(lim, T0, NULL, 1, &q5, 1, &r), TG_EINVAL);
+    assert_false(r.allowed);
+    assert_true(r.retry_after_ms == TG_NEVER);
+    r.allowed = true;
+    ASSERT_RC(tg_hit_at(lim, T0, "k", 1, NULL, 1, &r), TG_EINVAL);
+    assert_false(r.allowed);
+    assert_true(r.retry_after_ms == TG_NEVER);
+    ASSERT_RC(tg_hit_at(lim, T0, "k", 1, &q5, 1, NULL), TG_EINVAL);
+    ASSERT_RC(tg_hit(NULL, "k", 1, &q5, 1, &r), TG_EINVAL);
+    ASSERT_RC(tg_hit(lim, NULL, 1, &q5, 1, &r), TG_EINVAL);
+    ASSERT_RC(tg_hit(lim, "k", 1, NULL, 1, &r), TG_EINVAL);
+    ASSERT_RC(tg_hit(lim, "k", 1, &q5, 1, NULL), TG_EINVAL);
+
+    ASSERT_RC(tg_get_at(NULL, T0, "k", 1, &q5, &v), TG_EINVAL);
+    ASSERT_RC(tg_get_at(lim, T0, NULL, 1, &q5, &v), TG_EINVAL);
+    ASSERT_RC(tg_get_at(lim, T0, "k", 1, NULL, &v), TG_EINVAL);
+    ASSERT_RC(tg_get_at(lim, T0, "k", 1, &q5, NULL), TG_EINVAL);
+    ASSERT_RC(tg_get(lim, "k", 1, &q5, NULL), TG_EINVAL);
+
+    ASSERT_RC(tg_expires_at_at(NULL, T0, "k", 1, &q5, &v), TG_EINVAL);
+    ASSERT_RC(tg_expires_at_at(lim, T0, NULL, 1, &q5, &v), TG_EINVAL);
+    ASSERT_RC(tg_expires_at_at(lim, T0, "k", 1, NULL, &v), TG_EINVAL);
+    ASSERT_RC(tg_expires_at_at(lim, T0, "k", 1, &q5, NULL), TG_EINVAL);
+    ASSERT_RC(tg_expires_at(lim, "k", 1, &q5, NULL), TG_EINVAL);
+
+    if (supports_inc(alg)) {
+      ASSERT_RC(tg_inc_at(NULL, T0, "k", 1, &q5, 1, &v), TG_EINVAL);
+      ASSERT_RC(tg_inc_at(lim, T0, NULL, 1, &q5, 1, &v), TG_EINVAL);
+      ASSERT_RC(tg_inc_at(lim, T0, "k", 1, NULL, 1, &v), TG_EINVAL);
+      ASSERT_RC(tg_inc(lim, NULL, 1, &q5, 1, &v), TG_EINVAL);
+    }
+    if (supports_set(alg)) {
+      ASSERT_RC(tg_set_at(NULL, T0, "k", 1, &q5, 1), TG_EINVAL);
+      ASSERT_RC(tg_set_at(lim, T0, NULL, 1, &q5, 1), TG_EINVAL);
+      ASSERT_RC(tg_set_at(lim, T0, "k", 1, NULL, 1), TG_EINVAL);
+      ASSERT_RC(tg_set(lim, "k", 1, NULL, 1), TG_EINVAL);
+    }
+    ASSERT_RC(tg_reset(NULL, "k", 1), TG_EINVAL);
+    ASSERT_RC(tg_reset(lim, NULL, 1), TG_EINVAL);
+
+    ASSERT_UNCHANGED(before, snap(lim, "k", T0));
+    tg_limiter_destroy(lim);
+  }
+}
+
+static void key_length_is_checked(void **state) {
+  (void)state;
+  char big[TG_KEY_MAX + 2];
+  memset(big, 'x', sizeof big);
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    tg_limiter *lim = new_lim(alg);
+    ALLOW(lim, T0, "k", &q5, 1);
+    snapshot before = snap(lim, "k", T0);
+    ALL_OPS_FAIL(lim, alg, T0, "k", 0, &q5, TG_EKEY);
+    ALL_OPS_FAIL(lim, alg, T0, big, TG_KEY_MAX + 1, &q5, TG_EKEY);
+    ALL_OPS_FAIL(lim, alg, T0, big, SIZE_MAX, &q5, TG_EKEY);
+    ASSERT_RC(tg_reset(lim, "k", 0), TG_EKEY);
+    ASSERT_RC(tg_reset(lim, big, TG_KEY_MAX + 1), TG_EKEY);
+    ASSERT_UNCHANGED(before, snap(lim, "k", T0));
+
+    /* TG_KEY_MAX bytes work, and keys that differ in the last byte differ */
+    tg_result r;
+    ASSERT_RC(tg_hit_at(lim, T0, big, TG_KEY_MAX, &q5, 5, &r), 0);
+    assert_true(r.allowed);
+    ASSERT_RC(tg_hit_at(lim, T0, big, TG_KEY_MAX, &q5, 1, &r), 0);
+    assert_false(r.allowed);
+    big[TG_KEY_MAX - 1] = 'y';
+    ASSERT_RC(tg_hit_at(lim, T0, big, TG_KEY_MAX, &q5, 5, &r), 0);
+    assert_true(r.allowed);
+    ASSERT_RC(tg_hit_at(lim, T0, big, TG_KEY_MAX - 1, &q5, 5, &r), 0);
+    assert_true(r.allowed);
+    ASSERT_RC(tg_reset(lim, big, TG_KEY_MAX), 0);
+    big[TG_KEY_MAX - 1] = 'x';
+    tg_limiter_destroy(lim);
+  }
+}
+
+/* Keys are byte strings: NUL bytes are part of them. */
+static void keys_may_contain_nul_bytes(void **state) {
+  (void)state;
+  static const char k1[] = {'a', '\0', 'b'};
+  static const char k2[] = {'a', '\0', 'c'};
+  static const char k3[] = {'a', '\0'};
+  static const char k4[] = {'\0'};
+  static const char k5[] = {'\0', '\0'};
+  const struct {
+    const char *p;
+    size_t n;
+  } keys[] = {{k1, 3}, {k2, 3}, {k3, 2}, {"a", 1}, {k4, 1}, {k5, 2}};
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_limiter *lim = new_lim(all_algs[a]);
+    tg_result r;
+    /* each key takes the whole quota; none shares state with another */
+    for (size_t i = 0; i < 6; i++) {
+      ASSERT_RC(tg_hit_at(lim, T0, keys[i].p, keys[i].n, &q5, 5, &r), 0);
+      assert_true(r.allowed);
+    }
+    for (size_t i = 0; i < 6; i++) {
+      ASSERT_RC(tg_hit_at(lim, T0, keys[i].p, keys[i].n, &q5, 1, &r), 0);
+      assert_false(r.allowed);
+    }
+    assert_int_equal(tg_key_count(lim), 6);
+    ASSERT_RC(tg_reset(lim, k1, 3), 0);
+    ASSERT_RC(tg_hit_at(lim, T0, k1, 3, &q5, 5, &r), 0);
+    assert_true(r.allowed);
+    ASSERT_RC(tg_hit_at(lim, T0, k2, 3, &q5, 1, &r), 0);
+    assert_false(r.allowed);
+    tg_limiter_destroy(lim);
+  }
+}
+
+static void quota_is_checked(void **state) {
+  (void)state;
+  const tg_quota bad[] = {
+      {.limit = 0, .period_ms = 1000},
+      {.limit = 5, .period_ms = 0},
+      {.limit = 0, .period_ms = 0},
+      {.limit = 5, .period_ms = TG_PERIOD_MAX_MS + 1},
+      {.limit = 5, .period_ms = UINT64_MAX},
+  };
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    tg_limiter *lim = new_lim(alg);
+    ALLOW(lim, T0, "k", &q5, 1);
+    snapshot before = snap(lim, "k", T0);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+      ALL_OPS_FAIL(lim, alg, T0, "k", 1, &bad[i], TG_EQUOTA);
+      ALL_OPS_FAIL(lim, alg, T0, "new", 3, &bad[i], TG_EQUOTA);
+    }
+    ASSERT_UNCHANGED(before, snap(lim, "k", T0));
+    assert_int_equal(tg_key_count(lim), 1);
+
+    /* the longest period is fine */
+    const tg_quota longest = {.limit = 1, .period_ms = TG_PERIOD_MAX_MS};
+    EXPECT_HIT(lim, T0, "long", &longest, 1, 1, ANY, 0, 0, ANY);
+    DENY(lim, T0 + MS(1000), "long", &longest, 1);
+    tg_limiter_destroy(lim);
+  }
+}
+
+/* Buckets: a rate above one per nanosecond is TG_EQUOTA; exactly one per
+ * nanosecond (T = 1 ns) is fine. */
+static void bucket_rate_above_one_per_ns_is_equota(void **state) {
+  (void)state;
+  const tg_quota too_fast[] = {
+      {.limit = 1000001, .period_ms = 1},
+      {.limit = 2000001, .period_ms = 2, .burst = 1},
+      {.limit = UINT64_MAX, .period_ms = 1000},
+  };
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    if (!is_bucket(alg))
+      continue;
+    tg_limiter *lim = new_lim(alg);
+    for (size_t i = 0; i < sizeof too_fast / sizeof too_fast[0]; i++)
+      ALL_OPS_FAIL(lim, alg, T0, "k", 1, &too_fast[i], TG_EQUOTA);
+    assert_int_equal(tg_key_count(lim), 0);
+
+    const tg_quota fastest = {.limit = 1000000, .period_ms = 1, .burst = 1};
+    ALLOW(lim, T0, "k", &fastest, 1);
+    /* 1 ns per token: the next one is 1 ns away, a whole ms rounded up */
+    EXPECT_HIT(lim, T0, "k", &fastest, 1, 0, ANY, 0, 1, 1);
+    ALLOW(lim, T0 + 1, "k", &fastest, 1);
+    tg_limiter_destroy(lim);
+  }
+}
+
+/* now beyond TG_NOW_MAX_US is TG_ETIME; TG_NOW_MAX_US itself is accepted. */
+static void time_is_checked(void **state) {
+  (void)state;
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    tg_limiter *lim = new_lim(alg);
+    ALLOW(lim, T0, "k", &q5, 1);
+    snapshot before = snap(lim, "k", T0);
+    ALL_OPS_FAIL(lim, alg, TG_NOW_MAX_US + 1, "k", 1, &q5, TG_ETIME);
+    ALL_OPS_FAIL(lim, alg, UINT64_MAX, "k", 1, &q5, TG_ETIME);
+    ALL_OPS_FAIL(lim, alg, TG_NOW_MAX_US + 1, "new", 3, &q5, TG_ETIME);
+    ASSERT_UNCHANGED(before, snap(lim, "k", T0));
+
+    EXPECT_HIT(lim, TG_NOW_MAX_US, "late", &q5, 1, 1, ANY, 4, 0, ANY);
+    const tg_quota longest = {.limit = 1, .period_ms = TG_PERIOD_MAX_MS};
+    ALLOW(lim, TG_NOW_MAX_US, "late-long", &longest, 1);
+    DENY(lim, TG_NOW_MAX_US, "late-long", &longest, 1);
+    uint64_t at = 0;
+    ASSERT_RC(tg_expires_at_at(lim, TG_NOW_MAX_US, "late-long", 9, &longest, &at),
+              0);
+    assert_true(at > TG_NOW_MAX_US / 1000);
+    tg_limiter_destroy(lim);
+  }
+}
+
+/* Windows: a count that would pass 2^64 - 1 is TG_EOVERFLOW (tg_inc says so;
+ * DESIGN.md lists such arithmetic among invalid input, so a hit too). */
+static void count_overflow_is_eoverflow(void **state) {
+  (void)state;
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    if (!supports_inc(alg))
+      continue;
+    tg_limiter *lim = new_lim(alg);
+    uint64_t v = 0;
+    SET(lim, T0, "k", &q5, UINT64_MAX - 3);
+    snapshot before = snap(lim, "k", T0);
+    ASSERT_RC(tg_inc_at(lim, T0, "k", 1, &q5, 4, &v), TG_EOVERFLOW);
+    ASSERT_RC(tg_inc_at(lim, T0, "k", 1, &q5, UINT64_MAX, &v), TG_EOVERFLOW);
+    ASSERT_UNCHANGED(before, snap(lim, "k", T0));
+    /* a hit counts its cost, so the same overflow is an error there too */
+    tg_result r;
+    r.allowed = true;
+    ASSERT_RC(tg_hit_at(lim, T0, "k", 1, &q5, 4, &r), TG_EOVERFLOW);
+    assert_false(r.allowed);
+    assert_true(r.retry_after_ms == TG_NEVER);
+    ASSERT_RC(tg_hit_at(lim, T0, "k", 1, &q5, UINT64_MAX, &r), TG_EOVERFLOW);
+    ASSERT_UNCHANGED(before, snap(lim, "k", T0));
+    EXPECT_INC(lim, T0, "k", &q5, 3, UINT64_MAX);
+    ASSERT_RC(tg_inc_at(lim, T0, "k", 1, &q5, 1, NULL), TG_EOVERFLOW);
+    EXPECT_GET(lim, T0, "k", &q5, UINT64_MAX);
+    tg_limiter_destroy(lim);
+  }
+}
+
+/* Buckets: a full bucket of 10 tokens of 10^18 ns each, drained at
+ * TG_NOW_MAX_US, needs a time past 2^64 ns. The exact answer is "allowed";
+ * an implementation that cannot represent it must answer with an error code
+ * (TG_EOVERFLOW, or TG_EQUOTA for a quota it deems out of range) and change
+ * nothing: never deny wrongly or wrap around. */
+static void bucket_arithmetic_never_wraps(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 1, .period_ms = TG_PERIOD_MAX_MS, .burst = 10};
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    if (!is_bucket(alg))
+      continue;
+    tg_limiter *lim = new_lim(alg);
+    tg_result r;
+    int rc = tg_hit_at(lim, TG_NOW_MAX_US, "k", 1, &q, 10, &r);
+    if (rc == 0) {
+      assert_true(r.allowed);
+      rc = tg_hit_at(lim, TG_NOW_MAX_US, "k", 1, &q, 1, &r);
+      assert_true(rc == 0 || rc == TG_EOVERFLOW);
+      assert_false(r.allowed);
+    } else {
+      assert_true(rc == TG_EOVERFLOW || rc == TG_EQUOTA);
+      assert_false(r.allowed);
+      assert_int_equal(tg_key_count(lim), 0);
+    }
+    tg_limiter_destroy(lim);
+  }
+}
+
+/* Operations outside the support matrix are TG_ENOTSUP and change nothing. */
+static void unsupported_operations_are_enotsup(void **state) {
+  (void)state;
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    tg_limiter *lim = new_lim(alg);
+    ALLOW(lim, T0, "k", &q5, 2);
+    snapshot before = snap(lim, "k", T0);
+    uint64_t v = 9;
+    if (!supports_inc(alg)) {
+      ASSERT_RC(tg_inc_at(lim, T0, "k", 1, &q5, 1, &v), TG_ENOTSUP);
+      ASSERT_RC(tg_inc(lim, "k", 1, &q5, 1, &v), TG_ENOTSUP);
+      ASSERT_RC(tg_inc_at(lim, T0, "new", 3, &q5, 1, NULL), TG_ENOTSUP);
+    }
+    if (!supports_set(alg)) {
+      ASSERT_RC(tg_set_at(lim, T0, "k", 1, &q5, 0), TG_ENOTSUP);
+      ASSERT_RC(tg_set(lim, "k", 1, &q5, 0), TG_ENOTSUP);
+      ASSERT_RC(tg_set_at(lim, T0, "new", 3, &q5, 1), TG_ENOTSUP);
+    }
+    ASSERT_UNCHANGED(before, snap(lim, "k", T0));
+    tg_limiter_destroy(lim);
+  }
+}
+
+/* Buckets: set above burst is TG_ERANGE and changes nothing. */
+static void bucket_set_above_burst_is_erange(void **state) {
+  (void)state;
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    if (!is_bucket(alg))
+      continue;
+    tg_limiter *lim = new_lim(alg);
+    ALLOW(lim, T0, "k", &q5, 2);
+    snapshot before = snap(lim, "k", T0);
+    ASSERT_RC(tg_set_at(lim, T0, "k", 1, &q5, 6), TG_ERANGE);
+    ASSERT_RC(tg_set_at(lim, T0, "k", 1, &q5, UINT64_MAX), TG_ERANGE);
+    ASSERT_RC(tg_set_at(lim, T0, "new", 3, &q5, 6), TG_ERANGE);
+    ASSERT_UNCHANGED(before, snap(lim, "k", T0));
+    const tg_quota q = {.limit = 5, .period_ms = 1000, .burst = 8};
+    ASSERT_RC(tg_set_at(lim, T0, "b", 1, &q, 8), 0);
+    ASSERT_RC(tg_set_at(lim, T0, "b", 1, &q, 9), TG_ERANGE);
+    tg_limiter_destroy(lim);
+  }
+}
+
+/* The window algorithms ignore burst, whatever its value. */
+static void windows_ignore_burst(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 2, .period_ms = 1000, .burst = UINT64_MAX};
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    if (is_bucket(alg))
+      continue;
+    tg_limiter *lim = new_lim(alg);
+    ALLOW(lim, T0, "k", &q, 2);
+    DENY(lim, T0, "k", &q, 1);
+    /* counted by the fixed windows, not recorded by the log */
+    EXPECT_HIT(lim, T0, "j", &q, 3, 0, alg == TG_SLIDING_WINDOW ? 0 : 3,
+               alg == TG_SLIDING_WINDOW ? 2 : 0, TG_NEVER, ANY);
+    tg_limiter_destroy(lim);
+  }
+}
+
+/* Read-only calls create no state: get, expires_at and peeks of unknown
+ * keys leave the key count at 0; hits and reset move it. */
+static void key_count_tracks_keys(void **state) {
+  (void)state;
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_limiter *lim = new_lim(all_algs[a]);
+    uint64_t v;
+    tg_result r;
+    ASSERT_RC(tg_get_at(lim, T0, "a", 1, &q5, &v), 0);
+    ASSERT_RC(tg_expires_at_at(lim, T0, "a", 1, &q5, &v), 0);
+    ASSERT_RC(tg_hit_at(lim, T0, "a", 1, &q5, 0, &r), 0);
+    ASSERT_RC(tg_reset(lim, "a", 1), 0);
+    assert_int_equal(tg_key_count(lim), 0);
+    ALLOW(lim, T0, "a", &q5, 1);
+    ALLOW(lim, T0, "b", &q5, 1);
+    ALLOW(lim, T0, "c", &q5, 1);
+    ALLOW(lim, T0, "a", &q5, 1);
+    assert_int_equal(tg_key_count(lim), 3);
+    RESET(lim, "b");
+    assert_int_equal(tg_key_count(lim), 2);
+    RESET(lim, "b");
+    assert_int_equal(tg_key_count(lim), 2);
+    tg_limiter_destroy(lim);
+  }
+}
+
+/* Many keys in one limiter (the table grows) keep their own state. */
+static void many_keys(void **state) {
+  (void)state;
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_limiter *lim = new_lim(all_algs[a]);
+    char key[32];
+    for (unsigned i = 0; i < 5000; i++) {
+      snprintf(key, sizeof key, "user:%u", i);
+      ALLOW(lim, T0, key, &q5, 1 + i % 5);
+    }
+    assert_int_equal(tg_key_count(lim), 5000);
+    for (unsigned i = 0; i < 5000; i++) {
+      snprintf(key, sizeof key, "user:%u", i);
+      /* 5 in all for even i, 6 for odd i */
+      tg_result r = HIT(lim, T0, key, &q5, 4 - i % 5 + i % 2);
+      assert_int_equal(r.allowed, i % 2 == 0);
+    }
+    tg_limiter_destroy(lim);
+  }
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(version_matches_header),
+      cmocka_unit_test(every_code_has_its_message_and_name),
+      cmocka_unit_test(unknown_codes),
+      cmocka_unit_test(algorithm_names),
+      cmocka_unit_test(config_init_sets_the_documented_defaults),
+      cmocka_unit_test(limiter_new_rejects_a_bad_config),
+      cmocka_unit_test(limiter_new_accepts_every_algorithm_and_policy),
+      cmocka_unit_test(limiter_new_with_null_config_uses_defaults),
+      cmocka_unit_test(destroy_null_is_a_no_op),
+      cmocka_unit_test(system_clocks_read_the_epoch_in_microseconds),
+      cmocka_unit_test(operations_read_the_injected_clock),
+      cmocka_unit_test(advancing_the_injected_clock_admits_again),
+      cmocka_unit_test(coarse_clock_can_drive_a_limiter),
+      cmocka_unit_test(null_pointers_are_einval),
+      cmocka_unit_test(key_length_is_checked),
+      cmocka_unit_test(keys_may_contain_nul_bytes),
+      cmocka_unit_test(quota_is_checked),
+      cmocka_unit_test(bucket_rate_above_one_per_ns_is_equota),
+      cmocka_unit_test(time_is_checked),
+      cmocka_unit_test(count_overflow_is_eoverflow),
+      cmocka_unit_test(bucket_arithmetic_never_wraps),
+      cmocka_unit_test(unsupported_operations_are_enotsup),
+      cmocka_unit_test(bucket_set_above_burst_is_erange),
+      cmocka_unit_test(windows_ignore_burst),
+      cmocka_unit_test(key_count_tracks_keys),
+      cmocka_unit_test(many_keys),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -218,6 +218,19 @@ static void inc_adds_without_checking(void **state) {
   EXPECT_HIT(lim, T0 + MS(2000), "k", &q5, 3, 1, 5, 0, 0, 1000);
 }
 
+/* inc of 0 adds nothing: like a peek, it must not open a window. */
+static void inc_of_zero_writes_nothing(void **state) {
+  tg_limiter *lim = *state;
+  EXPECT_INC(lim, T0, "k", &q5, 0, 0);
+  EXPECT_EXPIRES(lim, T0, "k", &q5, 0);
+  assert_int_equal(tg_key_count(lim), 0);
+  ALLOW(lim, T0 + MS(300), "k", &q5, 2);
+  EXPECT_INC(lim, T0 + MS(400), "k", &q5, 0, 2);
+  EXPECT_EXPIRES(lim, T0 + MS(400), "k", &q5, T0_MS + 1300);
+  EXPECT_INC(lim, T0 + MS(1300), "k", &q5, 0, 0);
+  EXPECT_EXPIRES(lim, T0 + MS(1300), "k", &q5, 0);
+}
+
 static void inc_overflow_is_an_error(void **state) {
   tg_limiter *lim = *state;
   uint64_t v = 0;
@@ -279,6 +292,7 @@ int main(void) {
       T(cost_zero_is_a_peek),
       T(set_reanchors_to_now),
       T(inc_adds_without_checking),
+      T(inc_of_zero_writes_nothing),
       T(inc_overflow_is_an_error),
       T(reset_deletes_state),
       T(unknown_keys_are_fresh),
