@@ -59,7 +59,7 @@ static void every_code_has_its_message_and_name(void **state) {
   n++;
   TG_ERRNO_MAP(XX)
 #undef XX
-  assert_int_equal(n, 10);
+  assert_int_equal(n, 12);
   assert_string_equal(tg_err_name(TG_OK), "TG_OK");
   assert_non_null(tg_strerror(TG_OK));
   assert_string_not_equal(tg_strerror(TG_OK), "unknown error");
@@ -67,7 +67,7 @@ static void every_code_has_its_message_and_name(void **state) {
 
 static void unknown_codes(void **state) {
   (void)state;
-  const int bad[] = {1, 2, -11, -12, -100, 100, INT_MIN, INT_MAX};
+  const int bad[] = {1, 2, -13, -14, -100, 100, INT_MIN, INT_MAX};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     assert_string_equal(tg_strerror(bad[i]), "unknown error");
     assert_string_equal(tg_err_name(bad[i]), "TG_UNKNOWN");
@@ -98,8 +98,15 @@ static void config_init_sets_the_documented_defaults(void **state) {
   assert_int_equal(cfg.algorithm, TG_FIXED_WINDOW);
   assert_true(cfg.clock == tg_clock_realtime);
   assert_null(cfg.clock_ctx);
-  assert_int_equal(cfg.on_failure, TG_POLICY_ERROR);
+  assert_int_equal(cfg.on_failure, TG_POLICY_FAIL_OPEN);
   assert_int_equal(cfg.sliding_max_entries, 1024);
+  assert_int_equal(cfg.capacity, 65536);
+  assert_int_equal(cfg.long_keys, 0);
+  assert_int_equal(cfg.clean_period_ms, 60000);
+  assert_int_equal(cfg.key_older_than_ms, 86400000);
+  assert_null(cfg.before_clean);
+  assert_null(cfg.before_clean_ctx);
+  assert_null(cfg.custom_store);
 }
 
 static void limiter_new_rejects_a_bad_config(void **state) {
