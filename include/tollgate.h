@@ -79,6 +79,8 @@ TG_EXTERN const char *tg_version_string(void);
 /* Latest "now" accepted, in us since the epoch (about the year 2262): beyond
  * it nanosecond arithmetic would not fit 64 bits. Later is TG_ETIME. */
 #define TG_NOW_MAX_US UINT64_C(9000000000000000)
+/* Largest bucket tolerance burst * T, in ns (see the algorithms below). */
+#define TG_TOLERANCE_MAX_NS UINT64_C(4000000000000000000)
 /* retry_after_ms value meaning "this call can never be allowed", e.g. a cost
  * greater than the limit (windows) or the burst (buckets). */
 #define TG_NEVER UINT64_MAX
@@ -114,8 +116,8 @@ TG_EXTERN const char *tg_strerror(int err);
 TG_EXTERN const char *tg_err_name(int err);
 
 /* ---- Algorithms -----------------------------------------------------------
- * All five give the same answers on every store. Full semantics in README.md
- * and DESIGN.md; the summary each caller needs:
+ * All five give the same answers on every store. The summary each caller
+ * needs (README.md has the table):
  *
  * TG_FIXED_WINDOW: windows aligned to the Unix epoch, window = floor(now_ms /
  *   period_ms). A call adds its cost to the window's count and is allowed when
@@ -142,7 +144,9 @@ TG_EXTERN const char *tg_err_name(int err);
  * interval of whole nanoseconds, rounded UP: T = ceil(period_ms * 10^6 /
  * limit) ns, so tollgate never admits faster than the quota says (the error is
  * below one part in T, e.g. 5.5e-8 at 55 per second). A quota whose rate is
- * above one per nanosecond (limit > period_ms * 10^6) is TG_EQUOTA. */
+ * above one per nanosecond (limit > period_ms * 10^6) is TG_EQUOTA, and so is
+ * one whose tolerance burst * T exceeds TG_TOLERANCE_MAX_NS (about 126 years:
+ * e.g. burst 10 at one token per 31 years). */
 typedef enum tg_algorithm {
   TG_FIXED_WINDOW = 0,
   TG_FIXED_WINDOW_PER_KEY = 1,
@@ -377,10 +381,13 @@ TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
 
 /* Decides one call of `cost` units and, when allowed (or for the windows,
  * always), consumes it. cost 0 is a peek: it reports the same fields without
- * changing anything (and is allowed unless the key is already over its
- * limit). On success returns 0 and fills *out. On error *out is still written:
- * for a store failure with the answer of tg_config.on_failure and degraded =
- * true, for invalid input as "not allowed, retry TG_NEVER". */
+ * changing anything. A peek's `allowed` answers "may a call of cost 0 pass",
+ * which is true unless the key is already over its limit (a fixed window that
+ * counted denied calls); to know whether a real call would pass, read
+ * `remaining`. TG_EOVERFLOW if a window count would pass 2^64 - 1. On success
+ * returns 0 and fills *out. On error *out is still written: for a store
+ * failure with the answer of tg_config.on_failure and degraded = true, for
+ * invalid input as "not allowed, retry TG_NEVER". */
 TG_EXTERN int tg_hit(tg_limiter *lim, const void *key, size_t key_len,
                      const tg_quota *q, uint64_t cost, tg_result *out);
 TG_EXTERN int tg_hit_at(tg_limiter *lim, uint64_t now_us, const void *key,

@@ -5,11 +5,11 @@
  */
 #include "core.h"
 
-/* Largest GCRA tolerance (burst * T), ns: about 126 years. With now at most
- * TG_NOW_MAX_US (9e18 ns) a stored TAT stays below now + tau, and now + 2 tau
- * still fits 64 bits, so the bucket steps need no overflow checks of their
- * own. */
-#define TAU_MAX_NS UINT64_C(4000000000000000000)
+/* TG_TOLERANCE_MAX_NS, the largest GCRA tolerance (burst * T): about 126
+ * years. With now at most TG_NOW_MAX_US (9e18 ns) a stored TAT stays below
+ * now + tau, and now + 2 tau still fits 64 bits, so the bucket steps need no
+ * overflow checks of their own. */
+#define TAU_MAX_NS TG_TOLERANCE_MAX_NS
 
 int tg__quota_prepare(tg__quota *out, const tg_quota *q, tg_algorithm alg) {
   if (q->limit == 0 || q->period_ms == 0 || q->period_ms > TG_PERIOD_MAX_MS)
