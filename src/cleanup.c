@@ -11,20 +11,19 @@
 
 void tg__clean_bridge_cb(const tg__clean_item *items, size_t n, void *ctx) {
   const tg__clean_bridge *b = ctx;
-  if (!b->fn || n == 0)
+  if (!b->fn)
     return;
   tg_expired e[64];
-  while (n > 0) {
-    size_t k = n < 64 ? n : 64;
-    for (size_t i = 0; i < k; i++) {
-      e[i].key = items[i].key;
-      e[i].key_len = items[i].key_len;
-      e[i].value = items[i].value;
-      e[i].expired_at_ms = items[i].expired_at_ms;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    e[k].key = items[i].key;
+    e[k].key_len = items[i].key_len;
+    e[k].value = items[i].value;
+    e[k].expired_at_ms = items[i].expired_at_ms;
+    if (++k == 64 || i + 1 == n) {
+      (void)b->fn(b->alg, e, k, b->ctx); /* failure never stops deletion */
+      k = 0;
     }
-    (void)b->fn(b->alg, e, k, b->ctx); /* failure never stops deletion */
-    items += k;
-    n -= k;
   }
 }
 

@@ -389,9 +389,11 @@ static bool inspect(tg__table *t, uint64_t i, uint64_t c, uint64_t now_us,
 static void reclaim_some(tg__table *t, uint64_t now_us) {
   tg__table_hdr *h = t->h;
   uint64_t i = h->cursor % h->nslots;
-  uint64_t scan = h->nslots < RECLAIM_SCAN ? h->nslots : RECLAIM_SCAN;
+  uint64_t scan = h->nslots;
+  if (scan > RECLAIM_SCAN)
+    scan = RECLAIM_SCAN;
   tg__clean_item it;
-  for (uint64_t n = 0; n < scan; n++, i = next(t, i)) {
+  for (uint64_t n = 0; n != scan; n++, i = next(t, i)) {
     uint64_t c = tg__load_acquire(&t->ctrl[i]);
     if (ctrl_status(c) == LIVE && inspect(t, i, c, now_us, 0, &it))
       reclaim(t, i, c, it.w0, it.w1, now_us, 0, false);
