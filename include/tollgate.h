@@ -366,7 +366,13 @@ TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
  * explicit now_us ("_at"), for callers that read the time once per event-loop
  * turn and pass it down, and for replaying history. Time never moves a key's
  * stored state backwards: if now is earlier than what the key has seen, the
- * elapsed time is taken as 0.
+ * elapsed time is taken as 0. Concretely: a fixed window keeps counting in
+ * the later window it has seen (retry_after_ms may then exceed the period);
+ * a bucket measures its fill from the later time, so it can look fuller
+ * than its burst and deny even a peek until time catches up; a sliding log
+ * has already dropped entries that expired by the later time. A key the
+ * memory store has reclaimed is evaluated no earlier than the moment its
+ * reclaimed state expired.
  *
  * Supported operations per algorithm (others are TG_ENOTSUP):
  *
