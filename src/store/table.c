@@ -174,19 +174,43 @@ static void read_pair(tg_algorithm alg, tg__pair *p, uint64_t *w0,
 
 /* ---- locks ---- */
 
-static int lock(pthread_mutex_t *m) {
-  int rc = pthread_mutex_lock(m);
+/* How long a process waits for a lock of a shared table before answering
+ * TG_EBUSY: a live process holding one that long is stuck, and a corrupt
+ * segment must not hang its readers. */
+#define SHARED_LOCK_TIMEOUT_S 2
+
+/* Takes m. Returns TG_OK, TG_OK with *died set when the previous owner died
+ * holding it (robust mutexes: the caller repairs what it guards), TG_EBUSY
+ * on timeout, TG_ESTORE otherwise. */
+static int lock2(const tg__table *t, pthread_mutex_t *m, bool *died) {
+  int rc;
+  if (died)
+    *died = false;
+  if (t->h->shared) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += SHARED_LOCK_TIMEOUT_S;
+    rc = pthread_mutex_timedlock(m, &ts);
+  } else {
+    rc = pthread_mutex_lock(m);
+  }
   if (rc == EOWNERDEAD) {
-    /* A process died holding it. Every structure it guards is published
-     * last (ctrl words) or re-initialised on use, so the state is usable
-     * as it is. */
     pthread_mutex_consistent(m);
+    if (died)
+      *died = true;
     return TG_OK;
   }
+  if (rc == ETIMEDOUT)
+    return TG_EBUSY;
   return rc == 0 ? TG_OK : TG_ESTORE;
 }
 
 static void unlock(pthread_mutex_t *m) { pthread_mutex_unlock(m); }
+
+/* Entries of a block that can be trusted as an index bound. */
+static uint32_t log_n(const tg__table *t, const tg__log_block *b) {
+  return b->n <= t->h->log_entries ? b->n : t->h->log_entries;
+}
 
 static int mutex_init(pthread_mutex_t *m, bool shared) {
   pthread_mutexattr_t a;
@@ -208,12 +232,19 @@ static tg__log_block *block(const tg__table *t, uint64_t idx) {
   return (tg__log_block *)(void *)(t->logs + idx * t->h->log_block_bytes);
 }
 
+/* The free lists keep index + 1 (0 ends them). Every link read from the
+ * region is range-checked: a corrupt list is dropped (its chunks or blocks
+ * are lost to the table), never followed out of bounds. */
+
 /* Returns chunk index + 1, or 0 when none is left. */
 static uint64_t chunk_alloc(tg__table *t) {
   tg__table_hdr *h = t->h;
+  if (h->chunk_free > h->nchunks)
+    h->chunk_free = 0;
   if (h->chunk_free) {
     uint64_t idx = h->chunk_free - 1;
-    h->chunk_free = tg__load_relaxed(&t->chunks[idx * CHUNK_WORDS]);
+    uint64_t nx = tg__load_relaxed(&t->chunks[idx * CHUNK_WORDS]);
+    h->chunk_free = nx <= h->nchunks ? nx : 0;
     return idx + 1;
   }
   if (h->chunk_bump < h->nchunks)
@@ -222,6 +253,8 @@ static uint64_t chunk_alloc(tg__table *t) {
 }
 
 static void chunk_release(tg__table *t, uint64_t idx) {
+  if (idx >= t->h->nchunks)
+    return;
   tg__store_relaxed(&t->chunks[idx * CHUNK_WORDS], t->h->chunk_free);
   t->h->chunk_free = idx + 1;
 }
@@ -230,9 +263,12 @@ static void chunk_release(tg__table *t, uint64_t idx) {
 static uint64_t block_alloc(tg__table *t) {
   tg__table_hdr *h = t->h;
   uint64_t idx;
+  if (h->log_free > h->nlogs)
+    h->log_free = 0;
   if (h->log_free) {
     idx = h->log_free - 1;
-    h->log_free = block(t, idx)->next_free;
+    uint64_t nx = block(t, idx)->next_free;
+    h->log_free = nx <= h->nlogs ? nx : 0;
   } else if (h->log_bump < h->nlogs) {
     idx = h->log_bump++;
   } else {
@@ -248,8 +284,34 @@ static uint64_t block_alloc(tg__table *t) {
 }
 
 static void block_release(tg__table *t, uint64_t idx) {
+  if (idx >= t->h->nlogs)
+    return;
   block(t, idx)->next_free = t->h->log_free;
   t->h->log_free = idx + 1;
+}
+
+/* Repairs a log whose last writer died in the middle of a step. The step
+ * works in place and writes n last, so what a death can leave is: a prune's
+ * memmove stopped part way (the newest entries then also appear, older,
+ * after the moved ones) or completed without n shrinking (a stale copy of
+ * the newest entries at the end), or an appended entry n does not cover
+ * (lost with the call that died). Keeping, in order, each entry newer than
+ * the last one kept restores exactly the log the step started from, pruned
+ * or not. */
+static void repair_log(const tg__table *t, tg__log_block *b) {
+  uint32_t n = log_n(t, b), k = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (k == 0 || b->e[i].t_us > b->e[k - 1].t_us)
+      b->e[k++] = b->e[i];
+  b->n = k;
+}
+
+static int lock_block(const tg__table *t, tg__log_block *b) {
+  bool died;
+  int rc = lock2(t, &b->mu, &died);
+  if (rc == TG_OK && died)
+    repair_log(t, b);
+  return rc;
 }
 
 /* ---- reclaim ---- */
@@ -295,6 +357,61 @@ static void tombs_to_empty(tg__table *t, uint64_t i) {
   }
 }
 
+/* Second half of a reclaim, once the state carries the next generation: the
+ * ctrl word turns TOMB first, and only then are the key's chunk and log
+ * block freed, so a process dying in between leaks at most those (never a
+ * double free), and one dying before the ctrl store leaves a LIVE slot with a
+ * newer state that settle() finishes. Table mutex held. */
+static void finish_reclaim(tg__table *t, uint64_t i, uint64_t c) {
+  tg__table_hdr *h = t->h;
+  tg__store_release(&t->ctrl[i], ctrl_make(TOMB, 0, 0, ctrl_gen(c) + 1));
+  if (ctrl_len(c) > TG__INLINE_KEY)
+    chunk_release(t, tg__load_relaxed(&t->slots[i].key[0]));
+  if (h->algorithm == TG_SLIDING_WINDOW) {
+    uint64_t bi = tg__load_relaxed(&t->slots[i].st.w[0]);
+    if (bi >= 1 && bi <= h->nlogs)
+      block_release(t, bi - 1);
+  }
+  if (tg__load_relaxed(&h->live) > 0)
+    tg__fetch_sub(&h->live, 1);
+  tombs_to_empty(t, i);
+}
+
+/* Slot i holds ctrl c: if its state has moved to another generation, that is
+ * a reclaim left half done (in this process only while the reclaimer holds
+ * the mutex we now hold, so: by a process that died), and we finish it.
+ * Table mutex held. Returns true if it was finished. */
+static bool settle_slot(tg__table *t, uint64_t i, uint64_t c) {
+  tg_algorithm alg = (tg_algorithm)t->h->algorithm;
+  uint64_t w0, w1;
+  read_pair(alg, &t->slots[i].st, &w0, &w1);
+  if (gen_ok(alg, w0, w1, ctrl_gen(c)))
+    return false;
+  finish_reclaim(t, i, c);
+  return true;
+}
+
+/* After a process died holding the table mutex: finish every reclaim left
+ * half done and recount the LIVE slots (an insert or reclaim may have died
+ * between its ctrl store and the count). */
+static void repair_table(tg__table *t) {
+  uint64_t live = 0;
+  for (uint64_t i = 0; i < t->h->nslots; i++) {
+    uint64_t c = tg__load_acquire(&t->ctrl[i]);
+    if (ctrl_status(c) == LIVE && !settle_slot(t, i, c))
+      live++;
+  }
+  tg__store_release(&t->h->live, live);
+}
+
+static int lock_table(tg__table *t) {
+  bool died;
+  int rc = lock2(t, &t->h->mu, &died);
+  if (rc == TG_OK && died)
+    repair_table(t);
+  return rc;
+}
+
 /* Reclaims slot i if it still holds ctrl c and state (w0, w1) and, unless
  * force (reset), that state has been absent-equivalent for at least
  * older_than_us at now. Table mutex held. Returns true if the slot was
@@ -306,7 +423,7 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
   tg_algorithm alg = (tg_algorithm)h->algorithm;
   if (tg__load_acquire(&t->ctrl[i]) != c)
     return false;
-  uint32_t g = ctrl_gen(c), g2 = g + 1;
+  uint32_t g2 = ctrl_gen(c) + 1;
   tg__pair *p = &t->slots[i].st;
   if (!force && alg != TG_SLIDING_WINDOW) {
     /* the caller inspected (w0, w1) as fresh at now, so this never moves
@@ -318,19 +435,20 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
     if (w0 == 0 || w0 > h->nlogs)
       return false;
     tg__log_block *b = block(t, w0 - 1);
-    if (lock(&b->mu) != TG_OK)
+    if (lock_block(t, b) != TG_OK)
       return false;
-    uint64_t expiry = b->n ? b->e[b->n - 1].t_us + b->period_us : 0;
+    uint32_t n = log_n(t, b);
+    uint64_t expiry = n ? b->e[n - 1].t_us + b->period_us : 0;
     bool ok = force || (now_us >= expiry && now_us - expiry >= older_than_us);
     if (ok && !force)
       raise_horizon(t, expiry); /* only for a log that is being reclaimed */
-    ok = ok && tg__cas128(p, &w0, &w1, 0, g2);
+    /* the block index stays in w0 so a repair can still free the block */
+    ok = ok && tg__cas128(p, &w0, &w1, w0, g2);
     if (ok)
       b->n = 0;
     unlock(&b->mu);
     if (!ok)
       return false;
-    block_release(t, w0 - 1);
   } else {
     tg__state absent = {0, 0};
     uint64_t n0, n1;
@@ -338,11 +456,7 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
     if (!tg__cas128(p, &w0, &w1, n0, n1))
       return false; /* hit since inspection: the key survives */
   }
-  if (ctrl_len(c) > TG__INLINE_KEY)
-    chunk_release(t, tg__load_relaxed(&t->slots[i].key[0]));
-  tg__store_release(&t->ctrl[i], ctrl_make(TOMB, 0, 0, g2));
-  tg__fetch_sub(&h->live, 1);
-  tombs_to_empty(t, i);
+  finish_reclaim(t, i, c);
   return true;
 }
 
@@ -359,12 +473,13 @@ static bool inspect(tg__table *t, uint64_t i, uint64_t c, uint64_t now_us,
     if (w0 == 0 || w0 > t->h->nlogs)
       return false;
     tg__log_block *b = block(t, w0 - 1);
-    if (lock(&b->mu) != TG_OK)
+    if (lock_block(t, b) != TG_OK)
       return false;
     uint64_t sum = 0;
-    for (uint32_t j = 0; j < b->n; j++)
+    uint32_t n = log_n(t, b);
+    for (uint32_t j = 0; j < n; j++)
       sum += b->e[j].cost;
-    expiry = b->n ? b->e[b->n - 1].t_us + b->period_us : 0;
+    expiry = n ? b->e[n - 1].t_us + b->period_us : 0;
     unlock(&b->mu);
     it->value = sum;
   } else {
@@ -407,11 +522,11 @@ static void reclaim_some(tg__table *t, uint64_t now_us) {
  * key and (sliding) an empty log written before the ctrl word. */
 static int insert(tg__table *t, const kref *k, const tg__call *c) {
   tg__table_hdr *h = t->h;
-  int rc = lock(&h->mu);
+  int rc = lock_table(t);
   if (rc != TG_OK)
     return rc;
   uint64_t i, ctl;
-  if (find(t, k, &i, &ctl))
+  if (find(t, k, &i, &ctl) && !settle_slot(t, i, ctl))
     goto out; /* someone else created it meanwhile */
   if (tg__load_relaxed(&h->live) >= h->capacity)
     reclaim_some(t, c->now_us);
@@ -452,7 +567,7 @@ static int insert(tg__table *t, const kref *k, const tg__call *c) {
       goto out;
     }
     tg__log_block *b = block(t, bi - 1);
-    if (lock(&b->mu) == TG_OK) { /* a stale waiter may still hold it */
+    if (lock_block(t, b) == TG_OK) { /* a stale waiter may hold it */
       b->n = 0;
       b->period_us = c->q.period_us;
       unlock(&b->mu);
@@ -471,6 +586,19 @@ static int insert(tg__table *t, const kref *k, const tg__call *c) {
 out:
   unlock(&h->mu);
   return rc;
+}
+
+/* Finishes a reclaim of the key left half done (see settle_slot); in this
+ * process, simply waits for the reclaimer holding the mutex. */
+static int settle(tg__table *t, const kref *k) {
+  int rc = lock_table(t);
+  if (rc != TG_OK)
+    return rc;
+  uint64_t i, c;
+  if (find(t, k, &i, &c))
+    settle_slot(t, i, c);
+  unlock(&t->h->mu);
+  return TG_OK;
 }
 
 /* ---- operations ---- */
@@ -519,7 +647,11 @@ static int exec_state(tg__table *t, const kref *k, const tg__call *c,
         return rc;
       /* lost a race (or a window guess was torn): w0, w1 are current */
     }
-    /* the slot was reclaimed since the lookup: look it up again */
+    /* the slot was reclaimed since the lookup (or a reclaim was left half
+     * done by a dead process): settle it, then look the key up again */
+    int rc = settle(t, k);
+    if (rc != TG_OK)
+      return rc;
   }
 }
 
@@ -548,21 +680,24 @@ static int exec_log(tg__table *t, const kref *k, const tg__call *c,
     uint32_t g = ctrl_gen(ctl);
     uint64_t w0, w1;
     tg__load_pair(p, 1, &w0, &w1);
-    if (w1 != g)
+    int rc;
+    if (w1 != g) {
+      if ((rc = settle(t, k)) != TG_OK)
+        return rc;
       continue;
+    }
     if (w0 == 0 || w0 > h->nlogs)
-      return TG_ESTORE; /* corrupt state */
+      return TG_ECORRUPT;
     tg__log_block *b = block(t, w0 - 1);
-    int rc = lock(&b->mu);
-    if (rc != TG_OK)
+    if ((rc = lock_block(t, b)) != TG_OK)
       return rc;
     if (tg__load_acquire(&p->w[1]) != g) {
       unlock(&b->mu);
+      if ((rc = settle(t, k)) != TG_OK)
+        return rc;
       continue;
     }
-    tg__log lg = {b->e, b->n, h->log_entries, h->log_entries};
-    if (lg.n > lg.max)
-      lg.n = lg.max; /* corrupt count: never index past the block */
+    tg__log lg = {b->e, log_n(t, b), h->log_entries, h->log_entries};
     rc = tg__log_step(c, &lg, o, &changed);
     b->n = lg.n;
     b->period_us = c->q.period_us;
@@ -586,15 +721,16 @@ int tg__table_reset(tg__table *t, const void *key, size_t key_len) {
   tg_algorithm alg = (tg_algorithm)t->h->algorithm;
   kref k;
   kref_init(t, &k, key, key_len);
-  int rc = lock(&t->h->mu);
+  int rc = lock_table(t);
   if (rc != TG_OK)
     return rc;
   uint64_t i, ctl;
   while (find(t, &k, &i, &ctl)) {
     uint64_t w0, w1;
     read_pair(alg, &t->slots[i].st, &w0, &w1);
-    if (gen_ok(alg, w0, w1, ctrl_gen(ctl)) &&
-        reclaim(t, i, ctl, w0, w1, 0, 0, true))
+    if (!gen_ok(alg, w0, w1, ctrl_gen(ctl)))
+      finish_reclaim(t, i, ctl); /* a dead process's half reclaim */
+    else if (reclaim(t, i, ctl, w0, w1, 0, 0, true))
       break;
   }
   unlock(&t->h->mu);
@@ -617,7 +753,7 @@ static size_t flush(tg__table *t, tg__clean_item *items, size_t n,
   if (cb)
     cb(items, n, ctx); /* outside every lock; its outcome never stops us */
   size_t removed = 0;
-  if (lock(&t->h->mu) != TG_OK)
+  if (lock_table(t) != TG_OK)
     return 0;
   for (size_t j = 0; j < n; j++)
     removed += reclaim(t, items[j].slot, items[j].ctrl, items[j].w0,
@@ -630,7 +766,7 @@ int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
                     tg__clean_cb cb, void *ctx, size_t *removed) {
   tg__table_hdr *h = t->h;
   *removed = 0;
-  int rc = pthread_mutex_trylock(&h->clean_mu);
+  int rc = pthread_mutex_trylock(&h->clean_mu); /* robust if shared */
   if (rc == EBUSY)
     return TG_OK; /* another pass is running */
   if (rc == EOWNERDEAD)
@@ -653,7 +789,7 @@ int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
     /* copy the key, then check the slot still held it */
     size_t len = ctrl_len(c);
     const uint64_t *w = key_words(t, i, len);
-    if (!w)
+    if (!w || len == 0 || len > TG_KEY_MAX)
       continue;
     uint64_t words[CHUNK_WORDS];
     for (size_t j = 0; j < (len + 7) / 8; j++)
