@@ -100,7 +100,8 @@ TG_EXTERN const char *tg_version_string(void);
   XX(EFULL, -9, "store is full")                                               \
   XX(ESTORE, -10, "store failure")                                             \
   XX(EBUSY, -11, "key is locked by another caller")                            \
-  XX(ECORRUPT, -12, "stored state is corrupt or of an unknown version")
+  XX(ECORRUPT, -12, "stored state is corrupt or of an unknown version")        \
+  XX(EMISMATCH, -13, "shared segment was created with other parameters")
 
 typedef enum tg_errno {
   TG_OK = 0,
@@ -327,6 +328,20 @@ typedef struct tg_config {
                               memory store. Else the caller's store; the
                               struct is copied and must stay valid as long as
                               the limiter, as must its ctx. */
+  const char *shm_name;   /* NULL (default): the table lives in this
+                              process. Else the name of a POSIX shared-memory
+                              segment ("/tollgate-api", see shm_open(3)) that
+                              holds it, so that unrelated processes naming it
+                              share one limit: created with this config's
+                              algorithm, capacity, long_keys and
+                              sliding_max_entries if absent, attached if
+                              present (those must then be equal, else
+                              TG_EMISMATCH; a segment that is not a sound
+                              tollgate table is TG_ECORRUPT). The string is
+                              only read during tg_limiter_new. Cannot be
+                              combined with custom_store. */
+  unsigned shm_mode;      /* permissions of a segment this limiter creates
+                              (default 0600: only the same user may attach) */
 } tg_config;
 
 /* Fills *cfg with the defaults documented beside each field. Always use it
@@ -451,6 +466,12 @@ TG_EXTERN size_t tg_key_count(const tg_limiter *lim);
  * including its virtual reservation for long keys and logs); 0 for a custom
  * store. */
 TG_EXTERN size_t tg_store_bytes(const tg_limiter *lim);
+
+/* Removes the name of a shared-memory segment: new limiters can no longer
+ * attach to it, while those attached keep working until destroyed (the
+ * memory is freed with the last one). Removing an absent name is not an
+ * error. TG_EINVAL for a malformed name. */
+TG_EXTERN int tg_shm_unlink(const char *name);
 
 /* Runs one cleaning pass now (memory store): keys whose state has been fresh
  * for at least key_older_than_ms are handed to before_clean and reclaimed.

@@ -9,7 +9,9 @@
 #include "core/core.h"
 #include "store/store.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -67,6 +69,8 @@ void tg_config_init(tg_config *cfg) {
   cfg->before_clean = NULL;
   cfg->before_clean_ctx = NULL;
   cfg->custom_store = NULL;
+  cfg->shm_name = NULL;
+  cfg->shm_mode = 0600;
 }
 
 static bool config_valid(const tg_config *cfg) {
@@ -75,6 +79,10 @@ static bool config_valid(const tg_config *cfg) {
   if (cfg->on_failure != TG_POLICY_ERROR &&
       cfg->on_failure != TG_POLICY_FAIL_OPEN &&
       cfg->on_failure != TG_POLICY_FAIL_CLOSED)
+    return false;
+  if (cfg->custom_store && cfg->shm_name)
+    return false;
+  if (cfg->shm_mode & ~0777u)
     return false;
   if (cfg->custom_store &&
       (!cfg->custom_store->lock_and_get || !cfg->custom_store->set_and_unlock ||
@@ -96,6 +104,8 @@ static int store_new(tg_limiter *lim) {
   tg__table_params p = {cfg->algorithm, cfg->capacity,
                         cfg->long_keys ? cfg->long_keys : cfg->capacity,
                         cfg->sliding_max_entries, false};
+  if (cfg->shm_name)
+    return tg__shm_store_new(&lim->store, cfg->shm_name, cfg->shm_mode, &p);
   return tg__memory_store_new(&lim->store, &p);
 }
 
@@ -312,6 +322,14 @@ int tg_expires_at(tg_limiter *lim, const void *key, size_t key_len,
   if (!at_ms)
     return TG_EINVAL;
   return run_value(lim, TG__OP_EXPIRES, NULL, key, key_len, q, 0, at_ms);
+}
+
+int tg_shm_unlink(const char *name) {
+  if (!name)
+    return TG_EINVAL;
+  if (shm_unlink(name) == 0 || errno == ENOENT)
+    return TG_OK;
+  return errno == EINVAL || errno == ENAMETOOLONG ? TG_EINVAL : TG_ESTORE;
 }
 
 int tg_reset(tg_limiter *lim, const void *key, size_t key_len) {

@@ -1,10 +1,11 @@
 /*
- * memory.c - the embedded default store: the concurrent table (table.c) in
- * an anonymous private mapping.
+ * memory.c - the store over the concurrent table (table.c), wherever the
+ * table's region is mapped: anonymous private memory for the embedded
+ * default, a named segment for the shared-memory store (shm.c).
  *
- * The mapping is reserved with MAP_NORESERVE and the kernel backs pages as
- * they are first touched, so long-key chunks and sliding-log blocks cost
- * physical memory only once used (and are reused from free lists after).
+ * The anonymous mapping is reserved with MAP_NORESERVE and the kernel backs
+ * pages as they are first touched, so long-key chunks and sliding-log blocks
+ * cost physical memory only once used (and are reused from free lists).
  */
 #include "store.h"
 #include "table.h"
@@ -15,7 +16,9 @@
 typedef struct memory {
   tg__store base;
   tg__table t;
-  size_t bytes;
+  size_t bytes;   /* size of the mapping */
+  bool owner;     /* this process created the table alone: destroy its
+                     mutexes with it (never for a shared segment) */
 } memory;
 
 static int mem_exec(tg__store *s, const tg__call *c, tg__outcome *o) {
@@ -42,7 +45,8 @@ static size_t mem_bytes(const tg__store *s) {
 
 static void mem_destroy(tg__store *s) {
   memory *m = (memory *)s;
-  tg__table_fini(&m->t);
+  if (m->owner)
+    tg__table_fini(&m->t);
   munmap(m->t.base, m->bytes);
   free(m);
 }
@@ -50,29 +54,37 @@ static void mem_destroy(tg__store *s) {
 static const tg__store_ops memory_ops = {mem_exec,  mem_reset, mem_key_count,
                                          mem_clean, mem_bytes, mem_destroy};
 
+int tg__table_store_wrap(tg__store **out, const tg__table *t, size_t bytes,
+                         bool owner) {
+  memory *m = calloc(1, sizeof *m);
+  if (!m)
+    return TG_ENOMEM;
+  m->base.ops = &memory_ops;
+  m->t = *t;
+  m->bytes = bytes;
+  m->owner = owner;
+  *out = &m->base;
+  return TG_OK;
+}
+
 int tg__memory_store_new(tg__store **out, const tg__table_params *p) {
   size_t bytes = tg__table_bytes(p);
   if (bytes == 0)
     return TG_EINVAL;
-  memory *m = calloc(1, sizeof *m);
-  if (!m)
-    return TG_ENOMEM;
   /* fd -1 is what an anonymous mapping asks for (cppcheck thinks not) */
   void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                    // cppcheck-suppress invalidFunctionArg
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (mem == MAP_FAILED) {
-    free(m);
+  if (mem == MAP_FAILED)
     return TG_ENOMEM;
+  tg__table t;
+  int rc = tg__table_init(&t, mem, p);
+  if (rc == TG_OK) {
+    rc = tg__table_store_wrap(out, &t, bytes, true);
+    if (rc != TG_OK)
+      tg__table_fini(&t);
   }
-  int rc = tg__table_init(&m->t, mem, p);
-  if (rc != TG_OK) {
+  if (rc != TG_OK)
     munmap(mem, bytes);
-    free(m);
-    return rc;
-  }
-  m->base.ops = &memory_ops;
-  m->bytes = bytes;
-  *out = &m->base;
-  return TG_OK;
+  return rc;
 }

@@ -40,6 +40,16 @@ struct tg__store {
 /* The embedded memory store: the concurrent table in anonymous memory. */
 int tg__memory_store_new(tg__store **out, const tg__table_params *p);
 
+/* A store over table *t, whose region of `bytes` is mapped; `owner`: this
+ * process alone created it (destroying the store destroys its mutexes). */
+int tg__table_store_wrap(tg__store **out, const tg__table *t, size_t bytes,
+                         bool owner);
+
+/* The shared-memory store: creates the named segment with *p, or attaches
+ * to it (then *p must match what it was created with: TG_EMISMATCH). */
+int tg__shm_store_new(tg__store **out, const char *name, unsigned mode,
+                      const tg__table_params *p);
+
 /* The caller's store (glimit's Store): locking and bytes are theirs, the
  * arithmetic ours. */
 int tg__custom_store_new(tg__store **out, const tg_custom_store *cs,

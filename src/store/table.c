@@ -21,6 +21,7 @@
 #include "../siphash.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -864,7 +865,6 @@ int tg__table_init(tg__table *t, void *mem, const tg__table_params *p) {
   if (!plan(p, &l))
     return TG_EINVAL;
   tg__table_hdr *h = mem;
-  h->magic = TG__TABLE_MAGIC;
   h->version = TG__TABLE_VERSION;
   h->hdr_bytes = (uint32_t)sizeof *h;
   h->algorithm = (uint32_t)p->algorithm;
@@ -889,15 +889,187 @@ int tg__table_init(tg__table *t, void *mem, const tg__table_params *p) {
     pthread_mutex_destroy(&h->mu);
     return TG_ESTORE;
   }
+  /* the magic goes last: a segment whose creator died part way through is
+   * recognisable by its missing magic */
+  tg__store_release(&h->magic, TG__TABLE_MAGIC);
+  attach_view(t, mem);
+  return TG_OK;
+}
+
+int tg__table_attach(tg__table *t, void *mem, size_t size,
+                     const tg__table_params *p) {
+  const tg__table_hdr *h = mem;
+  if (size < sizeof *h ||
+      tg__load_acquire(&h->magic) != TG__TABLE_MAGIC ||
+      h->version != TG__TABLE_VERSION || h->hdr_bytes != sizeof *h ||
+      h->slot_bytes != sizeof(tg__slot) || h->shared != 1 ||
+      h->algorithm >= TG_ALGORITHM_COUNT)
+    return TG_ECORRUPT;
+  /* the layout must be exactly the one its own parameters give */
+  tg__table_params hp = {(tg_algorithm)h->algorithm, h->capacity, h->nchunks,
+                         h->log_entries, true};
+  layout l;
+  if (!plan(&hp, &l) || l.nslots != h->nslots || l.nlogs != h->nlogs ||
+      l.block_bytes != h->log_block_bytes || l.ctrl_off != h->ctrl_off ||
+      l.slot_off != h->slot_off || l.chunk_off != h->chunk_off ||
+      l.log_off != h->log_off || l.total != h->total_bytes || l.total != size)
+    return TG_ECORRUPT;
+  if (hp.algorithm != p->algorithm || hp.capacity != p->capacity ||
+      hp.long_keys != p->long_keys || hp.log_entries != p->log_entries)
+    return TG_EMISMATCH;
   attach_view(t, mem);
   return TG_OK;
 }
 
 void tg__table_fini(tg__table *t) {
   tg__table_hdr *h = t->h;
-  for (uint64_t i = 0; i < h->log_bump; i++)
+  for (uint64_t i = 0; i < h->log_bump && i < h->nlogs; i++)
     if (block(t, i)->inited)
       pthread_mutex_destroy(&block(t, i)->mu);
   pthread_mutex_destroy(&h->clean_mu);
   pthread_mutex_destroy(&h->mu);
+}
+
+/* ---- validation ---- */
+
+static int check_fail(tg__table_check *r, const char *what, uint64_t i) {
+  if (r->errors++ == 0)
+    snprintf(r->first_error, sizeof r->first_error, "%s (slot %llu)", what,
+             (unsigned long long)i);
+  return 0;
+}
+
+/* True if slot i is reachable from home without crossing an EMPTY. */
+static bool reachable(const tg__table *t, uint64_t home_i, uint64_t i) {
+  for (uint64_t j = home_i; j != i; j = next(t, j))
+    if (ctrl_status(tg__load_relaxed(&t->ctrl[j])) == EMPTY)
+      return false;
+  return true;
+}
+
+int tg__table_validate(const tg__table *t, tg__table_check *r) {
+  const tg__table_hdr *h = t->h;
+  tg_algorithm alg = (tg_algorithm)h->algorithm;
+  memset(r, 0, sizeof *r);
+  /* which chunks and blocks LIVE keys use, and which the free lists hold */
+  unsigned char *chunk_use = calloc(h->nchunks + 1, 1);
+  unsigned char *block_use = calloc(h->nlogs + 1, 1);
+  uint64_t *hashes = calloc(h->nslots + 1, sizeof *hashes);
+  if (!chunk_use || !block_use || !hashes) {
+    free(chunk_use);
+    free(block_use);
+    free(hashes);
+    return TG_ENOMEM;
+  }
+  for (uint64_t i = 0; i < h->nslots; i++) {
+    uint64_t c = tg__load_acquire(&t->ctrl[i]);
+    unsigned st = ctrl_status(c);
+    if (st == 3) {
+      check_fail(r, "bad ctrl status", i);
+      continue;
+    }
+    if (st != LIVE)
+      continue;
+    r->live_slots++;
+    size_t len = ctrl_len(c);
+    if (len == 0 || len > TG_KEY_MAX) {
+      check_fail(r, "bad key length", i);
+      continue;
+    }
+    const uint64_t *w = key_words(t, i, len);
+    if (!w) {
+      check_fail(r, "long key chunk out of range", i);
+      continue;
+    }
+    if (len > TG__INLINE_KEY) {
+      uint64_t ci = tg__load_relaxed(&t->slots[i].key[0]);
+      if (chunk_use[ci]++)
+        check_fail(r, "chunk used twice", i);
+    }
+    kref k;
+    unsigned char bytes[TG_KEY_MAX];
+    for (size_t j = 0; j < (len + 7) / 8; j++) {
+      uint64_t v = tg__load_relaxed(&w[j]);
+      memcpy(bytes + 8 * j, &v, len - 8 * j < 8 ? len - 8 * j : 8);
+    }
+    kref_init(t, &k, bytes, len);
+    if (k.tag != ctrl_tag(c))
+      check_fail(r, "hash tag does not match key", i);
+    else if (!reachable(t, home(t, k.hash), i))
+      check_fail(r, "key not reachable from its home slot", i);
+    hashes[r->live_slots - 1] = k.hash ^ i; /* duplicates checked below */
+    uint64_t w0, w1;
+    read_pair(alg, &t->slots[i].st, &w0, &w1);
+    if (!gen_ok(alg, w0, w1, ctrl_gen(c))) {
+      r->pending++; /* a reclaim left half done: settle() finishes it */
+      continue;
+    }
+    if (alg == TG_SLIDING_WINDOW) {
+      if (w0 == 0 || w0 > h->nlogs) {
+        check_fail(r, "log block out of range", i);
+        continue;
+      }
+      if (block_use[w0 - 1]++)
+        check_fail(r, "log block used twice", i);
+      const tg__log_block *b = block(t, w0 - 1);
+      if (b->n > h->log_entries)
+        check_fail(r, "log longer than its block", i);
+      for (uint32_t j = 1; j < b->n && j < h->log_entries; j++)
+        if (b->e[j].t_us <= b->e[j - 1].t_us) {
+          check_fail(r, "log times not increasing", i);
+          break;
+        }
+    }
+  }
+  /* one key, one slot: find each LIVE key from its home and expect itself */
+  for (uint64_t i = 0; i < h->nslots; i++) {
+    uint64_t c = tg__load_acquire(&t->ctrl[i]), found, fc;
+    size_t len = ctrl_len(c);
+    if (ctrl_status(c) != LIVE || len == 0 || len > TG_KEY_MAX)
+      continue;
+    const uint64_t *w = key_words(t, i, len);
+    if (!w)
+      continue;
+    unsigned char bytes[TG_KEY_MAX];
+    for (size_t j = 0; j < (len + 7) / 8; j++) {
+      uint64_t v = tg__load_relaxed(&w[j]);
+      memcpy(bytes + 8 * j, &v, len - 8 * j < 8 ? len - 8 * j : 8);
+    }
+    kref k;
+    kref_init(t, &k, bytes, len);
+    if (find(t, &k, &found, &fc) && found != i)
+      check_fail(r, "key held by two slots", i);
+  }
+  /* free lists: in range, acyclic, disjoint from what LIVE keys use */
+  uint64_t steps = 0;
+  for (uint64_t f = h->chunk_free; f; steps++) {
+    if (f > h->nchunks || steps > h->nchunks) {
+      check_fail(r, "chunk free list corrupt", f);
+      break;
+    }
+    if (chunk_use[f - 1]++)
+      check_fail(r, "chunk both free and used", f);
+    f = tg__load_relaxed(&t->chunks[(f - 1) * CHUNK_WORDS]);
+  }
+  steps = 0;
+  for (uint64_t f = h->log_free; f; steps++) {
+    if (f > h->nlogs || steps > h->nlogs) {
+      check_fail(r, "log free list corrupt", f);
+      break;
+    }
+    if (block_use[f - 1]++)
+      check_fail(r, "log block both free and used", f);
+    f = block(t, f - 1)->next_free;
+  }
+  for (uint64_t i = 0; i < h->chunk_bump && i < h->nchunks; i++)
+    r->leaked += chunk_use[i] == 0;
+  for (uint64_t i = 0; i < h->log_bump && i < h->nlogs; i++)
+    r->leaked += block_use[i] == 0;
+  r->live_counter = tg__load_relaxed(&h->live);
+  if (r->live_slots > h->capacity)
+    check_fail(r, "more LIVE keys than capacity", r->live_slots);
+  free(chunk_use);
+  free(block_use);
+  free(hashes);
+  return TG_OK;
 }

@@ -119,6 +119,14 @@ size_t tg__table_bytes(const tg__table_params *p);
  * aligned) and fills *t. */
 int tg__table_init(tg__table *t, void *mem, const tg__table_params *p);
 
+/* Attaches to the table a region of `size` bytes already holds (a shared
+ * segment another process created), after checking its header: TG_ECORRUPT
+ * if the header is not a complete table of this version and layout, or its
+ * layout does not match its own parameters and size; TG_EMISMATCH if it is
+ * sound but was created with parameters other than *p. */
+int tg__table_attach(tg__table *t, void *mem, size_t size,
+                     const tg__table_params *p);
+
 /* Destroys the mutexes of a table this process created (in-process only). */
 void tg__table_fini(tg__table *t);
 
@@ -153,5 +161,26 @@ typedef void (*tg__clean_cb)(const tg__clean_item *items, size_t n, void *ctx);
  * at once with *removed = 0. */
 int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
                     tg__clean_cb cb, void *ctx, size_t *removed);
+
+/* What tg__table_validate found. */
+typedef struct tg__table_check {
+  uint64_t live_slots;   /* LIVE slots */
+  uint64_t live_counter; /* the header's count of them */
+  uint64_t pending;      /* LIVE slots with a half-done reclaim (a process
+                            died in it; the next lock settles it) */
+  uint64_t leaked;       /* chunks or log blocks handed out and neither used
+                            nor free (a process died between the two) */
+  uint64_t errors;       /* broken invariants */
+  char first_error[96];
+} tg__table_check;
+
+/* Walks the whole table and checks every invariant a reader relies on: ctrl
+ * words well formed, every LIVE key reachable from its home slot without an
+ * EMPTY in between and held by exactly one slot, hash tags matching keys,
+ * chunk and log-block indices in range and owned once, logs sorted and
+ * within their blocks, free lists in range, acyclic and disjoint from used
+ * entries, no more LIVE keys than capacity. Meant for a quiescent table
+ * (tests, and after crashes); it never writes. */
+int tg__table_validate(const tg__table *t, tg__table_check *r);
 
 #endif /* TG_TABLE_H */
