@@ -259,8 +259,12 @@ typedef int (*tg_before_clean_fn)(tg_algorithm alg, const tg_expired *entries,
 /* ---- Custom store (glimit's Store) ----------------------------------------
  * Keep state wherever you like; tollgate does the arithmetic. Per call,
  * tollgate calls lock_and_get, computes, then exactly one of set_and_unlock
- * (the state changed) or unlock (it did not). Callbacks may be called from
- * any thread that uses the limiter, concurrently for different keys.
+ * (the state changed, pruning a log included) or unlock (it did not), from
+ * the same thread and before the tollgate call returns; nothing is called
+ * after BUSY or ERROR. Callbacks may be called from any thread that uses the
+ * limiter, concurrently for different keys. TTLs are relative to the now of
+ * the call: a caller driving its own times (the _at functions) should give
+ * the store the same clock.
  *
  * The serialised state is documented and versioned (little-endian):
  *   byte 0      format version, 1
@@ -281,7 +285,9 @@ enum {
 
 typedef struct tg_custom_store {
   /* Locks the key and copies its state (at most cap bytes) into buf, setting
-   * *len. Returns a TG_CUSTOM_* code. */
+   * *len. A state longer than cap must not be cut short: set *len to its
+   * full length (tollgate answers TG_ECORRUPT) or return TG_CUSTOM_ERROR.
+   * Returns a TG_CUSTOM_* code. */
   int (*lock_and_get)(void *ctx, const void *key, size_t key_len, void *buf,
                       size_t cap, size_t *len);
   /* Stores len bytes as the key's state and unlocks. ttl_ms is how long the

@@ -96,6 +96,15 @@ bool tg__op_supported(tg_algorithm alg, tg__op op);
 int tg__state_step(const tg__call *c, tg__state *st, tg__outcome *o,
                    bool *changed);
 
+/* False when `st` holds numbers tollgate never writes (a window ending after
+ * TG_NOW_MAX_US + TG_PERIOD_MAX_MS, a TAT beyond TG_NOW_MAX_US in ns plus
+ * TG_TOLERANCE_MAX_NS): stores that read state from outside (a custom store,
+ * a shared segment) answer TG_ECORRUPT instead of letting it wrap. */
+bool tg__state_plausible(tg_algorithm alg, const tg__state *st);
+
+/* The same for a log: times at most TG_NOW_MAX_US, strictly increasing. */
+bool tg__log_plausible(const tg__log *log);
+
 /* True when `st` is equivalent to absent at now (a store may delete it). */
 bool tg__state_fresh(tg_algorithm alg, const tg__state *st, uint64_t now_us);
 

@@ -23,6 +23,20 @@ int tg__state_step(const tg__call *c, tg__state *st, tg__outcome *o,
   return TG_EINVAL;
 }
 
+bool tg__state_plausible(tg_algorithm alg, const tg__state *st) {
+  if (alg == TG_TOKEN_BUCKET || alg == TG_LEAKY_BUCKET)
+    return st->a <= TG_NOW_MAX_US * 1000 + TG_TOLERANCE_MAX_NS && st->b == 0;
+  return st->a <= TG_NOW_MAX_US + TG_PERIOD_MAX_MS * 1000;
+}
+
+bool tg__log_plausible(const tg__log *log) {
+  for (uint32_t i = 0; i < log->n; i++)
+    if (log->e[i].t_us > TG_NOW_MAX_US ||
+        (i > 0 && log->e[i].t_us <= log->e[i - 1].t_us))
+      return false;
+  return true;
+}
+
 bool tg__state_fresh(tg_algorithm alg, const tg__state *st, uint64_t now_us) {
   switch (alg) {
   case TG_FIXED_WINDOW:

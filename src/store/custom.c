@@ -78,6 +78,10 @@ static int exec_state(custom *s, const tg__call *c, tg__outcome *o) {
     }
     st.a = get64(buf + HEAD_BYTES);
     st.b = get64(buf + HEAD_BYTES + 8);
+    if (!tg__state_plausible(c->alg, &st)) {
+      s->cs.unlock(s->cs.ctx, c->key, c->key_len);
+      return TG_ECORRUPT;
+    }
   }
   bool changed;
   int rc = tg__state_step(c, &st, o, &changed);
@@ -114,15 +118,13 @@ static int exec_log(custom *s, const tg__call *c, tg__outcome *o) {
     for (long i = 0; ok && i < n; i++) {
       e[i].t_us = get64(buf + HEAD_BYTES + 16 * (size_t)i);
       e[i].cost = get64(buf + HEAD_BYTES + 16 * (size_t)i + 8);
-      /* the steps rely on strictly increasing times */
-      ok = i == 0 || e[i].t_us > e[i - 1].t_us;
     }
-    if (!ok) {
+    lg.n = ok ? (uint32_t)n : 0;
+    if (!ok || !tg__log_plausible(&lg)) { /* the steps rely on sorted times */
       s->cs.unlock(s->cs.ctx, c->key, c->key_len);
       rc = TG_ECORRUPT;
       goto out;
     }
-    lg.n = (uint32_t)n;
   }
   bool changed;
   rc = tg__log_step(c, &lg, o, &changed);
@@ -156,8 +158,12 @@ static int custom_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
  * under the key's lock, replacing whatever the store holds at that moment. */
 static int custom_reset(tg__store *base, const void *key, size_t key_len) {
   custom *s = (custom *)base;
-  size_t cap = HEAD_BYTES + (size_t)s->log_entries * 16 + 16, len = 0;
-  unsigned char *buf = malloc(cap);
+  unsigned char fixed[HEAD_BYTES + 16];
+  size_t cap = s->alg == TG_SLIDING_WINDOW
+                   ? HEAD_BYTES + (size_t)s->log_entries * 16
+                   : sizeof fixed,
+         len = 0;
+  unsigned char *buf = s->alg == TG_SLIDING_WINDOW ? malloc(cap) : fixed;
   if (!buf)
     return TG_ENOMEM;
   int rc = TG_OK;
@@ -174,7 +180,8 @@ static int custom_reset(tg__store *base, const void *key, size_t key_len) {
   } else {
     rc = got == TG_CUSTOM_BUSY ? TG_EBUSY : TG_ESTORE;
   }
-  free(buf);
+  if (buf != fixed)
+    free(buf);
   return rc;
 }
 
