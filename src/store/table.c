@@ -637,6 +637,8 @@ static int exec_state(tg__table *t, const kref *k, const tg__call *c,
     }
     while (gen_ok(c->alg, w0, w1, g)) {
       tg__state st = decode(c->alg, w0, w1);
+      if (t->h->shared && !tg__state_plausible(c->alg, &st))
+        return TG_ECORRUPT; /* a hostile segment: never let it wrap */
       bool changed;
       int rc = tg__state_step(c, &st, o, &changed);
       uint64_t n0 = w0, n1 = w1;
@@ -699,6 +701,10 @@ static int exec_log(tg__table *t, const kref *k, const tg__call *c,
       continue;
     }
     tg__log lg = {b->e, log_n(t, b), h->log_entries, h->log_entries};
+    if (h->shared && !tg__log_plausible(&lg)) {
+      unlock(&b->mu);
+      return TG_ECORRUPT;
+    }
     rc = tg__log_step(c, &lg, o, &changed);
     b->n = lg.n;
     b->period_us = c->q.period_us;
