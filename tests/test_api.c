@@ -59,7 +59,7 @@ static void every_code_has_its_message_and_name(void **state) {
   n++;
   TG_ERRNO_MAP(XX)
 #undef XX
-  assert_int_equal(n, 12);
+  assert_int_equal(n, 13);
   assert_string_equal(tg_err_name(TG_OK), "TG_OK");
   assert_non_null(tg_strerror(TG_OK));
   assert_string_not_equal(tg_strerror(TG_OK), "unknown error");
@@ -67,7 +67,7 @@ static void every_code_has_its_message_and_name(void **state) {
 
 static void unknown_codes(void **state) {
   (void)state;
-  const int bad[] = {1, 2, -13, -14, -100, 100, INT_MIN, INT_MAX};
+  const int bad[] = {1, 2, -14, -15, -100, 100, INT_MIN, INT_MAX};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     assert_string_equal(tg_strerror(bad[i]), "unknown error");
     assert_string_equal(tg_err_name(bad[i]), "TG_UNKNOWN");
@@ -107,6 +107,8 @@ static void config_init_sets_the_documented_defaults(void **state) {
   assert_null(cfg.before_clean);
   assert_null(cfg.before_clean_ctx);
   assert_null(cfg.custom_store);
+  assert_null(cfg.shm_name);
+  assert_int_equal(cfg.shm_mode, 0600);
 }
 
 static void limiter_new_rejects_a_bad_config(void **state) {
