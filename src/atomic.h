@@ -32,6 +32,9 @@ static inline void tg__store_relaxed(uint64_t *p, uint64_t v) {
 static inline void tg__store_release(uint64_t *p, uint64_t v) {
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
+static inline void tg__store32_release(uint32_t *p, uint32_t v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
 static inline uint64_t tg__fetch_add(uint64_t *p, uint64_t v) {
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
 }

@@ -307,10 +307,13 @@ static void cleaner_race(tg_algorithm alg) {
   free(r);
   assert_int_equal(errors, 0);
   assert_int_equal(wrong, 0);
-  /* the race really happened: the cleaners reclaimed keys between rounds
-   * (the loop thread's count; the background thread's go to the callback) */
-  assert_true(cleaned > 0);
-  assert_true(__atomic_load_n(&expired_seen, __ATOMIC_RELAXED) > 0);
+  /* the race really happened: the cleaners found expired keys between
+   * rounds. Either cleaner may have done all of it (the loop thread counts
+   * what it reclaimed, both report to before_clean), so check the total. */
+  int seen = __atomic_load_n(&expired_seen, __ATOMIC_RELAXED);
+  print_message("%s: cleaning loop reclaimed %zu, before_clean saw %d\n",
+                tg_algorithm_name(alg), cleaned, seen);
+  assert_true(cleaned + (size_t)seen > 0);
 }
 
 static void d_cleaner_fixed_window(void **state) {

@@ -54,15 +54,23 @@ typedef struct tg__entry {
   uint64_t cost;
 } tg__entry;
 
-/* A sliding log in memory the store owns: entries sorted by t_us, strictly
- * increasing. The step may append one entry: the store guarantees
- * room >= min(n + 1, max) before calling it. */
+/* A sliding log in memory the store owns: a ring of `cap` entries holding n
+ * of them from `head` on, times strictly increasing, and the sum of their
+ * costs. The steps keep all of it (pruning advances head, so no decision
+ * moves or re-sums the log: a decision is O(1) amortised). */
 typedef struct tg__log {
-  tg__entry *e;  /* entries, oldest first */
-  uint32_t n;    /* entries in use */
-  uint32_t room; /* entries that e can hold */
-  uint32_t max;  /* cap from tg_config.sliding_max_entries */
+  tg__entry *e;  /* the ring */
+  uint32_t head; /* ring index of the oldest entry, < cap */
+  uint32_t n;    /* entries in use, <= cap */
+  uint32_t cap;  /* ring size: most entries kept (sliding_max_entries) */
+  uint64_t sum;  /* sum of the n entries' costs */
 } tg__log;
+
+/* The i-th oldest entry (i < cap). */
+static inline tg__entry *tg__log_at(const tg__log *log, uint32_t i) {
+  uint32_t j = log->head + i;
+  return &log->e[j >= log->cap ? j - log->cap : j];
+}
 
 /* What one call asks of the store. */
 typedef struct tg__call {
@@ -102,8 +110,15 @@ int tg__state_step(const tg__call *c, tg__state *st, tg__outcome *o,
  * a shared segment) answer TG_ECORRUPT instead of letting it wrap. */
 bool tg__state_plausible(tg_algorithm alg, const tg__state *st);
 
-/* The same for a log: times at most TG_NOW_MAX_US, strictly increasing. */
+/* The same for a log: head and n within the ring, times at most
+ * TG_NOW_MAX_US and strictly increasing, sum equal to the costs' sum. */
 bool tg__log_plausible(const tg__log *log);
+
+/* Restores a log whose writer died part way through a step (shared memory):
+ * clamps head and n to the ring, keeps, in order, each entry newer than the
+ * last one kept (which drops the stale slots a half-written prune or append
+ * can expose), and recomputes the sum. */
+void tg__log_repair(tg__log *log);
 
 /* True when `st` is equivalent to absent at now (a store may delete it). */
 bool tg__state_fresh(tg_algorithm alg, const tg__state *st, uint64_t now_us);

@@ -8,7 +8,7 @@
  * calls are not recorded (Hammer's Redis backend does the same).
  *
  * Bound: each allowed entry has cost >= 1 and live costs sum to <= limit, so
- * a log never has more than limit entries; tg__log.max caps it further. Calls
+ * a log never has more than limit entries; tg__log.cap caps it further. Calls
  * in the same microsecond share one entry. At the cap a new entry is merged
  * into the newest, which takes the later time: cost is then kept a little
  * longer than its true age, so the limit still holds and answers can only
@@ -16,46 +16,38 @@
  */
 #include "core.h"
 
-#include <string.h>
-
 uint32_t tg__log_prune(tg__log *log, uint64_t period_us, uint64_t now_us) {
   uint32_t k = 0;
-  /* t + period <= now, written so it cannot overflow */
-  while (k < log->n && log->e[k].t_us <= now_us &&
-         now_us - log->e[k].t_us >= period_us)
+  /* expired: t + period <= now, written so it cannot overflow */
+  while (log->n > 0 && log->e[log->head].t_us <= now_us &&
+         now_us - log->e[log->head].t_us >= period_us) {
+    uint64_t cost = log->e[log->head].cost;
+    log->sum = log->sum >= cost ? log->sum - cost : 0;
+    log->head = log->head + 1 == log->cap ? 0 : log->head + 1;
+    log->n--;
     k++;
-  if (k > 0) {
-    memmove(log->e, log->e + k, (size_t)(log->n - k) * sizeof *log->e);
-    log->n -= k;
   }
   return k;
 }
 
 /* Appends cost at now, never moving time backwards, merging as documented
- * above. The caller guarantees room >= min(n + 1, max). */
+ * above. */
 static void append(tg__log *log, uint64_t now_us, uint64_t cost) {
+  if (!tg__add(log->sum, cost, &log->sum))
+    log->sum = UINT64_MAX; /* only a corrupt log gets here */
   if (log->n > 0) {
-    tg__entry *last = &log->e[log->n - 1];
-    if (last->t_us >= now_us || log->n >= log->max) {
+    tg__entry *last = tg__log_at(log, log->n - 1);
+    if (last->t_us >= now_us || log->n >= log->cap) {
       if (now_us > last->t_us)
         last->t_us = now_us;
       last->cost += cost;
       return;
     }
   }
-  log->e[log->n].t_us = now_us;
-  log->e[log->n].cost = cost;
+  tg__entry *e = tg__log_at(log, log->n);
+  e->t_us = now_us;
+  e->cost = cost;
   log->n++;
-}
-
-/* Sum of the live costs, saturating (it is at most the largest limit ever
- * used with the key, so saturation only guards against corrupt input). */
-static uint64_t live_sum(const tg__log *log) {
-  uint64_t sum = 0;
-  for (uint32_t i = 0; i < log->n; i++)
-    if (!tg__add(sum, log->e[i].cost, &sum))
-      return UINT64_MAX;
-  return sum;
 }
 
 /* ms until the newest entry expires: the log is then empty. */
@@ -63,27 +55,28 @@ static uint64_t reset_ms(const tg__log *log, uint64_t period_us,
                          uint64_t now_us) {
   if (log->n == 0)
     return 0;
-  return tg__ms_until(log->e[log->n - 1].t_us + period_us, now_us);
+  return tg__ms_until(tg__log_at(log, log->n - 1)->t_us + period_us, now_us);
 }
 
 /* ms until enough of the oldest cost has expired that `need` units are
- * gone. need <= live sum. */
+ * gone; need <= sum. Usually a few entries: need is what the call lacks. */
 static uint64_t wait_ms(const tg__log *log, uint64_t need, uint64_t period_us,
                         uint64_t now_us) {
   uint64_t acc = 0;
   for (uint32_t i = 0; i < log->n; i++) {
-    acc += log->e[i].cost;
+    const tg__entry *e = tg__log_at(log, i);
+    acc += e->cost;
     if (acc >= need)
-      return tg__ms_until(log->e[i].t_us + period_us, now_us);
+      return tg__ms_until(e->t_us + period_us, now_us);
   }
-  return TG_NEVER; /* unreachable when need <= live sum */
+  return TG_NEVER; /* unreachable when need <= sum */
 }
 
 int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
                  bool *changed) {
   uint64_t now = c->now_us, period = c->q.period_us, limit = c->q.limit;
   *changed = tg__log_prune(log, period, now) > 0;
-  uint64_t sum = live_sum(log);
+  uint64_t sum = log->sum;
   switch (c->op) {
   case TG__OP_HIT: {
     uint64_t cost = c->arg;
@@ -105,7 +98,8 @@ int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
     o->value = sum;
     return TG_OK;
   case TG__OP_EXPIRES:
-    o->value = log->n > 0 ? tg__div_ceil(log->e[log->n - 1].t_us + period, 1000)
+    o->value = log->n > 0 ? tg__div_ceil(
+                                tg__log_at(log, log->n - 1)->t_us + period, 1000)
                           : 0;
     return TG_OK;
   case TG__OP_INC:

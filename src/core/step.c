@@ -30,11 +30,41 @@ bool tg__state_plausible(tg_algorithm alg, const tg__state *st) {
 }
 
 bool tg__log_plausible(const tg__log *log) {
-  for (uint32_t i = 0; i < log->n; i++)
-    if (log->e[i].t_us > TG_NOW_MAX_US ||
-        (i > 0 && log->e[i].t_us <= log->e[i - 1].t_us))
+  if (log->cap == 0 || log->head >= log->cap || log->n > log->cap)
+    return false;
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < log->n; i++) {
+    const tg__entry *e = tg__log_at(log, i);
+    if (e->t_us > TG_NOW_MAX_US ||
+        (i > 0 && e->t_us <= tg__log_at(log, i - 1)->t_us) ||
+        !tg__add(sum, e->cost, &sum))
       return false;
-  return true;
+  }
+  return sum == log->sum;
+}
+
+void tg__log_repair(tg__log *log) {
+  if (log->cap == 0) {
+    log->head = log->n = 0;
+    log->sum = 0;
+    return;
+  }
+  if (log->head >= log->cap)
+    log->head = 0;
+  if (log->n > log->cap)
+    log->n = log->cap;
+  uint32_t k = 0;
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < log->n; i++) {
+    tg__entry e = *tg__log_at(log, i); /* k <= i: reads stay ahead */
+    if (k == 0 || e.t_us > tg__log_at(log, k - 1)->t_us) {
+      *tg__log_at(log, k++) = e;
+      if (!tg__add(sum, e.cost, &sum))
+        sum = UINT64_MAX;
+    }
+  }
+  log->n = k;
+  log->sum = sum;
 }
 
 bool tg__state_fresh(tg_algorithm alg, const tg__state *st, uint64_t now_us) {

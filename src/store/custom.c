@@ -110,7 +110,7 @@ static int exec_log(custom *s, const tg__call *c, tg__outcome *o) {
   rc = got == TG_CUSTOM_BUSY ? TG_EBUSY : TG_ESTORE;
   if (got != TG_CUSTOM_OK && got != TG_CUSTOM_NOT_FOUND)
     goto out;
-  tg__log lg = {e, 0, s->log_entries, s->log_entries};
+  tg__log lg = {e, 0, 0, s->log_entries, 0};
   if (got == TG_CUSTOM_OK) {
     long n = parse_head(buf, len, c->alg);
     bool ok = n >= 0 && (uint64_t)n <= s->log_entries &&
@@ -120,6 +120,9 @@ static int exec_log(custom *s, const tg__call *c, tg__outcome *o) {
       e[i].cost = get64(buf + HEAD_BYTES + 16 * (size_t)i + 8);
     }
     lg.n = ok ? (uint32_t)n : 0;
+    for (uint32_t i = 0; i < lg.n; i++)
+      if (!tg__add(lg.sum, e[i].cost, &lg.sum))
+        ok = false;
     if (!ok || !tg__log_plausible(&lg)) { /* the steps rely on sorted times */
       s->cs.unlock(s->cs.ctx, c->key, c->key_len);
       rc = TG_ECORRUPT;
@@ -134,11 +137,14 @@ static int exec_log(custom *s, const tg__call *c, tg__outcome *o) {
   }
   put_head(buf, c->alg, lg.n);
   for (uint32_t i = 0; i < lg.n; i++) {
-    put64(buf + HEAD_BYTES + 16 * (size_t)i, e[i].t_us);
-    put64(buf + HEAD_BYTES + 16 * (size_t)i + 8, e[i].cost);
+    const tg__entry *en = tg__log_at(&lg, i);
+    put64(buf + HEAD_BYTES + 16 * (size_t)i, en->t_us);
+    put64(buf + HEAD_BYTES + 16 * (size_t)i + 8, en->cost);
   }
-  uint64_t ttl =
-      lg.n ? tg__ms_until(e[lg.n - 1].t_us + c->q.period_us, c->now_us) : 0;
+  uint64_t ttl = lg.n ? tg__ms_until(tg__log_at(&lg, lg.n - 1)->t_us +
+                                         c->q.period_us,
+                                     c->now_us)
+                      : 0;
   if (s->cs.set_and_unlock(s->cs.ctx, c->key, c->key_len, buf,
                            HEAD_BYTES + (size_t)lg.n * 16,
                            ttl) != TG_CUSTOM_OK)

@@ -208,9 +208,29 @@ static int lock2(const tg__table *t, pthread_mutex_t *m, bool *died) {
 
 static void unlock(pthread_mutex_t *m) { pthread_mutex_unlock(m); }
 
-/* Entries of a block that can be trusted as an index bound. */
-static uint32_t log_n(const tg__table *t, const tg__log_block *b) {
-  return b->n <= t->h->log_entries ? b->n : t->h->log_entries;
+/* A block's log as the steps see it, head and n clamped to the ring (a
+ * corrupt segment must not send them out of it). Block mutex held. */
+static tg__log log_view(const tg__table *t, tg__log_block *b) {
+  tg__log lg = {b->e, b->head, b->n, t->h->log_entries, b->sum};
+  if (lg.head >= lg.cap)
+    lg.head = 0;
+  if (lg.n > lg.cap)
+    lg.n = lg.cap;
+  return lg;
+}
+
+/* Writes a view back. Entries were written in place first; head goes before
+ * n, so a process dying in between exposes stale slots past the tail (which
+ * repair drops), never hides live ones. Block mutex held. */
+static void log_store(tg__log_block *b, const tg__log *lg) {
+  tg__store32_release(&b->head, lg->head);
+  tg__store32_release(&b->n, lg->n);
+  tg__store_release(&b->sum, lg->sum);
+}
+
+static void log_clear(tg__log_block *b) {
+  tg__log empty = {NULL, 0, 0, 0, 0};
+  log_store(b, &empty);
 }
 
 static int mutex_init(pthread_mutex_t *m, bool shared) {
@@ -291,20 +311,17 @@ static void block_release(tg__table *t, uint64_t idx) {
   t->h->log_free = idx + 1;
 }
 
-/* Repairs a log whose last writer died in the middle of a step. The step
- * works in place and writes n last, so what a death can leave is: a prune's
- * memmove stopped part way (the newest entries then also appear, older,
- * after the moved ones) or completed without n shrinking (a stale copy of
- * the newest entries at the end), or an appended entry n does not cover
- * (lost with the call that died). Keeping, in order, each entry newer than
- * the last one kept restores exactly the log the step started from, pruned
- * or not. */
+/* Repairs a log whose last writer died in the middle of a step. A step
+ * never moves entries: it writes an appended or merged entry in place, then
+ * head, n and sum (log_store). What a death can leave is an appended entry n
+ * does not cover (lost with the call that died: the caller never got its
+ * answer), a head advanced with n not yet shrunk (stale slots past the
+ * tail, all older than the newest live entry), or a stale sum: repair keeps
+ * each entry newer than the last kept and recomputes the sum. */
 static void repair_log(const tg__table *t, tg__log_block *b) {
-  uint32_t n = log_n(t, b), k = 0;
-  for (uint32_t i = 0; i < n; i++)
-    if (k == 0 || b->e[i].t_us > b->e[k - 1].t_us)
-      b->e[k++] = b->e[i];
-  b->n = k;
+  tg__log lg = log_view(t, b);
+  tg__log_repair(&lg);
+  log_store(b, &lg);
 }
 
 static int lock_block(const tg__table *t, tg__log_block *b) {
@@ -438,15 +455,16 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
     tg__log_block *b = block(t, w0 - 1);
     if (lock_block(t, b) != TG_OK)
       return false;
-    uint32_t n = log_n(t, b);
-    uint64_t expiry = n ? b->e[n - 1].t_us + b->period_us : 0;
+    tg__log lg = log_view(t, b);
+    uint64_t expiry =
+        lg.n ? tg__log_at(&lg, lg.n - 1)->t_us + b->period_us : 0;
     bool ok = force || (now_us >= expiry && now_us - expiry >= older_than_us);
     if (ok && !force)
       raise_horizon(t, expiry); /* only for a log that is being reclaimed */
     /* the block index stays in w0 so a repair can still free the block */
     ok = ok && tg__cas128(p, &w0, &w1, w0, g2);
     if (ok)
-      b->n = 0;
+      log_clear(b);
     unlock(&b->mu);
     if (!ok)
       return false;
@@ -476,13 +494,10 @@ static bool inspect(tg__table *t, uint64_t i, uint64_t c, uint64_t now_us,
     tg__log_block *b = block(t, w0 - 1);
     if (lock_block(t, b) != TG_OK)
       return false;
-    uint64_t sum = 0;
-    uint32_t n = log_n(t, b);
-    for (uint32_t j = 0; j < n; j++)
-      sum += b->e[j].cost;
-    expiry = n ? b->e[n - 1].t_us + b->period_us : 0;
+    tg__log lg = log_view(t, b);
+    expiry = lg.n ? tg__log_at(&lg, lg.n - 1)->t_us + b->period_us : 0;
     unlock(&b->mu);
-    it->value = sum;
+    it->value = lg.sum;
   } else {
     tg__state st = decode(alg, w0, w1);
     if (!tg__state_fresh(alg, &st, now_us))
@@ -569,7 +584,7 @@ static int insert(tg__table *t, const kref *k, const tg__call *c) {
     }
     tg__log_block *b = block(t, bi - 1);
     if (lock_block(t, b) == TG_OK) { /* a stale waiter may hold it */
-      b->n = 0;
+      log_clear(b);
       b->period_us = c->q.period_us;
       unlock(&b->mu);
     }
@@ -669,7 +684,7 @@ static int exec_log(tg__table *t, const kref *k, const tg__call *c,
     if (!find(t, k, &i, &ctl)) {
       const tg__call *ac = absent_call(t, c, &tmp);
       tg__entry one[1];
-      tg__log lg = {one, 0, 1, h->log_entries};
+      tg__log lg = {one, 0, 0, 1, 0};
       int rc = tg__log_step(ac, &lg, o, &changed);
       if (rc != TG_OK || !changed)
         return rc;
@@ -700,13 +715,14 @@ static int exec_log(tg__table *t, const kref *k, const tg__call *c,
         return rc;
       continue;
     }
-    tg__log lg = {b->e, log_n(t, b), h->log_entries, h->log_entries};
+    tg__log lg = log_view(t, b);
     if (h->shared && !tg__log_plausible(&lg)) {
       unlock(&b->mu);
       return TG_ECORRUPT;
     }
     rc = tg__log_step(c, &lg, o, &changed);
-    b->n = lg.n;
+    if (changed)
+      log_store(b, &lg);
     b->period_us = c->q.period_us;
     unlock(&b->mu);
     return rc;
@@ -1017,14 +1033,10 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
       }
       if (block_use[w0 - 1]++)
         check_fail(r, "log block used twice", i);
-      const tg__log_block *b = block(t, w0 - 1);
-      if (b->n > h->log_entries)
-        check_fail(r, "log longer than its block", i);
-      for (uint32_t j = 1; j < b->n && j < h->log_entries; j++)
-        if (b->e[j].t_us <= b->e[j - 1].t_us) {
-          check_fail(r, "log times not increasing", i);
-          break;
-        }
+      tg__log_block *b = block(t, w0 - 1);
+      tg__log lg = {b->e, b->head, b->n, h->log_entries, b->sum};
+      if (!tg__log_plausible(&lg))
+        check_fail(r, "log not a sorted ring with its sum", i);
     }
   }
   /* one key, one slot: find each LIVE key from its home and expect itself */

@@ -49,17 +49,21 @@ typedef struct tg__slot {
   uint64_t key[4]; /* inline key, zero padded; or key[0] = chunk index */
 } tg__slot;
 
-/* One sliding log: a mutex, the entry count and the period its entries were
- * written with (the cleaner needs it), then `log_entries` entries. The mutex
- * is initialised once, when the block is first handed out, and never again:
- * a thread may still be waiting on it when the block is reused. */
+/* One sliding log: a mutex, the ring's head, count and cost sum, the period
+ * its entries were written with (the cleaner needs it), then a ring of
+ * `log_entries` entries. The mutex is initialised once, when the block is
+ * first handed out, and never again: a thread may still be waiting on it
+ * when the block is reused. */
 typedef struct tg__log_block {
   pthread_mutex_t mu;
   uint32_t n;         /* entries in use (guarded by mu) */
-  uint32_t inited;    /* mu has been initialised (set under the table mutex) */
+  uint32_t head;      /* ring index of the oldest entry (guarded by mu) */
+  uint64_t sum;       /* sum of their costs (guarded by mu) */
   uint64_t period_us; /* period of the quota last used (guarded by mu) */
   uint64_t next_free; /* free-list link, index + 1 (under the table mutex) */
-  tg__entry e[];      /* log_entries entries */
+  uint32_t inited;    /* mu has been initialised (set under the table mutex) */
+  uint32_t pad;
+  tg__entry e[];      /* the ring: log_entries entries */
 } tg__log_block;
 
 typedef struct tg__table_hdr {
