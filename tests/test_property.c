@@ -1012,6 +1012,9 @@ static void new_run(run_ctx *c, uint32_t max_entries) {
   tg_config_init(&cfg);
   cfg.algorithm = c->alg;
   cfg.sliding_max_entries = max_entries;
+  /* a run uses at most MAX_KEYS keys; the memory store reserves a log block
+   * of sliding_max_entries entries per key of capacity, so keep it small */
+  cfg.capacity = 2 * MAX_KEYS;
   assert_int_equal(tg_limiter_new(&c->lim, &cfg), 0);
   c->nq = (int)rng_range(s, 1, MAX_QUOTAS);
   for (int i = 0; i < c->nq; i++)
