@@ -14,9 +14,9 @@
  *      the next limiter initialises the segment again.
  *   2. body: ctrl words (status, key lengths up to 511, tags, generations),
  *      state words, key words, long-key chunk indices and contents, log
- *      block indices, a log's n, times, costs and period, free-list heads and
- *      links, the bump allocators, the live counter, the cursor, the horizon,
- *      the SipHash key, and seeded random storms over each region: every
+ *      block indices, a log ring's head, n, sum, times, costs and period,
+ *      free-list heads and links, the bump allocators, the live counter, the
+ *      cursor, the horizon, the SipHash key, and seeded random storms over each region: every
  *      operation (hit, inc, get, set, expires_at, reset, clean, and inserts
  *      into a full table) of all five algorithms returns a status code or an
  *      answer; nothing crashes, hangs or touches memory out of bounds (CI
@@ -883,6 +883,8 @@ static void gen_logs(const seg *s, cases *cs) {
   unsigned n = live_slots(s, live, 64);
   const tg__table_hdr *p = &s->pristine;
   const size_t on = offsetof(tg__log_block, n),
+               oh = offsetof(tg__log_block, head),
+               os = offsetof(tg__log_block, sum),
                oi = offsetof(tg__log_block, inited),
                op = offsetof(tg__log_block, period_us),
                of = offsetof(tg__log_block, next_free),
@@ -898,6 +900,19 @@ static void gen_logs(const seg *s, cases *cs) {
                                   UINT32_MAX};
     for (size_t e = 0; e < sizeof ns / sizeof ns[0]; e++)
       put(add(cs, "log %" PRIu64 " n = %u", bi - 1, ns[e]), b + on, 4, ns[e]);
+    static const uint32_t heads[] = {1, LOG_ENTRIES - 1, LOG_ENTRIES,
+                                     LOG_ENTRIES + 1, UINT32_MAX};
+    for (size_t e = 0; e < sizeof heads / sizeof heads[0]; e++)
+      put(add(cs, "log %" PRIu64 " head = %u", bi - 1, heads[e]), b + oh, 4,
+          heads[e]);
+    uint64_t sum = rd64(s, b + os);
+    uint64_t sums[] = {0, sum - 1, sum + 1, UINT64_MAX};
+    for (size_t e = 0; e < sizeof sums / sizeof sums[0]; e++)
+      put(add(cs, "log %" PRIu64 " sum = %" PRIu64, bi - 1, sums[e]), b + os, 8,
+          sums[e]);
+    hcase *hs = add(cs, "log %" PRIu64 " head and n at the ring's end", bi - 1);
+    put(hs, b + oh, 4, LOG_ENTRIES - 1);
+    put(hs, b + on, 4, LOG_ENTRIES);
     put(add(cs, "log %" PRIu64 " inited = 0", bi - 1), b + oi, 4, 0);
     put(add(cs, "log %" PRIu64 " period 0", bi - 1), b + op, 8, 0);
     put(add(cs, "log %" PRIu64 " period max", bi - 1), b + op, 8, UINT64_MAX);
