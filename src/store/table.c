@@ -223,9 +223,19 @@ static tg__log log_view(const tg__table *t, tg__log_block *b) {
  * n, so a process dying in between exposes stale slots past the tail (which
  * repair drops), never hides live ones. Block mutex held. */
 static void log_store(tg__log_block *b, const tg__log *lg) {
+  if (lg->n > 0) /* so an emptied log still knows when it expired */
+    tg__store_release(&b->last_us, tg__log_at(lg, lg->n - 1)->t_us);
   tg__store32_release(&b->head, lg->head);
   tg__store32_release(&b->n, lg->n);
   tg__store_release(&b->sum, lg->sum);
+}
+
+/* When the log stops mattering, us: its newest entry plus the period, or,
+ * for a log emptied by pruning, its last entry's. Block mutex held. */
+static uint64_t log_expiry(const tg__table *t, tg__log_block *b) {
+  tg__log lg = log_view(t, b);
+  uint64_t last = lg.n ? tg__log_at(&lg, lg.n - 1)->t_us : b->last_us;
+  return last ? last + b->period_us : 0;
 }
 
 static void log_clear(tg__log_block *b) {
@@ -455,9 +465,7 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
     tg__log_block *b = block(t, w0 - 1);
     if (lock_block(t, b) != TG_OK)
       return false;
-    tg__log lg = log_view(t, b);
-    uint64_t expiry =
-        lg.n ? tg__log_at(&lg, lg.n - 1)->t_us + b->period_us : 0;
+    uint64_t expiry = log_expiry(t, b);
     bool ok = force || (now_us >= expiry && now_us - expiry >= older_than_us);
     if (ok && !force)
       raise_horizon(t, expiry); /* only for a log that is being reclaimed */
@@ -495,7 +503,7 @@ static bool inspect(tg__table *t, uint64_t i, uint64_t c, uint64_t now_us,
     if (lock_block(t, b) != TG_OK)
       return false;
     tg__log lg = log_view(t, b);
-    expiry = lg.n ? tg__log_at(&lg, lg.n - 1)->t_us + b->period_us : 0;
+    expiry = log_expiry(t, b);
     unlock(&b->mu);
     it->value = lg.sum;
   } else {
@@ -534,14 +542,33 @@ static void reclaim_some(tg__table *t, uint64_t now_us) {
 
 /* ---- insert ---- */
 
-/* Makes sure the key has a LIVE slot: publishes it with an absent state, the
- * key and (sliding) an empty log written before the ctrl word. */
-static int insert(tg__table *t, const kref *k, const tg__call *c) {
+/* Takes a chunk (long key) or a log block, reclaiming decayed keys a few
+ * scans at a time when none is free. Table mutex held. */
+static uint64_t alloc_or_reclaim(tg__table *t, uint64_t (*alloc)(tg__table *),
+                                 uint64_t now_us) {
+  uint64_t x = alloc(t);
+  for (int pass = 0; !x && pass < 4; pass++) {
+    reclaim_some(t, now_us);
+    x = alloc(t);
+  }
+  return x;
+}
+
+/* Creates the key with its first state already in place: `init` (windows,
+ * buckets) or the entries of `init_log` (sliding), then the key, then the
+ * ctrl word, so nobody (a cleaner included) ever sees it half made. Sets
+ * *published when this call created it; if the key exists already (someone
+ * created it meanwhile) nothing is written and the caller runs its step on
+ * the existing state. */
+static int insert(tg__table *t, const kref *k, const tg__call *c,
+                  const tg__state *init, const tg__log *init_log,
+                  bool *published) {
   tg__table_hdr *h = t->h;
+  *published = false;
   int rc = lock_table(t);
   if (rc != TG_OK)
     return rc;
-  uint64_t i, ctl;
+  uint64_t i, ctl, chunk = 0, bi = 0;
   if (find(t, k, &i, &ctl) && !settle_slot(t, i, ctl))
     goto out; /* someone else created it meanwhile */
   if (tg__load_relaxed(&h->live) >= h->capacity)
@@ -549,7 +576,14 @@ static int insert(tg__table *t, const kref *k, const tg__call *c) {
   rc = TG_EFULL;
   if (tg__load_relaxed(&h->live) >= h->capacity)
     goto out;
-  /* first TOMB or EMPTY from home: there is one since live < nslots */
+  /* arenas before the slot: a reclaim may turn TOMBs into EMPTYs, and the
+   * slot must be the first free one on the key's probe path */
+  if (k->len > TG__INLINE_KEY &&
+      !(chunk = alloc_or_reclaim(t, chunk_alloc, c->now_us)))
+    goto out;
+  if (c->alg == TG_SLIDING_WINDOW &&
+      !(bi = alloc_or_reclaim(t, block_alloc, c->now_us)))
+    goto fail;
   i = home(t, k->hash);
   uint64_t cc = 0, probes;
   for (probes = 0; probes < h->nslots; probes++, i = next(t, i)) {
@@ -557,48 +591,54 @@ static int insert(tg__table *t, const kref *k, const tg__call *c) {
     if (ctrl_status(cc) != LIVE)
       break;
   }
-  if (probes == h->nslots)
-    goto out;
+  if (probes == h->nslots || tg__load_relaxed(&h->live) >= h->capacity)
+    goto fail;
   uint32_t g = ctrl_gen(cc);
   tg__slot *s = &t->slots[i];
-  uint64_t chunk = 0;
-  if (k->len <= TG__INLINE_KEY) {
-    for (size_t j = 0; j < 4; j++)
-      tg__store_relaxed(&s->key[j], j < k->nw ? k->w[j] : 0);
-  } else {
-    chunk = chunk_alloc(t);
-    if (!chunk)
-      goto out;
+  if (chunk) {
     uint64_t *w = t->chunks + (chunk - 1) * CHUNK_WORDS;
     for (size_t j = 0; j < k->nw; j++)
       tg__store_relaxed(&w[j], k->w[j]);
     tg__store_relaxed(&s->key[0], chunk - 1);
+  } else {
+    for (size_t j = 0; j < 4; j++)
+      tg__store_relaxed(&s->key[j], j < k->nw ? k->w[j] : 0);
   }
   uint64_t w0, w1;
-  if (c->alg == TG_SLIDING_WINDOW) {
-    uint64_t bi = block_alloc(t);
-    if (!bi) {
-      if (chunk)
-        chunk_release(t, chunk - 1);
-      goto out;
-    }
+  if (bi) {
     tg__log_block *b = block(t, bi - 1);
-    if (lock_block(t, b) == TG_OK) { /* a stale waiter may hold it */
-      log_clear(b);
+    if (lock_block(t, b) != TG_OK) /* a stale waiter may hold it */
+      goto fail;
+    {
+      tg__log lg = log_view(t, b);
+      lg.head = 0;
+      lg.n = 0;
+      lg.sum = init_log->sum;
+      for (uint32_t j = 0; j < init_log->n && j < lg.cap; j++)
+        *tg__log_at(&lg, lg.n++) = *tg__log_at(init_log, j);
       b->period_us = c->q.period_us;
+      b->last_us = 0;
+      log_store(b, &lg);
       unlock(&b->mu);
     }
     w0 = bi;
     w1 = g;
   } else {
-    tg__state absent = {0, 0};
-    encode(c->alg, &absent, g, &w0, &w1);
+    encode(c->alg, init, g, &w0, &w1);
   }
   tg__store_relaxed(&s->st.w[0], w0);
   tg__store_relaxed(&s->st.w[1], w1);
   tg__store_release(&t->ctrl[i], ctrl_make(LIVE, k->len, k->tag, g));
   tg__fetch_add(&h->live, 1);
+  *published = true;
   rc = TG_OK;
+  goto out;
+fail:
+  if (chunk)
+    chunk_release(t, chunk - 1);
+  if (bi)
+    block_release(t, bi - 1);
+  rc = TG_EFULL;
 out:
   unlock(&h->mu);
   return rc;
@@ -631,14 +671,14 @@ static int exec_state(tg__table *t, const kref *k, const tg__call *c,
     if (!find(t, k, &i, &ctl)) {
       const tg__call *ac = absent_call(t, c, &tmp);
       tg__state st = {0, 0};
-      bool changed;
+      bool changed, published;
       int rc = tg__state_step(ac, &st, o, &changed);
       if (rc != TG_OK || !changed || tg__state_fresh(c->alg, &st, ac->now_us))
         return rc;
-      rc = insert(t, k, c);
-      if (rc != TG_OK)
-        return rc;
-      c = ac; /* the key now exists; keep the clamped time for its step */
+      rc = insert(t, k, ac, &st, NULL, &published);
+      if (rc != TG_OK || published)
+        return rc; /* *o is this call's answer on the state it published */
+      c = ac; /* created meanwhile: step on it, keeping the clamped time */
       continue;
     }
     tg__pair *p = &t->slots[i].st;
@@ -688,8 +728,9 @@ static int exec_log(tg__table *t, const kref *k, const tg__call *c,
       int rc = tg__log_step(ac, &lg, o, &changed);
       if (rc != TG_OK || !changed)
         return rc;
-      rc = insert(t, k, c);
-      if (rc != TG_OK)
+      bool published;
+      rc = insert(t, k, ac, NULL, &lg, &published);
+      if (rc != TG_OK || published)
         return rc;
       c = ac;
       continue;

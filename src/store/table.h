@@ -63,6 +63,8 @@ typedef struct tg__log_block {
   uint64_t next_free; /* free-list link, index + 1 (under the table mutex) */
   uint32_t inited;    /* mu has been initialised (set under the table mutex) */
   uint32_t pad;
+  uint64_t last_us;   /* time of the newest entry ever kept, so a log that
+                         pruning emptied still knows when it expired */
   tg__entry e[];      /* the ring: log_entries entries */
 } tg__log_block;
 
