@@ -341,7 +341,8 @@ typedef struct tg_config {
   const char *shm_name;   /* NULL (default): the table lives in this
                               process. Else the name of a POSIX shared-memory
                               segment ("/tollgate-api", see shm_open(3)) that
-                              holds it, so that unrelated processes naming it
+                              holds it ("/" then 1..254 bytes without "/"),
+                              so that unrelated processes naming it
                               share one limit: created with this config's
                               algorithm, capacity, long_keys and
                               sliding_max_entries if absent, attached if

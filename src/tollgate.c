@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #define STR2(x) #x
@@ -93,6 +94,15 @@ static bool config_valid(const tg_config *cfg) {
          cfg->capacity <= CAPACITY_LIMIT && cfg->long_keys <= cfg->capacity;
 }
 
+/* A portable shm name: "/" then 1..254 bytes with no further "/" (glibc's
+ * shm_unlink reports ENOENT for names it cannot form, so check here). */
+static bool shm_name_ok(const char *name) {
+  if (!name || name[0] != '/' || name[1] == '\0')
+    return false;
+  size_t n = strlen(name);
+  return n <= 255 && strchr(name + 1, '/') == NULL;
+}
+
 static int store_new(tg_limiter *lim) {
   const tg_config *cfg = &lim->cfg;
   if (cfg->custom_store) {
@@ -104,6 +114,8 @@ static int store_new(tg_limiter *lim) {
   tg__table_params p = {cfg->algorithm, cfg->capacity,
                         cfg->long_keys ? cfg->long_keys : cfg->capacity,
                         cfg->sliding_max_entries, false};
+  if (cfg->shm_name && !shm_name_ok(cfg->shm_name))
+    return TG_EINVAL;
   if (cfg->shm_name)
     return tg__shm_store_new(&lim->store, cfg->shm_name, cfg->shm_mode, &p);
   return tg__memory_store_new(&lim->store, &p);
@@ -325,7 +337,7 @@ int tg_expires_at(tg_limiter *lim, const void *key, size_t key_len,
 }
 
 int tg_shm_unlink(const char *name) {
-  if (!name)
+  if (!shm_name_ok(name))
     return TG_EINVAL;
   if (shm_unlink(name) == 0 || errno == ENOENT)
     return TG_OK;

@@ -176,6 +176,7 @@ typedef struct tg__table_check {
                             died in it; the next lock settles it) */
   uint64_t leaked;       /* chunks or log blocks handed out and neither used
                             nor free (a process died between the two) */
+  uint64_t busy;         /* logs not checked: a live process held them */
   uint64_t errors;       /* broken invariants */
   char first_error[96];
 } tg__table_check;
@@ -186,7 +187,9 @@ typedef struct tg__table_check {
  * chunk and log-block indices in range and owned once, logs sorted and
  * within their blocks, free lists in range, acyclic and disjoint from used
  * entries, no more LIVE keys than capacity. Meant for a quiescent table
- * (tests, and after crashes); it never writes. */
+ * (tests, and after crashes). It writes only what a lock would: each log is
+ * checked under its mutex, and one whose holder died mid-step is repaired
+ * and counted as pending. */
 int tg__table_validate(const tg__table *t, tg__table_check *r);
 
 #endif /* TG_TABLE_H */
