@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""make_seeds.py - writes the seed corpus of fuzz_table (fuzz/corpus/table/).
+
+Seeds are hand-aimed at each part of the region (header, ctrl words, slots,
+long-key chunks, sliding-log blocks) so the fuzzer starts from inputs that
+reach every kind of corruption, each followed by the same sweep of
+operations. The input format is documented at the top of fuzz_table.c; the
+offsets below are those of its table (capacity 16, 4 long keys, 4 log
+entries, fixed SipHash key), where keys 0-7 land in these slots:
+
+    key   0  1  2  3  4  5  6  7     (lengths 1 7 8 31 32 33 100 256)
+    slot  8 18 10  5  0 12  1  6     (keys 5-7 use chunks 0-2)
+
+Run it from anywhere; it rewrites only the seed-* files (regression inputs
+the fuzzer found are kept beside them under their own names).
+"""
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "corpus", "table")
+
+# region layout (see fuzz_table.c; sliding tables add the log blocks)
+CTRL, SLOT, CHUNK, LOG = 320, 512, 1472, 2496
+BLOCK = 192  # bytes per log block: mu 0-39, n 40, head 44, sum 48,
+#              period 56, next_free 64, inited 72, entries from 80
+HDR = {"magic": 0, "version": 8, "hdr_bytes": 12, "algorithm": 16,
+       "slot_bytes": 20, "log_entries": 24, "log_block_bytes": 28,
+       "shared": 32, "capacity": 40, "nslots": 48, "nchunks": 56,
+       "nlogs": 64, "ctrl_off": 88, "total_bytes": 120, "live": 128,
+       "chunk_bump": 136, "chunk_free": 144, "log_bump": 152,
+       "log_free": 160, "cursor": 168, "horizon": 176}
+KEY_SLOT = [8, 18, 10, 5, 0, 12, 1, 6]
+FIXED, PER_KEY, SLIDING, TOKEN, LEAKY = range(5)
+HIT, INC, GET, SET, EXPIRES, RESET, CLEAN, POKE = range(8)
+
+
+def op(kind, key=0, arg=1, quota=0, time=1):
+    return bytes([kind, key, (quota << 5) | arg, time])
+
+
+def poke(off, xor):
+    return bytes([POKE, off & 0xff, (off >> 8) & 0xff, xor])
+
+
+def sweep():
+    """Every operation on every key, cleaning, resets, time jumps."""
+    b = b""
+    for k in range(16):
+        b += op(HIT, k) + op(GET, k) + op(EXPIRES, k) + op(SET, k, 2)
+        b += op(INC, k) + op(HIT, k, 31)  # cost 2^64 - 1
+    b += op(CLEAN, 0, 0, time=250)  # 51 hours later
+    for k in range(0, 16, 3):
+        b += op(RESET, k)
+    for k in range(16):
+        b += op(HIT, k, 1, quota=k % 8, time=0)
+    b += op(CLEAN, 0, 31, time=255)  # older_than 0, 5 ms back
+    return b
+
+
+def seed(alg, corruptions=(), ops=None):
+    """corruptions: (offset, xor) pairs applied before attach."""
+    b = bytes([alg, len(corruptions)])
+    for off, x in corruptions:
+        b += struct.pack("<HB", off, x)
+    return b + (sweep() if ops is None else ops)
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    for f in os.listdir(OUT):
+        if f.startswith("seed-"):
+            os.remove(os.path.join(OUT, f))
+    seeds = {}
+    names = ["fixed", "per-key", "sliding", "token", "leaky"]
+    for a in range(5):
+        n = names[a]
+        full = a in (FIXED, SLIDING, TOKEN)  # the other two: a few only
+        s = KEY_SLOT[a + 1]
+        # (a sliding w0 is a log block index: another key's block here; out
+        # of range it is regress-reset-hang-sliding-block-index)
+        w0 = (SLOT + 48 * s, 0x01) if a == SLIDING else (SLOT + 48 * s + 7, 0x40)
+        seeds[f"{n}-clean"] = seed(a)
+        seeds[f"{n}-ctrl-gen"] = seed(a, [(CTRL + 8 * s + 4, 0x01)])
+        seeds[f"{n}-slot-w0"] = seed(a, [w0])
+        seeds[f"{n}-slot-w1"] = seed(a, [(SLOT + 48 * s + 8, 0x01)])
+        if not full:
+            continue
+        # header: fields attach checks (refused) and counters it does not
+        if a != TOKEN:
+            for fld in ("magic", "version", "algorithm", "nslots",
+                        "total_bytes", "shared"):
+                seeds[f"{n}-hdr-{fld}"] = seed(a, [(HDR[fld], 0x01)])
+        seeds[f"{n}-hdr-live"] = seed(a, [(HDR["live"], 0x10)])
+        seeds[f"{n}-hdr-live-max"] = seed(a, [(HDR["live"] + 7, 0xff)])
+        seeds[f"{n}-hdr-horizon"] = seed(a, [(HDR["horizon"] + 6, 0x20)])
+        seeds[f"{n}-hdr-cursor"] = seed(a, [(HDR["cursor"] + 7, 0x80)])
+        # ctrl words: status, length (bits 2-10), tag; an EMPTY made LIVE
+        seeds[f"{n}-ctrl-status"] = seed(a, [(CTRL + 8 * s, 0x03)])
+        seeds[f"{n}-ctrl-len"] = seed(a, [(CTRL + 8 * s + 1, 0x01)])
+        seeds[f"{n}-ctrl-tag"] = seed(a, [(CTRL + 8 * s + 2, 0x01)])
+        seeds[f"{n}-ctrl-empty-live"] = seed(a, [(CTRL + 8 * 3, 0x81)])
+        # slot key words; long keys: the chunk index and the chunk's bytes
+        seeds[f"{n}-slot-key"] = seed(a, [(SLOT + 48 * s + 16, 0x01)])
+        seeds[f"{n}-slot-chunk-index"] = seed(
+            a, [(SLOT + 48 * KEY_SLOT[6] + 16, 0x07)])
+        seeds[f"{n}-chunk-byte"] = seed(a, [(CHUNK + 256 + 5, 0x01)])
+        seeds[f"{n}-chunk-free"] = seed(
+            a, [(HDR["chunk_free"], 0x02), (CHUNK + 2 * 256, 0x05)])
+    # sliding-log blocks: n, head, sum, period, next_free, inited, entries
+    blk = LOG + BLOCK * 3  # key 3's log (block index 3 + 1 - 1)
+    for fld, off, x in (("n", 40, 0x07), ("head", 44, 0x02),
+                        ("sum", 48, 0x01), ("period", 63, 0x80),
+                        ("next-free", 64, 0x09), ("inited", 72, 0x01),
+                        ("entry-time", 80 + 16 + 3, 0x10),
+                        ("entry-cost", 80 + 8 + 7, 0xff)):
+        seeds[f"sliding-log-{fld}"] = seed(SLIDING, [(blk + off, x)])
+    seeds["sliding-log-free"] = seed(
+        SLIDING, [(HDR["log_free"], 0x03), (LOG + 2 * BLOCK + 64, 0x03)])
+    seeds["sliding-log-bump"] = seed(SLIDING, [(HDR["log_bump"], 0x1f)])
+    # corruption between operations, as a concurrent writer would do it
+    mid = b""
+    for k in range(8):
+        mid += op(HIT, k) + poke(CTRL + 8 * KEY_SLOT[k], 1 << (k % 8))
+        mid += op(GET, k) + poke(SLOT + 48 * KEY_SLOT[k] + k, 0x11)
+        mid += op(HIT, k + 8) + op(EXPIRES, k)
+    for a, n in ((FIXED, "fixed"), (SLIDING, "sliding"), (TOKEN, "token")):
+        seeds[f"{n}-poke-between-ops"] = seed(a, ops=mid + sweep())
+    for name, data in seeds.items():
+        with open(os.path.join(OUT, "seed-" + name), "wb") as f:
+            f.write(data)
+    print(f"{len(seeds)} seeds in {OUT}")
+
+
+if __name__ == "__main__":
+    main()
