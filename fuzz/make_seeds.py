@@ -43,14 +43,14 @@ def poke(off, xor):
     return bytes([POKE, off & 0xff, (off >> 8) & 0xff, xor])
 
 
-def sweep():
+def sweep(resets=True):
     """Every operation on every key, cleaning, resets, time jumps."""
     b = b""
     for k in range(16):
         b += op(HIT, k) + op(GET, k) + op(EXPIRES, k) + op(SET, k, 2)
         b += op(INC, k) + op(HIT, k, 31)  # cost 2^64 - 1
     b += op(CLEAN, 0, 0, time=250)  # 51 hours later
-    for k in range(0, 16, 3):
+    for k in range(0, 16, 3) if resets else ():
         b += op(RESET, k)
     for k in range(16):
         b += op(HIT, k, 1, quota=k % 8, time=0)
@@ -107,6 +107,19 @@ def main():
         seeds[f"{n}-chunk-byte"] = seed(a, [(CHUNK + 256 + 5, 0x01)])
         seeds[f"{n}-chunk-free"] = seed(
             a, [(HDR["chunk_free"], 0x02), (CHUNK + 2 * 256, 0x05)])
+    # numbers tollgate never writes: a window ending after TG_NOW_MAX_US +
+    # TG_PERIOD_MAX_MS (bit 53 of the end), a TAT past its bound (bits 62-63)
+    s = KEY_SLOT[2]
+    seeds["fixed-slot-implausible"] = seed(FIXED, [(SLOT + 48 * s + 6, 0x20)])
+    seeds["token-slot-implausible"] = seed(TOKEN, [(SLOT + 48 * s + 7, 0xc0)])
+    # a log block index out of range, without the resets that hang on it
+    seeds["sliding-slot-w0-out-of-range"] = seed(
+        SLIDING, [(SLOT + 48 * s + 7, 0x40)], sweep(resets=False))
+    # free-list heads out of range: dropped when next needed
+    seeds["fixed-hdr-chunk-free-out-of-range"] = seed(
+        FIXED, [(HDR["chunk_free"] + 7, 0x80)])
+    seeds["sliding-hdr-log-free-out-of-range"] = seed(
+        SLIDING, [(HDR["log_free"] + 7, 0x80)])
     # sliding-log blocks: n, head, sum, period, next_free, inited, entries
     blk = LOG + BLOCK * 3  # key 3's log (block index 3 + 1 - 1)
     for fld, off, x in (("n", 40, 0x07), ("head", 44, 0x02),
