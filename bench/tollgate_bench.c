@@ -52,7 +52,11 @@ static struct {
   uint32_t nkeys;    /* distinct keys of the uniform and Zipf runs */
   uint64_t capacity; /* capacity of their limiters */
   uint32_t seq_len;  /* length of each random index sequence (power of 2) */
-} opt = {false, NULL, 0.3, 5, 1000000, 1u << 20, 1u << 24};
+  int attempts;      /* measurements of a figure while others_cpu > NOISY */
+} opt = {false, NULL, 0.3, 5, 1000000, 1u << 20, 1u << 24, 3};
+
+/* others_cpu above which a figure is measured again (see cpu_snap). */
+#define NOISY 0.10
 
 static int api_errors; /* tg_* calls that returned non-zero */
 static volatile uint64_t sink;
@@ -153,6 +157,7 @@ typedef struct figure {
   unsigned threads;
   uint64_t total_ops; /* every operation the run made, calibration included */
   double others;      /* others_cpu during the measurement */
+  int attempts;       /* measurements made; the quietest one is kept */
 } figure;
 
 typedef struct worker {
@@ -210,7 +215,7 @@ static int cmp_double(const void *a, const void *b) {
 
 /* Calibrates n so one repetition lasts about min_s, then runs the
  * repetitions and keeps their median and best. */
-static figure measure(op_fn f, void *ctx, unsigned threads) {
+static figure measure_once(op_fn f, void *ctx, unsigned threads) {
   uint64_t target = (uint64_t)(opt.min_s * 1e9), n = 256, total = 0;
   cpu_snap c0 = cpu_snap_take();
   for (;;) {
@@ -232,9 +237,29 @@ static figure measure(op_fn f, void *ctx, unsigned threads) {
   }
   cpu_snap c1 = cpu_snap_take();
   qsort(v, (size_t)reps, sizeof v[0], cmp_double);
-  figure fig = {v[reps / 2], v[0],  n * threads,
-                threads,     total, others_cpu(&c0, &c1)};
+  figure fig = {v[reps / 2],          v[0], n * threads, threads, total,
+                others_cpu(&c0, &c1), 1};
   return fig;
+}
+
+/* Measures until others_cpu <= NOISY, at most opt.attempts times, and keeps
+ * the quietest measurement (not the fastest: that would pick noise the
+ * other way). total_ops counts every attempt. */
+static figure measure(op_fn f, void *ctx, unsigned threads) {
+  figure best = {0};
+  uint64_t total = 0;
+  int attempt;
+  for (attempt = 1;; attempt++) {
+    figure fig = measure_once(f, ctx, threads);
+    total += fig.total_ops;
+    if (attempt == 1 || fig.others < best.others)
+      best = fig;
+    if (best.others <= NOISY || attempt >= opt.attempts)
+      break;
+  }
+  best.total_ops = total;
+  best.attempts = attempt;
+  return best;
 }
 
 /* ---- output ---- */
@@ -264,7 +289,7 @@ static void report(const char *name, const char *alg, const figure *f,
            f->med_ns / base_ns);
   if (extra && *extra)
     printf(" %s", extra);
-  printf(" others_cpu=%.2f\n", f->others);
+  printf(" others_cpu=%.2f attempts=%d\n", f->others, f->attempts);
   fflush(stdout);
 }
 
@@ -844,6 +869,49 @@ static void suite_threads(void) {
   one_key(TG_TOKEN_BUCKET, true);
 }
 
+/* Inserting every key into an empty limiter: one repetition per limiter
+ * (opt.reps of them), retried like measure(). *rss_per_key receives the
+ * resident memory the last limiter gained, per key. */
+static figure measure_insert(tg_algorithm alg, uint32_t log_max,
+                             uint64_t *rss_per_key) {
+  figure best = {0};
+  int attempt;
+  for (attempt = 1;; attempt++) {
+    figure fi = {0, 0, opt.nkeys, 1, 0, 0, 1};
+    double v[16] = {0};
+    cpu_snap c0 = cpu_snap_take();
+    for (int r = 0; r < opt.reps; r++) {
+      uint64_t rss0 = rss_bytes();
+      tg_limiter *lim = new_limiter(alg, opt.capacity, log_max, 0);
+      tg_result res;
+      uint64_t t0 = mono_ns();
+      for (uint32_t i = 0; i < opt.nkeys; i++)
+        note_rc(tg_hit_at(lim, T0_US, keys + (size_t)i * KEY_LEN, KEY_LEN,
+                          &Q_BIG, 1, &res));
+      v[r] = (double)(mono_ns() - t0) / opt.nkeys;
+      uint64_t rss1 = rss_bytes();
+      *rss_per_key = rss1 > rss0 ? (rss1 - rss0) / opt.nkeys : 0;
+      if (tg_key_count(lim) != opt.nkeys) {
+        fprintf(stderr, "tollgate_bench: %zu keys held, %" PRIu32 " hit\n",
+                tg_key_count(lim), opt.nkeys);
+        api_errors++;
+      }
+      tg_limiter_destroy(lim);
+    }
+    cpu_snap c1 = cpu_snap_take();
+    fi.others = others_cpu(&c0, &c1);
+    qsort(v, (size_t)opt.reps, sizeof v[0], cmp_double);
+    fi.med_ns = v[opt.reps / 2];
+    fi.min_ns = v[0];
+    if (attempt == 1 || fi.others < best.others)
+      best = fi;
+    if (best.others <= NOISY || attempt >= opt.attempts)
+      break;
+  }
+  best.attempts = attempt;
+  return best;
+}
+
 /* 1M keys: insertion, then uniform and Zipf lookups, 1 and 2 threads. */
 static void suite_keyed(void) {
   static const char *const names[] = {"insert", "uniform", "zipf",
@@ -884,33 +952,10 @@ static void suite_keyed(void) {
     if (sliding)
       snprintf(logs, sizeof logs, " log_max=%u", SLIDING_SMALL);
 
-    /* insertion of every key into an empty limiter, one rep per limiter */
-    figure fi = {0, 0, opt.nkeys, 1, 0, 0};
-    double v[16] = {0};
     uint64_t rss_per_key = 0;
-    cpu_snap c0 = cpu_snap_take();
-    for (int r = 0; r < opt.reps; r++) {
-      uint64_t rss0 = rss_bytes();
-      tg_limiter *lim = new_limiter(alg, opt.capacity, log_max, 0);
-      tg_result res;
-      uint64_t t0 = mono_ns();
-      for (uint32_t i = 0; i < opt.nkeys; i++)
-        note_rc(tg_hit_at(lim, T0_US, keys + (size_t)i * KEY_LEN, KEY_LEN,
-                          &Q_BIG, 1, &res));
-      v[r] = (double)(mono_ns() - t0) / opt.nkeys;
-      rss_per_key = (rss_bytes() - rss0) / opt.nkeys;
-      if (tg_key_count(lim) != opt.nkeys) {
-        fprintf(stderr, "tollgate_bench: %zu keys held, %" PRIu32 " hit\n",
-                tg_key_count(lim), opt.nkeys);
-        api_errors++;
-      }
-      tg_limiter_destroy(lim);
-    }
-    cpu_snap c1 = cpu_snap_take();
-    fi.others = others_cpu(&c0, &c1);
-    qsort(v, (size_t)opt.reps, sizeof v[0], cmp_double);
-    fi.med_ns = v[opt.reps / 2];
-    fi.min_ns = v[0];
+    figure fi = {0};
+    if (want("insert", an, 1) || want("rss_per_key", an, 1))
+      fi = measure_insert(alg, log_max, &rss_per_key);
 
     tg_limiter *lim = new_limiter(alg, opt.capacity, log_max, 0);
     tg_result res;
@@ -1028,7 +1073,11 @@ static void usage(FILE *f) {
              "threads=T\" contains TEXT\n"
              "  --reps N      repetitions per figure, 1..15 (default 5; "
              "the median is printed)\n"
-             "  --min-time S  seconds per repetition (default 0.3)\n");
+             "  --min-time S  seconds per repetition (default 0.3)\n"
+             "  --attempts N  measure a figure up to N times while others_cpu "
+             "> 0.10,\n"
+             "                keeping the quietest (default 3; 1 with "
+             "--quick)\n");
 }
 
 int main(int argc, char **argv) {
@@ -1040,11 +1089,18 @@ int main(int argc, char **argv) {
       opt.nkeys = 65536;
       opt.capacity = 65536 + 8192;
       opt.seq_len = 1u << 18;
+      opt.attempts = 1;
     } else if (strcmp(argv[i], "--filter") == 0 && i + 1 < argc) {
       opt.filter = argv[++i];
     } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       opt.reps = atoi(argv[++i]);
       if (opt.reps < 1 || opt.reps > 15) {
+        usage(stderr);
+        return 2;
+      }
+    } else if (strcmp(argv[i], "--attempts") == 0 && i + 1 < argc) {
+      opt.attempts = atoi(argv[++i]);
+      if (opt.attempts < 1 || opt.attempts > 20) {
         usage(stderr);
         return 2;
       }
@@ -1066,8 +1122,9 @@ int main(int argc, char **argv) {
     bctx.sip[0] = 1;
   make_key(bctx.key, 42);
   printf("# tollgate %s bench: stat=median of %d reps, >= %.2f s each; "
-         "ns_per_op = wall / all threads' ops\n",
-         tg_version_string(), opt.reps, opt.min_s);
+         "ns_per_op = wall / all threads' ops; up to %d attempts while "
+         "others_cpu > %.2f\n",
+         tg_version_string(), opt.reps, opt.min_s, opt.attempts, NOISY);
   suite_hot();
   suite_clock();
   suite_denied();
