@@ -1,0 +1,1056 @@
+/*
+ * test_memory_store.c - deterministic tests of what tollgate.h promises about
+ * the built-in memory store: capacity and the failure policies, reclaiming
+ * decayed keys before refusing, long keys and the long_keys arena, reset,
+ * cleaning passes and before_clean, the background cleaning thread, the
+ * reclaim horizon and the memory the table reserves.
+ *
+ * Time is driven by hand (the "_at" calls, or an injected clock for the
+ * background thread). The only waits are for the background thread, and they
+ * assert nothing but "eventually, within a generous bound". test_model.c
+ * covers the same rules with random operations.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tollgate.h"
+
+#define MS(x) ((uint64_t)(x)*UINT64_C(1000))
+/* us since the epoch: a whole second, 800 s past a whole hour */
+#define T0 UINT64_C(1700000000000000)
+
+static const tg_algorithm all_algs[TG_ALGORITHM_COUNT] = {
+    TG_FIXED_WINDOW, TG_FIXED_WINDOW_PER_KEY, TG_SLIDING_WINDOW,
+    TG_TOKEN_BUCKET, TG_LEAKY_BUCKET};
+static const tg_policy all_policies[3] = {
+    TG_POLICY_FAIL_OPEN, TG_POLICY_FAIL_CLOSED, TG_POLICY_ERROR};
+
+/* The algorithm a looping test is on, reported by the teardown if the test
+ * fails (a test that completes clears it). */
+static const char *current;
+#define ON(alg) (current = tg_algorithm_name(alg))
+
+static int report_current(void **state) {
+  (void)state;
+  if (current)
+    print_error("(failed on %s)\n", current);
+  current = NULL;
+  return 0;
+}
+
+static bool is_window(tg_algorithm a) {
+  return a == TG_FIXED_WINDOW || a == TG_FIXED_WINDOW_PER_KEY;
+}
+
+/* A limiter for the tests: no background thread unless asked. */
+typedef struct opts {
+  tg_algorithm alg;
+  uint64_t capacity, long_keys, older_ms, clean_period_ms;
+  tg_policy policy;
+  tg_before_clean_fn before_clean;
+  void *before_clean_ctx;
+  tg_clock_fn clock;
+  void *clock_ctx;
+} opts;
+
+static tg_limiter *make(const opts *o) {
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = o->alg;
+  if (o->capacity)
+    cfg.capacity = o->capacity;
+  cfg.long_keys = o->long_keys;
+  cfg.on_failure = o->policy;
+  cfg.clean_period_ms = o->clean_period_ms;
+  cfg.key_older_than_ms = o->older_ms;
+  cfg.before_clean = o->before_clean;
+  cfg.before_clean_ctx = o->before_clean_ctx;
+  if (o->clock) {
+    cfg.clock = o->clock;
+    cfg.clock_ctx = o->clock_ctx;
+  }
+  tg_limiter *lim = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  return lim;
+}
+
+/* tg_hit_at on (key, len) that must return rc. */
+static tg_result hit_rc(tg_limiter *lim, uint64_t now, const void *key,
+                        size_t len, const tg_quota *q, uint64_t cost, int rc) {
+  tg_result r;
+  memset(&r, 0x5a, sizeof r);
+  assert_int_equal(tg_hit_at(lim, now, key, len, q, cost, &r), rc);
+  return r;
+}
+static tg_result hit(tg_limiter *lim, uint64_t now, const void *key, size_t len,
+                     const tg_quota *q, uint64_t cost) {
+  tg_result r = hit_rc(lim, now, key, len, q, cost, TG_OK);
+  assert_false(r.degraded);
+  return r;
+}
+static uint64_t get(tg_limiter *lim, uint64_t now, const void *key, size_t len,
+                    const tg_quota *q) {
+  uint64_t v = 0x5a5a5a5a;
+  assert_int_equal(tg_get_at(lim, now, key, len, q, &v), TG_OK);
+  return v;
+}
+static uint64_t expires(tg_limiter *lim, uint64_t now, const void *key,
+                        size_t len, const tg_quota *q) {
+  uint64_t v = 0x5a5a5a5a;
+  assert_int_equal(tg_expires_at_at(lim, now, key, len, q, &v), TG_OK);
+  return v;
+}
+#define S(str) (str), (sizeof(str) - 1) /* a literal key and its length */
+
+static void assert_same_result(const tg_result *a, const tg_result *b) {
+  assert_int_equal(a->allowed, b->allowed);
+  assert_int_equal(a->degraded, b->degraded);
+  assert_int_equal(a->count, b->count);
+  assert_int_equal(a->remaining, b->remaining);
+  assert_int_equal(a->retry_after_ms, b->retry_after_ms);
+  assert_int_equal(a->reset_after_ms, b->reset_after_ms);
+}
+
+/* What a fresh key reads as: windows and sliding 0, token bucket burst, leaky
+ * bucket 0. */
+static uint64_t fresh_value(tg_algorithm alg, const tg_quota *q) {
+  if (alg == TG_TOKEN_BUCKET)
+    return q->burst ? q->burst : q->limit;
+  return 0;
+}
+
+/* ---- capacity and the failure policies ---- */
+
+/* A full table of live keys refuses a new key with TG_EFULL, and a hit's
+ * result is the policy's answer, marked degraded; set and inc on a new key
+ * fail the same way. Existing keys, reads and peeks still work. */
+static void full_table_policies(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 5, .period_ms = 60000, .burst = 5};
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    for (int p = 0; p < 3; p++) {
+      tg_algorithm alg = all_algs[a];
+      ON(alg);
+      opts o = {.alg = alg, .capacity = 4, .policy = all_policies[p]};
+      tg_limiter *lim = make(&o);
+      char key[8];
+      for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof key, "key-%d", i);
+        assert_true(hit(lim, T0, key, 5, &q, 1).allowed);
+      }
+      assert_int_equal(tg_key_count(lim), 4);
+
+      tg_result r = hit_rc(lim, T0 + MS(1), S("new"), &q, 1, TG_EFULL);
+      assert_true(r.degraded);
+      switch (all_policies[p]) {
+      case TG_POLICY_FAIL_OPEN:
+        assert_true(r.allowed);
+        assert_int_equal(r.retry_after_ms, 0);
+        break;
+      case TG_POLICY_FAIL_CLOSED:
+        assert_false(r.allowed);
+        assert_int_equal(r.retry_after_ms, q.period_ms);
+        break;
+      case TG_POLICY_ERROR:
+        assert_false(r.allowed);
+        assert_int_equal(r.retry_after_ms, TG_NEVER);
+        break;
+      }
+      if (alg != TG_SLIDING_WINDOW)
+        assert_int_equal(tg_set_at(lim, T0 + MS(1), S("new"), &q, 2), TG_EFULL);
+      if (is_window(alg))
+        assert_int_equal(tg_inc_at(lim, T0 + MS(1), S("new"), &q, 1, NULL),
+                         TG_EFULL);
+      /* the refused key has no state; reads and peeks need no slot */
+      assert_int_equal(get(lim, T0 + MS(1), S("new"), &q),
+                       fresh_value(alg, &q));
+      assert_int_equal(expires(lim, T0 + MS(1), S("new"), &q), 0);
+      tg_result peek = hit(lim, T0 + MS(1), S("new"), &q, 0);
+      assert_true(peek.allowed);
+      assert_int_equal(peek.remaining, 5);
+      /* existing keys go on as before */
+      tg_result again = hit(lim, T0 + MS(2), S("key-0"), &q, 1);
+      assert_true(again.allowed);
+      assert_int_equal(again.remaining, 3);
+      assert_int_equal(tg_key_count(lim), 4);
+      tg_limiter_destroy(lim);
+    }
+  }
+  current = NULL;
+}
+
+static int calls_counted(tg_algorithm alg, const tg_expired *e, size_t n,
+                         void *ctx) {
+  (void)alg;
+  (void)e;
+  *(size_t *)ctx += n;
+  return 0;
+}
+
+/* Keys whose state decayed make room for new ones when the table is full,
+ * whatever key_older_than_ms says, without before_clean; keys still live
+ * are never reclaimed for a new key. */
+static void decayed_keys_make_room(void **state) {
+  (void)state;
+  const tg_quota shortq = {.limit = 5, .period_ms = 1000, .burst = 5};
+  const tg_quota longq = {.limit = 5, .period_ms = 3600000, .burst = 5};
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    ON(alg);
+    size_t reported = 0;
+    opts o = {.alg = alg,
+              .capacity = 4,
+              .older_ms = 86400000,
+              .before_clean = calls_counted,
+              .before_clean_ctx = &reported};
+    tg_limiter *lim = make(&o);
+    /* a full table of keys that have all decayed accepts 4 new keys */
+    for (int i = 0; i < 4; i++) {
+      char key[4] = {'s', (char)('0' + i), 0, 0};
+      hit(lim, T0, key, 2, &shortq, 2);
+    }
+    assert_int_equal(tg_key_count(lim), 4);
+    for (int i = 0; i < 4; i++) {
+      char key[4] = {'n', (char)('0' + i), 0, 0};
+      tg_result r = hit(lim, T0 + MS(2000), key, 2, &shortq, 2);
+      assert_true(r.allowed);
+      assert_int_equal(r.count, alg == TG_TOKEN_BUCKET ? 3 : 2);
+    }
+    assert_int_equal(tg_key_count(lim), 4);
+    /* the old keys read as fresh */
+    assert_int_equal(get(lim, T0 + MS(2000), S("s0"), &shortq),
+                     fresh_value(alg, &shortq));
+
+    assert_int_equal(reported, 0); /* pressure never calls before_clean */
+    tg_limiter_destroy(lim);
+
+    /* two live keys (one hour) and two decayed ones: exactly two new keys
+     * fit, the third is refused, and the live keys keep their state */
+    lim = make(&o);
+    hit(lim, T0, S("l0"), &longq, 1);
+    hit(lim, T0, S("l1"), &longq, 1);
+    hit(lim, T0, S("s0"), &shortq, 1);
+    hit(lim, T0, S("s1"), &shortq, 1);
+    uint64_t t = T0 + MS(2000);
+    assert_true(hit(lim, t, S("m0"), &shortq, 1).allowed);
+    assert_true(hit(lim, t, S("m1"), &shortq, 1).allowed);
+    assert_true(hit_rc(lim, t, S("m2"), &shortq, 1, TG_EFULL).degraded);
+    assert_int_equal(tg_key_count(lim), 4);
+    assert_int_equal(get(lim, t, S("l0"), &longq),
+                     alg == TG_TOKEN_BUCKET ? 4 : 1);
+    assert_int_equal(get(lim, t, S("l1"), &longq),
+                     alg == TG_TOKEN_BUCKET ? 4 : 1);
+    assert_int_equal(reported, 0); /* pressure never calls before_clean */
+    tg_limiter_destroy(lim);
+  }
+  current = NULL;
+}
+
+/* ---- long keys ---- */
+
+typedef struct keybuf {
+  unsigned char b[TG_KEY_MAX];
+  size_t len;
+} keybuf;
+
+/* Keys inline and chunked, of every length, NUL-filled, with embedded NULs,
+ * and near-duplicates differing in their last byte: each keeps its own
+ * state. */
+static void long_and_binary_keys(void **state) {
+  (void)state;
+  static keybuf keys[700];
+  size_t n = 0;
+  for (size_t len = 1; len <= TG_KEY_MAX; len++) {
+    memset(keys[n].b, 0, len); /* all NUL: differ only by length */
+    keys[n++].len = len;
+    memset(keys[n].b, 'k', len);
+    keys[n++].len = len;
+  }
+  static const size_t dup_lens[] = {31, 32, 33, 40, 64, 255, 256};
+  for (size_t d = 0; d < sizeof dup_lens / sizeof dup_lens[0]; d++)
+    for (unsigned v = 0; v < 20; v++) {
+      size_t len = dup_lens[d];
+      memset(keys[n].b, 'd', len);
+      keys[n].b[len / 2] = 0; /* a NUL in the middle too */
+      keys[n].b[len - 1] = (unsigned char)v;
+      keys[n++].len = len;
+    }
+  memcpy(keys[n].b, "a\0b", 3);
+  keys[n++].len = 3;
+  memcpy(keys[n].b, "a\0c", 3);
+  keys[n++].len = 3;
+  memcpy(keys[n].b, "a", 1);
+  keys[n++].len = 1;
+  memcpy(keys[n].b, "a\0", 2);
+  keys[n++].len = 2;
+  assert_true(n <= sizeof keys / sizeof keys[0]);
+
+  const tg_quota q = {.limit = 1000, .period_ms = 3600000};
+  opts o = {.alg = TG_FIXED_WINDOW, .capacity = 1024};
+  tg_limiter *lim = make(&o);
+  for (size_t i = 0; i < n; i++)
+    assert_int_equal(hit(lim, T0, keys[i].b, keys[i].len, &q, i % 7 + 1).count,
+                     i % 7 + 1);
+  assert_int_equal(tg_key_count(lim), n);
+  for (size_t i = 0; i < n; i++)
+    assert_int_equal(get(lim, T0 + 1, keys[i].b, keys[i].len, &q), i % 7 + 1);
+  /* resetting every other key leaves the rest alone */
+  for (size_t i = 0; i < n; i += 2)
+    assert_int_equal(tg_reset(lim, keys[i].b, keys[i].len), TG_OK);
+  assert_int_equal(tg_key_count(lim), n / 2);
+  for (size_t i = 0; i < n; i++)
+    assert_int_equal(get(lim, T0 + 2, keys[i].b, keys[i].len, &q),
+                     i % 2 ? i % 7 + 1 : 0);
+  /* and the freed chunks serve the same keys again */
+  for (size_t i = 0; i < n; i += 2)
+    assert_int_equal(hit(lim, T0 + 3, keys[i].b, keys[i].len, &q, 1).count, 1);
+  assert_int_equal(tg_key_count(lim), n);
+  tg_limiter_destroy(lim);
+}
+
+/* A table at its 7/8 load, full of keys that share everything but their
+ * last two bytes, then looked up with as many absent near-duplicates: every
+ * lookup walks a long probe chain of equal-length keys, so a comparison that
+ * skipped a word of the key would let some of them alias (the 16-bit hash
+ * tag matches one slot in 65536). Inline (24 bytes) and chunked (40, 256). */
+static void near_duplicates_never_alias(void **state) {
+  (void)state;
+  static const size_t lens[] = {24, 40, 256};
+  const tg_quota q = {.limit = 1000, .period_ms = 3600000};
+  for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+    size_t len = lens[l];
+    opts o = {.alg = TG_FIXED_WINDOW, .capacity = 4096};
+    tg_limiter *lim = make(&o);
+    unsigned char key[TG_KEY_MAX];
+    memset(key, 'p', len);
+    for (unsigned i = 0; i < 4096; i++) {
+      key[len - 2] = (unsigned char)(i >> 8);
+      key[len - 1] = (unsigned char)i;
+      assert_int_equal(hit(lim, T0, key, len, &q, 1).count, 1);
+    }
+    assert_int_equal(tg_key_count(lim), 4096);
+    unsigned aliased = 0;
+    for (unsigned i = 4096; i < 65536; i++) {
+      key[len - 2] = (unsigned char)(i >> 8);
+      key[len - 1] = (unsigned char)i;
+      aliased += get(lim, T0, key, len, &q) != 0;
+    }
+    assert_int_equal(aliased, 0);
+    tg_limiter_destroy(lim);
+  }
+}
+
+/* long_keys bounds the keys longer than 32 bytes held at once: one more is
+ * TG_EFULL (with the policy's answer) while short keys still fit; a reset
+ * long key gives its room back. */
+static void long_keys_exhausted(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 5, .period_ms = 60000};
+  unsigned char l1[33], l2[100], l3[256];
+  memset(l1, 1, sizeof l1);
+  memset(l2, 2, sizeof l2);
+  memset(l3, 3, sizeof l3);
+  opts o = {.alg = TG_TOKEN_BUCKET,
+            .capacity = 8,
+            .long_keys = 2,
+            .policy = TG_POLICY_FAIL_CLOSED};
+  tg_limiter *lim = make(&o);
+  hit(lim, T0, l1, sizeof l1, &q, 1);
+  hit(lim, T0, l2, sizeof l2, &q, 1);
+  tg_result r = hit_rc(lim, T0, l3, sizeof l3, &q, 1, TG_EFULL);
+  assert_true(r.degraded);
+  assert_false(r.allowed);
+  assert_int_equal(r.retry_after_ms, 60000);
+  /* a 32-byte key is inline: it still fits, as do five more short keys */
+  unsigned char s32[32];
+  memset(s32, 3, sizeof s32);
+  hit(lim, T0, s32, sizeof s32, &q, 1);
+  for (int i = 0; i < 5; i++) {
+    char k[2] = {(char)('a' + i), 0};
+    hit(lim, T0, k, 1, &q, 1);
+  }
+  assert_int_equal(tg_key_count(lim), 8);
+  /* full now: reset a long key and the third long key takes its place */
+  assert_int_equal(tg_reset(lim, l1, sizeof l1), TG_OK);
+  assert_int_equal(tg_key_count(lim), 7);
+  assert_int_equal(hit(lim, T0, l3, sizeof l3, &q, 1).remaining, 4);
+  assert_int_equal(hit_rc(lim, T0, l1, sizeof l1, &q, 1, TG_EFULL).degraded,
+                   true);
+  /* a cleaning pass frees the long keys that decayed */
+  size_t removed = 0;
+  assert_int_equal(tg_clean_at(lim, T0 + MS(86400000) + MS(60000), &removed),
+                   TG_OK);
+  assert_int_equal(removed, 8);
+  hit(lim, T0 + MS(86500000), l1, sizeof l1, &q, 1);
+  tg_limiter_destroy(lim);
+}
+
+/* The header: TG_EFULL means "the memory table is full even after
+ * reclaiming decayed keys". When the long-key arena is used up by keys that
+ * have all decayed, a new long key should reclaim one of them rather than be
+ * refused until a cleaning pass (by default 24 h later) removes them. */
+static void long_keys_reclaim_decayed(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 5, .period_ms = 1000};
+  unsigned char l1[40], l2[40], l3[40];
+  memset(l1, 1, sizeof l1);
+  memset(l2, 2, sizeof l2);
+  memset(l3, 3, sizeof l3);
+  int refused = 0;
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    opts o = {.alg = all_algs[a], .capacity = 8, .long_keys = 2};
+    tg_limiter *lim = make(&o);
+    hit(lim, T0, l1, sizeof l1, &q, 1);
+    hit(lim, T0, l2, sizeof l2, &q, 1);
+    /* an hour later both have long decayed */
+    tg_result r;
+    int rc = tg_hit_at(lim, T0 + MS(3600000), l3, sizeof l3, &q, 1, &r);
+    if (rc != TG_OK) {
+      print_error("%s: a new long key, every long key decayed, %zu of 8 "
+                  "keys held: %s\n",
+                  tg_algorithm_name(all_algs[a]), tg_key_count(lim),
+                  tg_err_name(rc));
+      refused++;
+    }
+    tg_limiter_destroy(lim);
+  }
+  assert_int_equal(refused, 0);
+  current = NULL;
+}
+
+/* ---- reset ---- */
+
+/* Reset frees the slot at once and the key starts over as new; resetting an
+ * unknown key is a no-op; a reset makes room in a full table. */
+static void reset_frees_slot(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 2, .period_ms = 60000, .burst = 2};
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    ON(alg);
+    opts o = {.alg = alg, .capacity = 2};
+    tg_limiter *lim = make(&o);
+    hit(lim, T0, S("k"), &q, 1);
+    hit(lim, T0, S("k"), &q, 1);
+    assert_false(hit(lim, T0, S("k"), &q, 1).allowed);
+    hit(lim, T0, S("other"), &q, 1);
+    assert_int_equal(tg_key_count(lim), 2);
+    hit_rc(lim, T0, S("third"), &q, 1, TG_EFULL);
+
+    assert_int_equal(tg_reset(lim, S("unknown")), TG_OK);
+    assert_int_equal(tg_key_count(lim), 2);
+    assert_int_equal(tg_reset(lim, S("k")), TG_OK);
+    assert_int_equal(tg_key_count(lim), 1);
+    assert_int_equal(tg_reset(lim, S("k")), TG_OK);
+    assert_int_equal(tg_key_count(lim), 1);
+    assert_int_equal(get(lim, T0 + 1, S("k"), &q), fresh_value(alg, &q));
+    assert_int_equal(expires(lim, T0 + 1, S("k"), &q), 0);
+
+    /* the reset key answers exactly as a key never seen */
+    tg_limiter *twin = make(&o);
+    tg_result r1 = hit(lim, T0 + 1, S("k"), &q, 1);
+    tg_result r2 = hit(twin, T0 + 1, S("k"), &q, 1);
+    assert_same_result(&r1, &r2);
+    assert_true(r1.allowed);
+    assert_int_equal(r1.remaining, 1);
+    assert_int_equal(tg_key_count(lim), 2);
+    hit_rc(lim, T0 + 1, S("third"), &q, 1, TG_EFULL);
+    tg_limiter_destroy(twin);
+    tg_limiter_destroy(lim);
+  }
+  current = NULL;
+}
+
+/* ---- cleaning passes and before_clean ---- */
+
+typedef struct seen {
+  size_t calls, n, max_batch;
+  int ret;          /* what the callback returns */
+  tg_algorithm alg; /* as passed */
+  struct {
+    unsigned char key[TG_KEY_MAX];
+    size_t len;
+    uint64_t value, expired_at_ms;
+  } e[256];
+} seen;
+
+static int record(tg_algorithm alg, const tg_expired *entries, size_t n,
+                  void *ctx) {
+  seen *s = ctx;
+  s->calls++;
+  s->alg = alg;
+  if (n > s->max_batch)
+    s->max_batch = n;
+  for (size_t i = 0; i < n && s->n < 256; i++, s->n++) {
+    memcpy(s->e[s->n].key, entries[i].key, entries[i].key_len);
+    s->e[s->n].len = entries[i].key_len;
+    s->e[s->n].value = entries[i].value;
+    s->e[s->n].expired_at_ms = entries[i].expired_at_ms;
+  }
+  return s->ret;
+}
+
+/* Per algorithm, a key A with value va (two calls), a key B that expires
+ * later and a key C still live. With key_older_than_ms = 100, a pass removes
+ * a key exactly when it has been fresh for 100 ms (not 1 us earlier), hands
+ * it to before_clean with its bytes, value and expiry, and calls before_clean
+ * only when something expired. */
+static void clean_removes_exactly_the_old(void **state) {
+  (void)state;
+  /* T = 100 ms: expiries fall on whole ms */
+  const tg_quota q = {.limit = 10, .period_ms = 1000, .burst = 10};
+  unsigned char long_a[200];
+  memset(long_a, 'A', sizeof long_a);
+  long_a[7] = 0;
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    ON(alg);
+    for (int ret = 0; ret < 2; ret++) {
+      seen *s = calloc(1, sizeof *s);
+      assert_non_null(s);
+      s->ret = ret ? -1 : 0; /* a failing callback never stops deletion */
+      opts o = {.alg = alg,
+                .capacity = 16,
+                .older_ms = 100,
+                .before_clean = record,
+                .before_clean_ctx = s};
+      tg_limiter *lim = make(&o);
+      hit(lim, T0, long_a, sizeof long_a, &q, 3);
+      hit(lim, T0 + MS(200), long_a, sizeof long_a, &q, 2);
+      hit(lim, T0 + MS(1000), S("B"), &q, 1);
+      hit(lim, T0 + MS(5000), S("C"), &q, 1);
+      uint64_t ea = expires(lim, T0 + MS(200), long_a, sizeof long_a, &q);
+      uint64_t eb = expires(lim, T0 + MS(1000), S("B"), &q);
+      /* fixed/per-key window end T+1 s; sliding newest + 1 s; buckets
+       * TAT = T + 5 x 100 ms */
+      uint64_t want_ea = alg == TG_SLIDING_WINDOW ? T0 / 1000 + 1200
+                         : is_window(alg)         ? T0 / 1000 + 1000
+                                                  : T0 / 1000 + 500;
+      assert_int_equal(ea, want_ea);
+      uint64_t va = is_window(alg) || alg == TG_SLIDING_WINDOW ? 5 : 0;
+
+      size_t removed = 99;
+      assert_int_equal(tg_clean_at(lim, MS(ea + 100) - 1, &removed), TG_OK);
+      assert_int_equal(removed, 0);
+      assert_int_equal(s->calls, 0);
+      assert_int_equal(tg_key_count(lim), 3);
+
+      assert_int_equal(tg_clean_at(lim, MS(ea + 100), &removed), TG_OK);
+      assert_int_equal(removed, 1);
+      assert_int_equal(s->calls, 1);
+      assert_int_equal(s->n, 1);
+      assert_int_equal(s->alg, alg);
+      assert_int_equal(s->e[0].len, sizeof long_a);
+      assert_memory_equal(s->e[0].key, long_a, sizeof long_a);
+      assert_int_equal(s->e[0].value, va);
+      assert_int_equal(s->e[0].expired_at_ms, ea);
+      assert_int_equal(tg_key_count(lim), 2);
+
+      /* nothing more to do: no call */
+      assert_int_equal(tg_clean_at(lim, MS(ea + 100), &removed), TG_OK);
+      assert_int_equal(removed, 0);
+      assert_int_equal(s->calls, 1);
+
+      assert_int_equal(tg_clean_at(lim, MS(eb + 100) - 1, &removed), TG_OK);
+      assert_int_equal(removed, 0);
+      assert_int_equal(tg_clean_at(lim, MS(eb + 100), &removed), TG_OK);
+      assert_int_equal(removed, 1);
+      assert_int_equal(s->calls, 2);
+      assert_int_equal(s->e[1].len, 1);
+      assert_memory_equal(s->e[1].key, "B", 1);
+      assert_int_equal(s->e[1].value,
+                       is_window(alg) || alg == TG_SLIDING_WINDOW);
+      assert_int_equal(s->e[1].expired_at_ms, eb);
+      assert_int_equal(tg_key_count(lim), 1);
+      /* C is still live and intact; A reads as fresh */
+      assert_int_equal(get(lim, T0 + MS(5000), S("C"), &q),
+                       alg == TG_TOKEN_BUCKET ? 9 : 1);
+      assert_int_equal(get(lim, MS(eb + 100), long_a, sizeof long_a, &q),
+                       fresh_value(alg, &q));
+      tg_limiter_destroy(lim);
+      free(s);
+    }
+  }
+  current = NULL;
+}
+
+/* 150 expired keys: before_clean sees each once, in batches of at most 64,
+ * and all are removed. */
+static void clean_batches_of_64(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 10, .period_ms = 1000};
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    ON(all_algs[a]);
+    seen *s = calloc(1, sizeof *s);
+    assert_non_null(s);
+    s->ret = 1;
+    opts o = {.alg = all_algs[a],
+              .capacity = 256,
+              .before_clean = record,
+              .before_clean_ctx = s};
+    tg_limiter *lim = make(&o);
+    char key[16];
+    for (int i = 0; i < 150; i++) {
+      int len = snprintf(key, sizeof key, "key-%03d", i);
+      hit(lim, T0, key, (size_t)len, &q, 1);
+    }
+    size_t removed = 0;
+    assert_int_equal(tg_clean_at(lim, T0 + MS(1000) + MS(86400000), &removed),
+                     TG_OK);
+    assert_int_equal(removed, 150);
+    assert_int_equal(tg_key_count(lim), 0);
+    assert_int_equal(s->n, 150);
+    assert_true(s->max_batch <= 64);
+    assert_true(s->calls >= 3);
+    bool got[150] = {false};
+    for (size_t i = 0; i < s->n; i++) {
+      assert_int_equal(s->e[i].len, 7);
+      int k = atoi((const char *)s->e[i].key + 4);
+      assert_true(k >= 0 && k < 150);
+      assert_false(got[k]);
+      got[k] = true;
+    }
+    tg_limiter_destroy(lim);
+    free(s);
+  }
+  current = NULL;
+}
+
+/* A before_clean that calls back into the limiter: reads every entry, hits
+ * one (which then survives: the cleaner deletes only the state it saw),
+ * resets another, and starts a nested pass (which returns at once). No
+ * deadlock; the counts add up. */
+typedef struct reenter {
+  tg_limiter *lim;
+  const tg_quota *q;
+  uint64_t now;
+  int errors;
+  size_t nested_removed;
+  int calls;
+} reenter;
+
+static int reenter_cb(tg_algorithm alg, const tg_expired *e, size_t n,
+                      void *ctx) {
+  (void)alg;
+  reenter *r = ctx;
+  r->calls++;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t v;
+    if (tg_get_at(r->lim, r->now, e[i].key, e[i].key_len, r->q, &v) != TG_OK)
+      r->errors++;
+  }
+  tg_result res;
+  if (tg_hit_at(r->lim, r->now, S("k0"), r->q, 1, &res) != TG_OK ||
+      !res.allowed)
+    r->errors++;
+  if (tg_reset(r->lim, S("k1")) != TG_OK)
+    r->errors++;
+  if (tg_clean_at(r->lim, r->now, &r->nested_removed) != TG_OK)
+    r->errors++;
+  return 0;
+}
+
+static void before_clean_reenters(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 10, .period_ms = 1000};
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    ON(all_algs[a]);
+    reenter r = {.q = &q, .now = T0 + MS(5000), .nested_removed = 77};
+    opts o = {.alg = all_algs[a],
+              .capacity = 16,
+              .older_ms = 0,
+              .before_clean = reenter_cb,
+              .before_clean_ctx = &r};
+    tg_limiter *lim = make(&o);
+    r.lim = lim;
+    hit(lim, T0, S("k0"), &q, 1);
+    hit(lim, T0, S("k1"), &q, 1);
+    hit(lim, T0, S("k2"), &q, 1);
+    hit(lim, T0, S("k3"), &q, 1);
+    size_t removed = 0;
+    assert_int_equal(tg_clean_at(lim, r.now, &removed), TG_OK);
+    assert_int_equal(r.calls, 1);
+    assert_int_equal(r.errors, 0);
+    assert_int_equal(r.nested_removed, 0);
+    assert_int_equal(removed, 2); /* k2, k3; k1 went by reset */
+    assert_int_equal(tg_key_count(lim), 1);
+    assert_int_equal(get(lim, r.now, S("k0"), &q),
+                     all_algs[a] == TG_TOKEN_BUCKET ? 9 : 1);
+    tg_limiter_destroy(lim);
+  }
+  current = NULL;
+}
+
+/* ---- the background thread ---- */
+
+typedef struct shared_clock {
+  uint64_t now_us; /* __atomic */
+} shared_clock;
+
+static uint64_t shared_clock_read(void *ctx) {
+  return __atomic_load_n(&((shared_clock *)ctx)->now_us, __ATOMIC_ACQUIRE);
+}
+
+typedef struct bg_seen {
+  pthread_mutex_t mu;
+  size_t entries; /* with a real expiry (see below) */
+  bool key_seen[20];
+  int off_main; /* calls from a thread other than main */
+  int on_main;
+  pthread_t main;
+} bg_seen;
+
+static int bg_record(tg_algorithm alg, const tg_expired *e, size_t n,
+                     void *ctx) {
+  (void)alg;
+  bg_seen *s = ctx;
+  pthread_mutex_lock(&s->mu);
+  for (size_t i = 0; i < n; i++) {
+    /* expired_at_ms 0 is the spurious entry of a key being created, which
+     * before_clean_never_sees_creation pins; this test is about the thread */
+    if (e[i].expired_at_ms == 0)
+      continue;
+    s->entries++;
+    char name[8] = {0};
+    memcpy(name, e[i].key, e[i].key_len < 7 ? e[i].key_len : 7);
+    int k = atoi(name + 1);
+    if (k >= 0 && k < 20)
+      s->key_seen[k] = true;
+  }
+  if (pthread_equal(pthread_self(), s->main))
+    s->on_main++;
+  else
+    s->off_main++;
+  pthread_mutex_unlock(&s->mu);
+  return 0;
+}
+
+static double seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* With clean_period_ms = 5 the thread removes expired keys by itself, and
+ * only expired ones. */
+static void background_thread_cleans(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 10, .period_ms = 1000};
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    ON(all_algs[a]);
+    shared_clock clk = {T0};
+    bg_seen s;
+    memset(&s, 0, sizeof s);
+    pthread_mutex_init(&s.mu, NULL);
+    s.main = pthread_self();
+    opts o = {.alg = all_algs[a],
+              .capacity = 64,
+              .older_ms = 10,
+              .clean_period_ms = 5,
+              .clock = shared_clock_read,
+              .clock_ctx = &clk,
+              .before_clean = bg_record,
+              .before_clean_ctx = &s};
+    tg_limiter *lim = make(&o);
+    char key[8];
+    for (int i = 0; i < 20; i++) {
+      int len = snprintf(key, sizeof key, "k%d", i);
+      tg_result r;
+      assert_int_equal(tg_hit(lim, key, (size_t)len, &q, 1, &r), TG_OK);
+    }
+    /* live keys survive any number of passes */
+    sleep_ms(30);
+    assert_int_equal(tg_key_count(lim), 20);
+    /* half are hit again at T0 + 1.005 s (the thread still sees T0), then
+     * the clock moves to T0 + 1.010 s: the other half have been fresh for
+     * at least 10 ms (key_older_than_ms) and go */
+    for (int i = 0; i < 10; i++) {
+      int len = snprintf(key, sizeof key, "k%d", i);
+      hit(lim, T0 + MS(1005), key, (size_t)len, &q, 1);
+    }
+    __atomic_store_n(&clk.now_us, T0 + MS(1010), __ATOMIC_RELEASE);
+    double deadline = seconds() + 5.0;
+    while (tg_key_count(lim) > 10 && seconds() < deadline)
+      sleep_ms(1);
+    assert_int_equal(tg_key_count(lim), 10);
+    /* and then the rest */
+    __atomic_store_n(&clk.now_us, T0 + MS(3000), __ATOMIC_RELEASE);
+    deadline = seconds() + 5.0;
+    while (tg_key_count(lim) > 0 && seconds() < deadline)
+      sleep_ms(1);
+    assert_int_equal(tg_key_count(lim), 0);
+    tg_limiter_destroy(lim);
+    assert_int_equal(s.entries, 20);
+    for (int i = 0; i < 20; i++)
+      assert_true(s.key_seen[i]);
+    assert_int_equal(s.on_main, 0);
+    assert_true(s.off_main >= 2);
+    pthread_mutex_destroy(&s.mu);
+  }
+  current = NULL;
+}
+
+/* Destroying a limiter wakes its thread at once, even with an hour between
+ * passes (a generous bound, not a timing measurement). */
+static void destroy_stops_thread_promptly(void **state) {
+  (void)state;
+  opts o = {.alg = TG_TOKEN_BUCKET, .capacity = 16, .clean_period_ms = 3600000};
+  for (int i = 0; i < 3; i++) {
+    tg_limiter *lim = make(&o);
+    if (i > 0)
+      sleep_ms(10 * i); /* the thread is asleep in its wait by now */
+    double t = seconds();
+    tg_limiter_destroy(lim);
+    assert_true(seconds() - t < 2.0);
+  }
+}
+
+/* A cleaning pass racing with the creation of keys must not report them:
+ * every key here is live (one hit of a one-hour quota, all at T0), so
+ * before_clean has nothing to see and no pass may remove anything. A worker
+ * creates new keys while this thread cleans in a loop at T0; it stops at the
+ * first entry reported, or after CREATE_MAX keys / CREATE_SECONDS. */
+#define CREATE_MAX 300000
+#define CREATE_SECONDS 1.0
+
+typedef struct creation {
+  tg_limiter *lim;
+  int stop;        /* __atomic: set by the cleaning thread */
+  int done;        /* __atomic: set by the worker */
+  unsigned errors; /* worker: failed or denied hits */
+  unsigned created;
+  size_t reported; /* cleaning thread (before_clean) */
+  uint64_t first_value, first_at_ms;
+  char first_key[16];
+} creation;
+
+static int creation_cb(tg_algorithm alg, const tg_expired *e, size_t n,
+                       void *ctx) {
+  (void)alg;
+  creation *c = ctx;
+  if (c->reported == 0 && n > 0) {
+    c->first_value = e[0].value;
+    c->first_at_ms = e[0].expired_at_ms;
+    size_t len = e[0].key_len < 15 ? e[0].key_len : 15;
+    memcpy(c->first_key, e[0].key, len);
+    c->first_key[len] = 0;
+  }
+  c->reported += n;
+  return 0;
+}
+
+static void *creator(void *arg) {
+  creation *c = arg;
+  const tg_quota q = {.limit = 100, .period_ms = 3600000};
+  char key[16];
+  double end = seconds() + CREATE_SECONDS;
+  for (unsigned i = 0; i < CREATE_MAX; i++) {
+    if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) ||
+        ((i & 1023) == 0 && seconds() > end))
+      break;
+    int len = snprintf(key, sizeof key, "key-%u", i);
+    tg_result r;
+    if (tg_hit_at(c->lim, T0, key, (size_t)len, &q, 1, &r) != TG_OK ||
+        !r.allowed)
+      c->errors++;
+    c->created++;
+  }
+  __atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static void before_clean_never_sees_creation(void **state) {
+  (void)state;
+  size_t total_reported = 0, total_removed = 0;
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    ON(all_algs[a]);
+    creation *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    opts o = {.alg = all_algs[a],
+              .capacity = CREATE_MAX,
+              .older_ms = 0,
+              .before_clean = creation_cb,
+              .before_clean_ctx = c};
+    c->lim = make(&o);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, creator, c), 0);
+    size_t removed = 0;
+    while (!__atomic_load_n(&c->done, __ATOMIC_ACQUIRE)) {
+      size_t n = 0;
+      assert_int_equal(tg_clean_at(c->lim, T0, &n), TG_OK);
+      removed += n;
+      if (c->reported)
+        __atomic_store_n(&c->stop, 1, __ATOMIC_RELEASE);
+    }
+    pthread_join(th, NULL);
+    if (c->reported || removed)
+      print_error("%s: %u live keys created during passes at T0; "
+                  "before_clean got %zu (first: \"%s\", value %" PRIu64
+                  ", expired_at_ms %" PRIu64 "), passes removed %zu\n",
+                  tg_algorithm_name(all_algs[a]), c->created, c->reported,
+                  c->first_key, c->first_value, c->first_at_ms, removed);
+    assert_int_equal(c->errors, 0);
+    assert_int_equal(tg_key_count(c->lim), c->created);
+    total_reported += c->reported;
+    total_removed += removed;
+    tg_limiter_destroy(c->lim);
+    free(c);
+  }
+  current = NULL;
+  assert_int_equal(total_reported, 0);
+  assert_int_equal(total_removed, 0);
+}
+
+/* ---- the reclaim horizon ---- */
+
+/* After a pass reclaimed a key whose state expired at E, a call made with an
+ * earlier now (as from a thread that read its clock before the pass) finds
+ * the key absent and is evaluated at E: it gets exactly the answer the
+ * unreclaimed key gives at E. Twin limiters with the same history: one
+ * cleaned, one not. */
+static void horizon_evaluates_at_expiry(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 2, .period_ms = 1000, .burst = 2};
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    ON(alg);
+    opts o = {.alg = alg, .capacity = 16, .older_ms = 0};
+    tg_limiter *cleaned = make(&o), *kept = make(&o);
+    uint64_t t1 = T0 + MS(100);
+    hit(cleaned, t1, S("k"), &q, 2);
+    hit(kept, t1, S("k"), &q, 2);
+    uint64_t e = MS(expires(kept, t1, S("k"), &q)); /* whole ms here */
+    size_t removed = 0;
+    assert_int_equal(tg_clean_at(cleaned, e + MS(5000), &removed), TG_OK);
+    assert_int_equal(removed, 1);
+
+    uint64_t now1 = e - MS(300); /* t1 < now1 < E */
+    assert_true(now1 > t1);
+    tg_result late = hit(cleaned, now1, S("k"), &q, 1);
+    tg_result at_e = hit(kept, e, S("k"), &q, 1);
+    assert_same_result(&late, &at_e);
+    assert_true(late.allowed);
+    /* from then on both twins hold the same state (the key exists again,
+     * so a later call at now1 is not moved to E: it reads that state at
+     * now1, as the header describes for an earlier now) */
+    assert_int_equal(get(cleaned, now1, S("k"), &q),
+                     get(kept, now1, S("k"), &q));
+    assert_int_equal(expires(cleaned, now1, S("k"), &q),
+                     expires(kept, now1, S("k"), &q));
+    tg_limiter_destroy(cleaned);
+    tg_limiter_destroy(kept);
+  }
+  current = NULL;
+}
+
+/* What the implementation does beyond the header (which speaks of "a key the
+ * memory store has reclaimed"): the horizon is one value for the whole table,
+ * so after the pass above even a key never seen before, called at now1 < E,
+ * is evaluated at E. This pins the current behaviour. */
+static void horizon_is_table_wide(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 2, .period_ms = 1000, .burst = 2};
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    ON(all_algs[a]);
+    opts o = {.alg = all_algs[a], .capacity = 16, .older_ms = 0};
+    tg_limiter *cleaned = make(&o), *other = make(&o);
+    uint64_t t1 = T0 + MS(100);
+    hit(cleaned, t1, S("k"), &q, 2);
+    uint64_t e = MS(expires(cleaned, t1, S("k"), &q));
+    size_t removed = 0;
+    assert_int_equal(tg_clean_at(cleaned, e + MS(5000), &removed), TG_OK);
+    assert_int_equal(removed, 1);
+    uint64_t now1 = e - MS(300);
+    tg_result r = hit(cleaned, now1, S("new"), &q, 1);
+    tg_result at_e = hit(other, e, S("new"), &q, 1);
+    hit(other, now1, S("new2"), &q, 1);
+    assert_same_result(&r, &at_e);
+    /* its state is the one written at E, not at now1 */
+    assert_int_equal(expires(cleaned, now1, S("new"), &q),
+                     expires(other, now1, S("new"), &q));
+    assert_true(expires(cleaned, now1, S("new"), &q) !=
+                expires(other, now1, S("new2"), &q));
+    tg_limiter_destroy(cleaned);
+    tg_limiter_destroy(other);
+  }
+  current = NULL;
+}
+
+/* ---- memory ---- */
+
+/* tg_store_bytes: the whole reservation. For windows and buckets the table
+ * proper (ctrl word + 48-byte slot, at 7/8 load) is at most 64 bytes per
+ * key; the long-key arena adds 256 bytes per long_keys (default: capacity),
+ * reserved but backed only once used. */
+static void store_bytes_per_key(void **state) {
+  (void)state;
+  const uint64_t cap = 65536;
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    ON(alg);
+    if (alg == TG_SLIDING_WINDOW)
+      continue;
+    opts o = {.alg = alg, .capacity = cap, .long_keys = 1};
+    tg_limiter *lim = make(&o);
+    size_t one = tg_store_bytes(lim);
+    tg_limiter_destroy(lim);
+    o.long_keys = 0; /* the default: = capacity */
+    lim = make(&o);
+    size_t dflt = tg_store_bytes(lim);
+    tg_limiter_destroy(lim);
+    size_t table = one - TG_KEY_MAX; /* minus the one chunk */
+    if (a == 0)
+      printf("store_bytes: capacity %" PRIu64 ": %zu bytes with long_keys 1"
+             " (%.2f per key), %zu with the default long_keys (%.2f per"
+             " key)\n",
+             cap, one, (double)one / (double)cap, dflt,
+             (double)dflt / (double)cap);
+    /* 64 bytes per key, plus the header and alignment */
+    assert_true(table <= 64 * cap + 1024);
+    assert_int_equal(dflt, table + cap * TG_KEY_MAX);
+  }
+  current = NULL;
+}
+
+int main(void) {
+  /* a deadlock (e.g. in before_clean) fails the run instead of hanging it */
+  alarm(300);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_teardown(full_table_policies, report_current),
+      cmocka_unit_test_teardown(decayed_keys_make_room, report_current),
+      cmocka_unit_test_teardown(long_and_binary_keys, report_current),
+      cmocka_unit_test_teardown(near_duplicates_never_alias, report_current),
+      cmocka_unit_test_teardown(long_keys_exhausted, report_current),
+      cmocka_unit_test_teardown(long_keys_reclaim_decayed, report_current),
+      cmocka_unit_test_teardown(reset_frees_slot, report_current),
+      cmocka_unit_test_teardown(clean_removes_exactly_the_old, report_current),
+      cmocka_unit_test_teardown(clean_batches_of_64, report_current),
+      cmocka_unit_test_teardown(before_clean_reenters, report_current),
+      cmocka_unit_test_teardown(background_thread_cleans, report_current),
+      cmocka_unit_test_teardown(destroy_stops_thread_promptly, report_current),
+      cmocka_unit_test_teardown(before_clean_never_sees_creation,
+                                report_current),
+      cmocka_unit_test_teardown(horizon_evaluates_at_expiry, report_current),
+      cmocka_unit_test_teardown(horizon_is_table_wide, report_current),
+      cmocka_unit_test_teardown(store_bytes_per_key, report_current),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
