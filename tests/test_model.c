@@ -64,6 +64,7 @@
 #define HIST 12                       /* calls remembered per key */
 #define SWEEP_EVERY 4096              /* steps between full read sweeps */
 #define MAX_ROOM 64                   /* sliding: reference log entries */
+#define MAX_LOG_MAX 1024              /* sliding: largest log_max used */
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SANITIZED 1
@@ -169,6 +170,8 @@ typedef struct mkey {
   tg__state st; /* windows and buckets: the whole history's state */
   tg__entry *e; /* sliding: the log, room entries */
   uint32_t n, room;
+  uint64_t last_us; /* sliding: newest entry the table's log has kept since
+                       the key entered it (an emptied log reports it) */
   bool in_table; /* the table holds it (per the rules above) */
   hist h[HIST];
   unsigned nh;
@@ -211,7 +214,9 @@ static bool is_bucket(tg_algorithm a) {
  * what the table compares with now and key_older_than_ms. */
 static uint64_t expiry_us(const model *m, const mkey *k) {
   if (m->alg == TG_SLIDING_WINDOW)
-    return k->n ? k->e[k->n - 1].t_us + k->pq.period_us : 0;
+    return k->n ? k->e[k->n - 1].t_us + k->pq.period_us
+           : k->last_us ? k->last_us + k->pq.period_us
+                        : 0;
   if (is_window(m->alg))
     return k->st.a;
   return tg__div_ceil(k->st.a, 1000);
@@ -249,9 +254,18 @@ static int ref_step(const model *m, const mkey *k, const tg__call *c,
                     tg__outcome *o, bool *changed, tg__state *st_out,
                     tg__entry *e_out, uint32_t *n_out) {
   if (m->alg == TG_SLIDING_WINDOW) {
-    memcpy(e_out, k->e, (size_t)k->n * sizeof *e_out);
-    tg__log lg = {e_out, k->n, k->room, m->cfg->log_max};
+    /* the core keeps a ring of log_max entries with its cost sum: run the
+     * step on one, then hand the entries back oldest first */
+    static tg__entry ring[MAX_LOG_MAX];
+    assert_true(m->cfg->log_max <= MAX_LOG_MAX);
+    tg__log lg = {ring, 0, k->n, m->cfg->log_max, 0};
+    for (uint32_t i = 0; i < k->n; i++) {
+      ring[i] = k->e[i];
+      lg.sum += k->e[i].cost;
+    }
     int rc = tg__log_step(c, &lg, o, changed);
+    for (uint32_t i = 0; i < lg.n; i++)
+      e_out[i] = *tg__log_at(&lg, i);
     *n_out = lg.n;
     return rc;
   }
@@ -266,7 +280,7 @@ static bool creates_key(const model *m, const tg__call *c) {
   bool changed = false;
   if (m->alg == TG_SLIDING_WINDOW) {
     tg__entry one[1];
-    tg__log lg = {one, 0, 1, m->cfg->log_max};
+    tg__log lg = {one, 0, 0, 1, 0};
     return tg__log_step(c, &lg, &o, &changed) == TG_OK && changed;
   }
   tg__state st = {0, 0};
@@ -519,6 +533,7 @@ static void pressure(model *m) {
     mkey *o = &m->keys[i];
     if (o->in_table && reclaimable(m, o, 0)) {
       o->in_table = false;
+      o->last_us = 0;
       m->held--;
       m->pressure_reclaimed++;
     }
@@ -597,6 +612,8 @@ static void do_call(model *m, mkey *k, int op, uint64_t arg) {
     if (m->alg == TG_SLIDING_WINDOW) {
       memcpy(k->e, e, (size_t)n * sizeof *e);
       k->n = n;
+      if (n > 0)
+        k->last_us = e[n - 1].t_us;
     } else {
       k->st = st;
     }
@@ -612,6 +629,7 @@ static void do_reset(model *m, mkey *k) {
     k->in_table = false;
     m->held--;
   }
+  k->last_us = 0;
   k->st = (tg__state){0, 0};
   k->n = 0;
   m->resets++;
@@ -673,6 +691,7 @@ static void do_clean(model *m) {
                it->value, it->expired_at_ms, clean_value(m, k), want_at);
     remember(k, m, OP_CLEAN, 0, TG_OK, true);
     k->in_table = false; /* also catches a key reported twice */
+    k->last_us = 0;
     m->held--;
     m->cleaned++;
   }
