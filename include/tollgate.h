@@ -9,7 +9,8 @@
  *   - Every function that can fail returns int: 0 (TG_OK) or a negative TG_E*
  *     code. tg_strerror() and tg_err_name() describe a code.
  *   - Time: "now" is microseconds since the Unix epoch (uint64_t). Durations in
- *     quotas and results are milliseconds. Field names carry the unit (_ms, _us).
+ *     quotas and results are milliseconds. Field names carry the unit (_ms,
+ * _us).
  *   - Keys are byte strings (pointer + length, 1..TG_KEY_MAX bytes, any bytes,
  *     NUL included). tollgate copies what it keeps; the caller keeps ownership.
  *   - Handles are opaque; tg_limiter_destroy(NULL) is a harmless no-op.
@@ -70,7 +71,8 @@ TG_EXTERN unsigned tg_version(void);
 /* The same as a static string "MAJOR.MINOR.PATCH". */
 TG_EXTERN const char *tg_version_string(void);
 
-/* ---- Limits --------------------------------------------------------------- */
+/* ---- Limits ---------------------------------------------------------------
+ */
 
 /* Longest key accepted, in bytes. Longer (or empty) keys are TG_EKEY. */
 #define TG_KEY_MAX 256
@@ -96,7 +98,8 @@ TG_EXTERN const char *tg_version_string(void);
   XX(ENOTSUP, -5, "operation not supported by this algorithm")                 \
   XX(ENOMEM, -6, "out of memory")                                              \
   XX(ERANGE, -7, "value out of range for this algorithm")                      \
-  XX(ETIME, -8, "time out of range (clock before 1970 or after TG_NOW_MAX_US)") \
+  XX(ETIME, -8,                                                                \
+     "time out of range (clock before 1970 or after TG_NOW_MAX_US)")           \
   XX(EFULL, -9, "store is full")                                               \
   XX(ESTORE, -10, "store failure")                                             \
   XX(EBUSY, -11, "key is locked by another caller")                            \
@@ -179,7 +182,8 @@ typedef struct tg_quota {
                          Ignored by the three window algorithms. */
 } tg_quota;
 
-/* ---- Result --------------------------------------------------------------- */
+/* ---- Result ---------------------------------------------------------------
+ */
 typedef struct tg_result {
   bool allowed;            /* the call was admitted (and its cost consumed) */
   bool degraded;           /* the answer came from the failure policy, not the
@@ -218,12 +222,12 @@ TG_EXTERN uint64_t tg_clock_coarse(void *ctx);
  * (TG_ENOMEM). The function still returns that code; the policy only decides
  * what is written into the result, which then has degraded = true. */
 typedef enum tg_policy {
-  TG_POLICY_FAIL_OPEN = 0,  /* result: allowed (the default, as glimit and
-                               most Redis limiters do: a broken limiter
-                               should not take the service down) */
+  TG_POLICY_FAIL_OPEN = 0,   /* result: allowed (the default, as glimit and
+                                most Redis limiters do: a broken limiter
+                                should not take the service down) */
   TG_POLICY_FAIL_CLOSED = 1, /* result: not allowed, retry_after_ms = period */
-  TG_POLICY_ERROR = 2       /* result: not allowed, retry_after_ms TG_NEVER:
-                               the caller must look at the return code */
+  TG_POLICY_ERROR = 2        /* result: not allowed, retry_after_ms TG_NEVER:
+                                the caller must look at the return code */
 } tg_policy;
 
 /* ---- Cleanup ---------------------------------------------------------------
@@ -239,7 +243,7 @@ typedef enum tg_policy {
 /* One expired entry handed to before_clean. The key bytes are valid only for
  * the duration of the call. */
 typedef struct tg_expired {
-  const void *key;        /* key bytes (not NUL-terminated) */
+  const void *key; /* key bytes (not NUL-terminated) */
   size_t key_len;
   uint64_t value;         /* windows: the count of the ended window; sliding:
                              the cost left in the log; buckets: 0 */
@@ -301,12 +305,13 @@ typedef struct tg_custom_store {
   void *ctx; /* passed to every callback; owned by the caller */
 } tg_custom_store;
 
-/* ---- Limiter configuration ------------------------------------------------ */
+/* ---- Limiter configuration ------------------------------------------------
+ */
 typedef struct tg_config {
-  tg_algorithm algorithm; /* default TG_FIXED_WINDOW */
-  tg_clock_fn clock;      /* default tg_clock_realtime */
-  void *clock_ctx;        /* passed to clock; owned by the caller */
-  tg_policy on_failure;   /* default TG_POLICY_FAIL_OPEN */
+  tg_algorithm algorithm;       /* default TG_FIXED_WINDOW */
+  tg_clock_fn clock;            /* default tg_clock_realtime */
+  void *clock_ctx;              /* passed to clock; owned by the caller */
+  tg_policy on_failure;         /* default TG_POLICY_FAIL_OPEN */
   uint32_t sliding_max_entries; /* TG_SLIDING_WINDOW only: most log entries
                               kept per key (default 1024, 1..2^24). Entries of
                               the same microsecond are merged. When a new entry
@@ -316,43 +321,43 @@ typedef struct tg_config {
                               at the price of keeping some cost a little
                               longer than its true age (answers become
                               conservative, never permissive). */
-  uint64_t capacity;      /* memory store: most keys held at once (default
-                              65536, at most 2^40). The table takes about 64
-                              bytes per key, reserved up front; a sliding
-                              window table also reserves, as address space
-                              backed only once used, 80 + 16 *
-                              sliding_max_entries bytes per key (TG_ENOMEM if
-                              the address space cannot hold it). */
-  uint64_t long_keys;     /* memory store: most keys longer than 32 bytes
-                              held at once; 0 (the default) means "as many
-                              as capacity". 256 bytes each, backed by the
-                              kernel only once used. */
-  uint64_t clean_period_ms;   /* memory store: background cleaning period
-                              (default 60000); 0 runs no thread: call
-                              tg_clean() yourself */
-  uint64_t key_older_than_ms; /* how long a key may stay after its state
-                              became fresh (default 86400000, 24 h) */
-  tg_before_clean_fn before_clean; /* may be NULL (the default) */
-  void *before_clean_ctx;          /* passed to before_clean */
+  uint64_t capacity;            /* memory store: most keys held at once (default
+                                    65536, at most 2^40). The table takes about 64
+                                    bytes per key, reserved up front; a sliding
+                                    window table also reserves, as address space
+                                    backed only once used, 80 + 16 *
+                                    sliding_max_entries bytes per key (TG_ENOMEM if
+                                    the address space cannot hold it). */
+  uint64_t long_keys;           /* memory store: most keys longer than 32 bytes
+                                    held at once; 0 (the default) means "as many
+                                    as capacity". 256 bytes each, backed by the
+                                    kernel only once used. */
+  uint64_t clean_period_ms;     /* memory store: background cleaning period
+                                (default 60000); 0 runs no thread: call
+                                tg_clean() yourself */
+  uint64_t key_older_than_ms;   /* how long a key may stay after its state
+                                became fresh (default 86400000, 24 h) */
+  tg_before_clean_fn before_clean;     /* may be NULL (the default) */
+  void *before_clean_ctx;              /* passed to before_clean */
   const tg_custom_store *custom_store; /* NULL (default): the built-in
                               memory store. Else the caller's store; the
                               struct is copied and must stay valid as long as
                               the limiter, as must its ctx. */
-  const char *shm_name;   /* NULL (default): the table lives in this
-                              process. Else the name of a POSIX shared-memory
-                              segment ("/tollgate-api", see shm_open(3)) that
-                              holds it ("/" then 1..254 bytes without "/"),
-                              so that unrelated processes naming it
-                              share one limit: created with this config's
-                              algorithm, capacity, long_keys and
-                              sliding_max_entries if absent, attached if
-                              present (those must then be equal, else
-                              TG_EMISMATCH; a segment that is not a sound
-                              tollgate table is TG_ECORRUPT). The string is
-                              only read during tg_limiter_new. Cannot be
-                              combined with custom_store. */
-  unsigned shm_mode;      /* permissions of a segment this limiter creates
-                              (default 0600: only the same user may attach) */
+  const char *shm_name; /* NULL (default): the table lives in this
+                            process. Else the name of a POSIX shared-memory
+                            segment ("/tollgate-api", see shm_open(3)) that
+                            holds it ("/" then 1..254 bytes without "/"),
+                            so that unrelated processes naming it
+                            share one limit: created with this config's
+                            algorithm, capacity, long_keys and
+                            sliding_max_entries if absent, attached if
+                            present (those must then be equal, else
+                            TG_EMISMATCH; a segment that is not a sound
+                            tollgate table is TG_ECORRUPT). The string is
+                            only read during tg_limiter_new. Cannot be
+                            combined with custom_store. */
+  unsigned shm_mode;    /* permissions of a segment this limiter creates
+                            (default 0600: only the same user may attach) */
 } tg_config;
 
 /* Fills *cfg with the defaults documented beside each field. Always use it

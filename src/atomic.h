@@ -41,7 +41,8 @@ static inline uint64_t tg__fetch_add(uint64_t *p, uint64_t v) {
 static inline uint64_t tg__fetch_sub(uint64_t *p, uint64_t v) {
   return __atomic_fetch_sub(p, v, __ATOMIC_ACQ_REL);
 }
-static inline bool tg__cas64(uint64_t *p, uint64_t *expected, uint64_t desired) {
+static inline bool tg__cas64(uint64_t *p, uint64_t *expected,
+                             uint64_t desired) {
   return __atomic_compare_exchange_n(p, expected, desired, false,
                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }

@@ -12,8 +12,7 @@ static uint64_t read_us(clockid_t id) {
   struct timespec ts;
   if (clock_gettime(id, &ts) != 0 || ts.tv_sec < 0)
     return 0; /* cannot happen on Linux for these clocks; 0 is "1970" */
-  return (uint64_t)ts.tv_sec * UINT64_C(1000000) +
-         (uint64_t)ts.tv_nsec / 1000u;
+  return (uint64_t)ts.tv_sec * UINT64_C(1000000) + (uint64_t)ts.tv_nsec / 1000u;
 }
 
 uint64_t tg_clock_realtime(void *ctx) {

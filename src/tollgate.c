@@ -264,9 +264,8 @@ static int hit(tg_limiter *lim, const uint64_t *now, const void *key,
   return rc;
 }
 
-int tg_hit_at(tg_limiter *lim, uint64_t now_us, const void *key,
-              size_t key_len, const tg_quota *q, uint64_t cost,
-              tg_result *out) {
+int tg_hit_at(tg_limiter *lim, uint64_t now_us, const void *key, size_t key_len,
+              const tg_quota *q, uint64_t cost, tg_result *out) {
   return hit(lim, &now_us, key, key_len, q, cost, out);
 }
 
@@ -287,9 +286,8 @@ static int run_value(tg_limiter *lim, tg__op op, const uint64_t *now,
   return rc;
 }
 
-int tg_inc_at(tg_limiter *lim, uint64_t now_us, const void *key,
-              size_t key_len, const tg_quota *q, uint64_t cost,
-              uint64_t *count_out) {
+int tg_inc_at(tg_limiter *lim, uint64_t now_us, const void *key, size_t key_len,
+              const tg_quota *q, uint64_t cost, uint64_t *count_out) {
   return run_value(lim, TG__OP_INC, &now_us, key, key_len, q, cost, count_out);
 }
 
@@ -298,8 +296,8 @@ int tg_inc(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
   return run_value(lim, TG__OP_INC, NULL, key, key_len, q, cost, count_out);
 }
 
-int tg_get_at(tg_limiter *lim, uint64_t now_us, const void *key,
-              size_t key_len, const tg_quota *q, uint64_t *value_out) {
+int tg_get_at(tg_limiter *lim, uint64_t now_us, const void *key, size_t key_len,
+              const tg_quota *q, uint64_t *value_out) {
   if (!value_out)
     return TG_EINVAL;
   return run_value(lim, TG__OP_GET, &now_us, key, key_len, q, 0, value_out);
@@ -312,8 +310,8 @@ int tg_get(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
   return run_value(lim, TG__OP_GET, NULL, key, key_len, q, 0, value_out);
 }
 
-int tg_set_at(tg_limiter *lim, uint64_t now_us, const void *key,
-              size_t key_len, const tg_quota *q, uint64_t value) {
+int tg_set_at(tg_limiter *lim, uint64_t now_us, const void *key, size_t key_len,
+              const tg_quota *q, uint64_t value) {
   return run_value(lim, TG__OP_SET, &now_us, key, key_len, q, value, NULL);
 }
 

@@ -1,6 +1,7 @@
 /*
- * accept_helpers.h - shared helpers for the acceptance tests (test_fixed_window,
- * test_per_key_window, test_sliding_window, test_buckets, test_api).
+ * accept_helpers.h - shared helpers for the acceptance tests
+ * (test_fixed_window, test_per_key_window, test_sliding_window, test_buckets,
+ * test_api).
  *
  * The acceptance tests are written from the contract (DESIGN.md section 2 and
  * include/tollgate.h), never from the implementation. Time is always driven by
@@ -24,7 +25,7 @@
 #include "tollgate.h"
 
 /* Time in microseconds (what tollgate calls "now") from milliseconds. */
-#define MS(x) ((uint64_t)(x) * UINT64_C(1000))
+#define MS(x) ((uint64_t)(x)*UINT64_C(1000))
 /* An expectation that skips the field it stands for. */
 #define ANY (UINT64_MAX - 1)
 
@@ -78,7 +79,8 @@ static inline void rc_(int actual, int expected, const char *what,
               tg_err_name(expected), expected, tg_err_name(actual), actual);
   _fail(file, line);
 }
-#define ASSERT_RC(call, expected) rc_((call), (expected), #call, __FILE__, __LINE__)
+#define ASSERT_RC(call, expected)                                              \
+  rc_((call), (expected), #call, __FILE__, __LINE__)
 
 /* Checks every field of a result (ANY skips one). */
 static inline void check_result_(const tg_result *r, int allowed,
@@ -128,8 +130,8 @@ static inline void expect_hit_(tg_limiter *lim, uint64_t now_us,
               __FILE__, __LINE__)
 #define DENY(lim, now_us, key, q, cost)                                        \
   deny_((lim), (now_us), (key), (q), (cost), __FILE__, __LINE__)
-static inline tg_result deny_(tg_limiter *lim, uint64_t now_us,
-                              const char *key, const tg_quota *q, uint64_t cost,
+static inline tg_result deny_(tg_limiter *lim, uint64_t now_us, const char *key,
+                              const tg_quota *q, uint64_t cost,
                               const char *file, int line) {
   tg_result r = hit_(lim, now_us, key, q, cost, file, line);
   eq_(r.allowed ? 1u : 0u, 0, "allowed", file, line);
@@ -148,7 +150,8 @@ static inline uint64_t get_(tg_limiter *lim, uint64_t now_us, const char *key,
       line);
   return v;
 }
-#define GET(lim, now_us, key, q) get_((lim), (now_us), (key), (q), __FILE__, __LINE__)
+#define GET(lim, now_us, key, q)                                               \
+  get_((lim), (now_us), (key), (q), __FILE__, __LINE__)
 #define EXPECT_GET(lim, now_us, key, q, v)                                     \
   eq_(GET(lim, now_us, key, q), (v), "tg_get_at", __FILE__, __LINE__)
 
@@ -199,8 +202,8 @@ static inline void retry_exact_(tg_limiter *lim, uint64_t now_us,
                 r.retry_after_ms);
     _fail(file, line);
   }
-  tg_result early = hit_(lim, now_us + MS(r.retry_after_ms - 1), key, q, cost,
-                         file, line);
+  tg_result early =
+      hit_(lim, now_us + MS(r.retry_after_ms - 1), key, q, cost, file, line);
   eq_(early.allowed ? 1u : 0u, 0, "allowed 1 ms before retry_after_ms", file,
       line);
   tg_result on_time =

@@ -36,7 +36,8 @@ static tg_limiter *new_lim(tg_algorithm a) {
   return lim;
 }
 
-/* ---- version, codes, names -------------------------------------------------- */
+/* ---- version, codes, names --------------------------------------------------
+ */
 
 static void version_matches_header(void **state) {
   (void)state;
@@ -88,7 +89,8 @@ static void algorithm_names(void **state) {
   assert_string_equal(tg_algorithm_name((tg_algorithm)-1), "unknown");
 }
 
-/* ---- configuration and lifetime --------------------------------------------- */
+/* ---- configuration and lifetime ---------------------------------------------
+ */
 
 static void config_init_sets_the_documented_defaults(void **state) {
   (void)state;
@@ -199,7 +201,8 @@ static void destroy_null_is_a_no_op(void **state) {
   tg_limiter_destroy(NULL);
 }
 
-/* ---- clocks ------------------------------------------------------------------- */
+/* ---- clocks
+ * ------------------------------------------------------------------- */
 
 static void system_clocks_read_the_epoch_in_microseconds(void **state) {
   (void)state;
@@ -226,8 +229,9 @@ static void operations_read_the_injected_clock(void **state) {
     tg_limiter *lim = NULL, *twin = new_lim(alg);
     ASSERT_RC(tg_limiter_new(&lim, &cfg), 0);
 
-    const uint64_t times[] = {T0, T0 + MS(1), T0 + MS(150) + 7, T0 + MS(999),
-                              T0 + MS(1000), T0 + MS(1400) + 1, T0 + MS(5000)};
+    const uint64_t times[] = {T0,           T0 + MS(1),    T0 + MS(150) + 7,
+                              T0 + MS(999), T0 + MS(1000), T0 + MS(1400) + 1,
+                              T0 + MS(5000)};
     for (size_t i = 0; i < sizeof times / sizeof times[0]; i++) {
       uint64_t v1 = 11, v2 = 22;
       unsigned before;
@@ -335,7 +339,8 @@ static void coarse_clock_can_drive_a_limiter(void **state) {
   tg_limiter_destroy(lim);
 }
 
-/* ---- input validation ------------------------------------------------------- */
+/* ---- input validation -------------------------------------------------------
+ */
 
 /* Calls every operation that takes (now, key, quota) on lim and asserts each
  * returns `want`; inc and set only where supported. */
@@ -355,8 +360,7 @@ static void all_ops_fail_(tg_limiter *lim, tg_algorithm alg, uint64_t now,
   rc_(tg_expires_at_at(lim, now, key, len, q, &v), want, "tg_expires_at_at",
       file, line);
   if (supports_inc(alg))
-    rc_(tg_inc_at(lim, now, key, len, q, 1, &v), want, "tg_inc_at", file,
-        line);
+    rc_(tg_inc_at(lim, now, key, len, q, 1, &v), want, "tg_inc_at", file, line);
   if (supports_set(alg))
     rc_(tg_set_at(lim, now, key, len, q, 1), want, "tg_set_at", file, line);
 }
@@ -375,8 +379,8 @@ static snapshot snap(tg_limiter *lim, const char *key, uint64_t now) {
   snapshot s;
   memset(&s, 0, sizeof s);
   assert_int_equal(tg_get_at(lim, now, key, strlen(key), &q5, &s.value), 0);
-  assert_int_equal(tg_expires_at_at(lim, now, key, strlen(key), &q5, &s.expires),
-                   0);
+  assert_int_equal(
+      tg_expires_at_at(lim, now, key, strlen(key), &q5, &s.expires), 0);
   assert_int_equal(tg_hit_at(lim, now, key, strlen(key), &q5, 0, &s.peek), 0);
   s.keys = tg_key_count(lim);
   return s;
@@ -596,8 +600,8 @@ static void time_is_checked(void **state) {
     ALLOW(lim, TG_NOW_MAX_US, "late-long", &longest, 1);
     DENY(lim, TG_NOW_MAX_US, "late-long", &longest, 1);
     uint64_t at = 0;
-    ASSERT_RC(tg_expires_at_at(lim, TG_NOW_MAX_US, "late-long", 9, &longest, &at),
-              0);
+    ASSERT_RC(
+        tg_expires_at_at(lim, TG_NOW_MAX_US, "late-long", 9, &longest, &at), 0);
     assert_true(at > TG_NOW_MAX_US / 1000);
     tg_limiter_destroy(lim);
   }

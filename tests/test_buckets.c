@@ -99,7 +99,8 @@ static void token_set(void **state) {
   EXPECT_HIT(lim, T0 + MS(100), "k", &q10, 1, 0, 0, 0, 100, 1000);
 }
 
-/* ---- leaky bucket --------------------------------------------------------- */
+/* ---- leaky bucket ---------------------------------------------------------
+ */
 
 static void leaky_first_hit(void **state) {
   tg_limiter *lim = *state;
@@ -161,7 +162,8 @@ static void leaky_level_never_exceeds_burst(void **state) {
   }
 }
 
-/* ---- both buckets ----------------------------------------------------------- */
+/* ---- both buckets -----------------------------------------------------------
+ */
 
 /* 55 per second: T = 18181819 ns; an empty bucket answers 19 ms. */
 static void precision_55_per_second(void **state) {
@@ -347,9 +349,10 @@ static void model(uint64_t *tat, const tg_quota *q, uint64_t now_us,
   uint64_t d = (r->allowed ? *tat : base) - now;
   r->remaining = (tau - d) / t_ns;
   r->count = TOKEN ? r->remaining : (d + t_ns - 1) / t_ns;
-  r->retry_after_ms = r->allowed      ? 0
-                      : cost > burst ? TG_NEVER
-                                     : (base + cost * t_ns - now - tau + 999999) / 1000000;
+  r->retry_after_ms = r->allowed ? 0
+                      : cost > burst
+                          ? TG_NEVER
+                          : (base + cost * t_ns - now - tau + 999999) / 1000000;
   r->reset_after_ms = (d + 999999) / 1000000;
 }
 
@@ -366,7 +369,8 @@ static void matches_the_gcra_model(void **state) {
     char key[16];
     snprintf(key, sizeof key, "m%zu", k);
     for (int i = 0; i < 3000; i++) {
-      seed = seed * UINT64_C(6364136223846793005) + UINT64_C(1442695040888963407);
+      seed =
+          seed * UINT64_C(6364136223846793005) + UINT64_C(1442695040888963407);
       now += (seed >> 40) % 4 == 0 ? 0 : (seed >> 24) % 200000;
       uint64_t cost = (seed >> 8) % 4;
       tg_result want, got = HIT(lim, now, key, q, cost);
@@ -377,8 +381,9 @@ static void matches_the_gcra_model(void **state) {
           got.reset_after_ms != want.reset_after_ms) {
         print_error("quota %zu call %d at +%" PRIu64 " us cost %" PRIu64
                     ": want allowed %d count %" PRIu64 " remaining %" PRIu64
-                    " retry %" PRIu64 " reset %" PRIu64 ", got allowed %d count %" PRIu64
-                    " remaining %" PRIu64 " retry %" PRIu64 " reset %" PRIu64 "\n",
+                    " retry %" PRIu64 " reset %" PRIu64
+                    ", got allowed %d count %" PRIu64 " remaining %" PRIu64
+                    " retry %" PRIu64 " reset %" PRIu64 "\n",
                     k, i, now - T0, cost, want.allowed, want.count,
                     want.remaining, want.retry_after_ms, want.reset_after_ms,
                     got.allowed, got.count, got.remaining, got.retry_after_ms,
@@ -390,8 +395,10 @@ static void matches_the_gcra_model(void **state) {
 }
 
 int main(void) {
-#define TOK(f) {"token_bucket/" #f, f, setup_token, destroy_limiter, NULL}
-#define LKY(f) {"leaky_bucket/" #f, f, setup_leaky, destroy_limiter, NULL}
+#define TOK(f)                                                                 \
+  { "token_bucket/" #f, f, setup_token, destroy_limiter, NULL }
+#define LKY(f)                                                                 \
+  { "leaky_bucket/" #f, f, setup_leaky, destroy_limiter, NULL }
 #define BOTH(f) TOK(f), LKY(f)
   const struct CMUnitTest tests[] = {
       TOK(token_first_hit),

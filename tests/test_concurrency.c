@@ -178,8 +178,8 @@ typedef struct race {
   uint64_t round_now; /* us; the instant of the current round (atomic) */
   int done;           /* atomic */
   pthread_barrier_t *rounds;
-  unsigned errors;    /* cleaner thread's failed passes */
-  size_t cleaned; /* cleaner thread: keys it reclaimed */
+  unsigned errors; /* cleaner thread's failed passes */
+  size_t cleaned;  /* cleaner thread: keys it reclaimed */
 } race;
 
 static uint64_t race_clock(void *ctx) {
@@ -194,8 +194,8 @@ typedef struct worker {
   int first_error; /* the first non-zero return code, for the report */
 } worker;
 
-static const tg_quota race_q = {.limit = LIMIT, .period_ms = PERIOD_MS,
-                                .burst = 0};
+static const tg_quota race_q = {
+    .limit = LIMIT, .period_ms = PERIOD_MS, .burst = 0};
 
 static void *race_worker(void *arg) {
   worker *w = arg;
@@ -272,8 +272,7 @@ static void cleaner_race(tg_algorithm alg) {
   for (int round = 0; round < ROUNDS; round++) {
     /* Every key's state from the last round is exactly fresh now: the
      * cleaners race to reclaim it while the workers hit it again. */
-    __atomic_store_n(&r->round_now,
-                     T0 + (uint64_t)round * PERIOD_MS * 1000u,
+    __atomic_store_n(&r->round_now, T0 + (uint64_t)round * PERIOD_MS * 1000u,
                      __ATOMIC_RELEASE);
     pthread_barrier_wait(&rounds);
     pthread_barrier_wait(&rounds);

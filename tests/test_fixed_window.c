@@ -63,7 +63,8 @@ static void denied_calls_are_counted(void **state) {
 static void windows_are_aligned_to_the_epoch(void **state) {
   tg_limiter *lim = *state;
   const tg_quota q7 = {.limit = 1, .period_ms = 7};
-  /* windows of 7 ms: [7, 14), [14, 21) from the epoch, whatever the first hit */
+  /* windows of 7 ms: [7, 14), [14, 21) from the epoch, whatever the first hit
+   */
   EXPECT_HIT(lim, 13998, "a", &q7, 1, 1, 1, 0, 0, 1);
   EXPECT_HIT(lim, 13999, "a", &q7, 1, 0, 2, 0, 1, 1);
   EXPECT_HIT(lim, 14000, "a", &q7, 1, 1, 1, 0, 0, 7);
@@ -76,7 +77,8 @@ static void windows_are_aligned_to_the_epoch(void **state) {
   EXPECT_HIT(lim, t, "m", &qmin, 1, 1, 1, 0, 0, 47655);
   EXPECT_HIT(lim, t, "m", &qmin, 1, 0, 2, 0, 47655, 47655);
   EXPECT_EXPIRES(lim, t, "m", &qmin, UINT64_C(1700000100000));
-  EXPECT_HIT(lim, MS(UINT64_C(1700000100000)) - 1, "m", &qmin, 1, 0, 3, 0, 1, 1);
+  EXPECT_HIT(lim, MS(UINT64_C(1700000100000)) - 1, "m", &qmin, 1, 0, 3, 0, 1,
+             1);
   EXPECT_HIT(lim, MS(UINT64_C(1700000100000)), "m", &qmin, 1, 1, 1, 0, 0,
              60000);
 }
@@ -110,10 +112,10 @@ static void retry_after_is_end_minus_now(void **state) {
 static void retry_after_is_exact_at_every_phase(void **state) {
   tg_limiter *lim = *state;
   const tg_quota q = {.limit = 3, .period_ms = 1000};
-  const uint64_t phases[] = {0,         1,          999,        1000,
-                             1001,      MS(1) + 1,  MS(499) + 500,
-                             MS(500),   MS(998) + 7, MS(999),   MS(999) + 1,
-                             MS(999) + 999};
+  const uint64_t phases[] = {
+      0,           1,         999,           1000,
+      1001,        MS(1) + 1, MS(499) + 500, MS(500),
+      MS(998) + 7, MS(999),   MS(999) + 1,   MS(999) + 999};
   for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
     char key[32];
     snprintf(key, sizeof key, "phase-%zu", i);
@@ -154,8 +156,8 @@ static void cost_above_limit_is_never(void **state) {
   EXPECT_EXPIRES(lim, T0 + MS(100), "k", &q, T0 / 1000 + 1000);
   EXPECT_HIT(lim, T0 + MS(200), "k", &q, 1, 0, 7, 0, 800, 800);
   EXPECT_HIT(lim, T0 + MS(1000), "k", &q, 6, 0, 6, 0, TG_NEVER, 1000);
-  EXPECT_HIT(lim, T0 + MS(2000), "k", &q, UINT64_C(1) << 40, 0, UINT64_C(1) << 40,
-             0, TG_NEVER, 1000);
+  EXPECT_HIT(lim, T0 + MS(2000), "k", &q, UINT64_C(1) << 40, 0,
+             UINT64_C(1) << 40, 0, TG_NEVER, 1000);
   EXPECT_HIT(lim, T0 + MS(3000), "k", &q, 5, 1, 5, 0, 0, 1000);
 }
 

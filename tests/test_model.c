@@ -172,7 +172,7 @@ typedef struct mkey {
   uint32_t n, room;
   uint64_t last_us; /* sliding: newest entry the table's log has kept since
                        the key entered it (an emptied log reports it) */
-  bool in_table; /* the table holds it (per the rules above) */
+  bool in_table;    /* the table holds it (per the rules above) */
   hist h[HIST];
   unsigned nh;
 } mkey;
@@ -214,7 +214,7 @@ static bool is_bucket(tg_algorithm a) {
  * what the table compares with now and key_older_than_ms. */
 static uint64_t expiry_us(const model *m, const mkey *k) {
   if (m->alg == TG_SLIDING_WINDOW)
-    return k->n ? k->e[k->n - 1].t_us + k->pq.period_us
+    return k->n         ? k->e[k->n - 1].t_us + k->pq.period_us
            : k->last_us ? k->last_us + k->pq.period_us
                         : 0;
   if (is_window(m->alg))

@@ -125,8 +125,9 @@ static void retry_after_is_exact_at_every_phase(void **state) {
   tg_limiter *lim = *state;
   const tg_quota q = {.limit = 3, .period_ms = 1000};
   const uint64_t starts[] = {0, 1, 499, 500, 999, MS(1) + 1, MS(333) + 333};
-  const uint64_t waits[] = {0, 1, 999, 1000, MS(1), MS(500) + 1, MS(998),
-                            MS(999), MS(999) + 1, MS(999) + 999};
+  const uint64_t waits[] = {
+      0,           1,       999,     1000,        MS(1),
+      MS(500) + 1, MS(998), MS(999), MS(999) + 1, MS(999) + 999};
   unsigned n = 0;
   for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++) {
     for (size_t j = 0; j < sizeof waits / sizeof waits[0]; j++) {

@@ -420,8 +420,9 @@ static void model_hit(run_ctx *c, ref_key *k, const tg_quota *q, uint64_t now,
     r->allowed = n <= L;
     r->count = n;
     r->remaining = n <= L ? L - n : 0;
-    r->retry_after_ms =
-        r->allowed ? 0 : cost > L ? TG_NEVER : ceil_div(end - now, 1000);
+    r->retry_after_ms = r->allowed ? 0
+                        : cost > L ? TG_NEVER
+                                   : ceil_div(end - now, 1000);
     r->reset_after_ms = n ? ceil_div(end - now, 1000) : 0;
     return;
   }
@@ -446,8 +447,9 @@ static void model_hit(run_ctx *c, ref_key *k, const tg_quota *q, uint64_t now,
     r->allowed = n <= L;
     r->count = n;
     r->remaining = n <= L ? L - n : 0;
-    r->retry_after_ms =
-        r->allowed ? 0 : cost > L ? TG_NEVER : ceil_div(w.end - now, 1000);
+    r->retry_after_ms = r->allowed ? 0
+                        : cost > L ? TG_NEVER
+                                   : ceil_div(w.end - now, 1000);
     r->reset_after_ms = ceil_div(w.end - now, 1000);
     return;
   }
@@ -458,9 +460,10 @@ static void model_hit(run_ctx *c, ref_key *k, const tg_quota *q, uint64_t now,
       push_event(k, now, cost, EV_ADD);
     r->count = r->allowed ? s + cost : s;
     r->remaining = L - r->count;
-    r->retry_after_ms = r->allowed      ? 0
-                        : cost > L      ? TG_NEVER
-                                        : ceil_div(sl_wait_us(k, q, now, cost), 1000);
+    r->retry_after_ms = r->allowed ? 0
+                        : cost > L
+                            ? TG_NEVER
+                            : ceil_div(sl_wait_us(k, q, now, cost), 1000);
     r->reset_after_ms =
         sl_newest(k, q, now, &t) ? ceil_div(t + period_us(q) - now, 1000) : 0;
     return;
@@ -492,8 +495,8 @@ static void model_hit(run_ctx *c, ref_key *k, const tg_quota *q, uint64_t now,
   }
 }
 
-static void model_op(run_ctx *c, ref_key *k, int op, uint64_t now,
-                     uint64_t arg, answer *e) {
+static void model_op(run_ctx *c, ref_key *k, int op, uint64_t now, uint64_t arg,
+                     answer *e) {
   const tg_quota *q = &c->q[k->qi];
   memset(e, 0, sizeof *e);
   if (!supports(c->alg, op)) {
@@ -750,9 +753,8 @@ static void report_mismatch(const run_ctx *c, const ref_key *k,
     fprintf(f,
             "model: T=%" PRIu64 " ns, capacity=%" PRIu64 " ns, %s=%" PRIu64
             " ns at %" PRIu64 " ns (init %d)\n",
-            bk_T(q), bk_cap(q),
-            c->alg == TG_TOKEN_BUCKET ? "credit" : "level", k->b_ns,
-            k->b_last_ns, k->b_init);
+            bk_T(q), bk_cap(q), c->alg == TG_TOKEN_BUCKET ? "credit" : "level",
+            k->b_ns, k->b_last_ns, k->b_init);
   else
     fprintf(f, "model: %zu event(s) kept for this key\n", k->nev);
 }
@@ -841,13 +843,15 @@ static void advance_clock(run_ctx *c) {
     if (boundary(c, &c->keys[rng_below(s, (uint64_t)c->nkeys)], &b)) {
       b += rng_below(s, 3);
       b = b > 0 ? b - 1 : 0;
-      uint64_t floor = c->clock_max_us > BACK_MAX_US ? c->clock_max_us - BACK_MAX_US : 0;
+      uint64_t floor =
+          c->clock_max_us > BACK_MAX_US ? c->clock_max_us - BACK_MAX_US : 0;
       if (b >= floor)
         t = b;
     }
   } else {
     uint64_t d = rng_range(s, 1, BACK_MAX_US);
-    uint64_t floor = c->clock_max_us > BACK_MAX_US ? c->clock_max_us - BACK_MAX_US : 0;
+    uint64_t floor =
+        c->clock_max_us > BACK_MAX_US ? c->clock_max_us - BACK_MAX_US : 0;
     t = t > d ? t - d : 0;
     if (t < floor)
       t = floor;
@@ -859,7 +863,9 @@ static void advance_clock(run_ctx *c) {
     c->clock_max_us = t;
 }
 
-static void fail_now(void) { fail_msg("reference model and tollgate disagree (see above)"); }
+static void fail_now(void) {
+  fail_msg("reference model and tollgate disagree (see above)");
+}
 
 /* One valid call on key k: pick it, run model and library, compare. */
 static void valid_call(run_ctx *c, ref_key *k, int op, uint64_t arg) {
@@ -887,7 +893,7 @@ static void valid_call(run_ctx *c, ref_key *k, int op, uint64_t arg) {
   if (h.act.rc != 0)
     c->n_err++;
   else if (op == OP_HIT)
-    *(h.act.r.allowed                     ? &c->n_allowed
+    *(h.act.r.allowed                      ? &c->n_allowed
       : h.act.r.retry_after_ms == TG_NEVER ? &c->n_never
                                            : &c->n_denied) += 1;
   k->max_us = op == OP_RESET ? 0 : (now > k->max_us ? now : k->max_us);
@@ -920,45 +926,92 @@ static void invalid_call(run_ctx *c, ref_key *k) {
   if ((op == OP_SET || op == OP_INC) && f == 5)
     f = 4; /* inc's count_out may be NULL; set has none */
   switch (f) {
-  case 0: bad.limit = 0; expect = TG_EQUOTA; break;
-  case 1: bad.period_ms = 0; expect = TG_EQUOTA; break;
-  case 2: bad.period_ms = TG_PERIOD_MAX_MS + rng_range(s, 1, 1000); expect = TG_EQUOTA; break;
-  case 3: len = 0; expect = TG_EKEY; break;
-  case 4: key = long_k; len = TG_KEY_MAX + rng_range(s, 1, 8); expect = TG_EKEY; break;
-  case 5: null_out = true; expect = TG_EINVAL; break;
-  case 6: if (rng_below(s, 2)) key = NULL; else lim = NULL; expect = TG_EINVAL; break;
-  case 7: now = TG_NOW_MAX_US + rng_range(s, 1, UINT64_C(1) << 40); expect = TG_ETIME; break;
-  case 8: key = long_k; len = 0; expect = TG_EKEY; break;
+  case 0:
+    bad.limit = 0;
+    expect = TG_EQUOTA;
+    break;
+  case 1:
+    bad.period_ms = 0;
+    expect = TG_EQUOTA;
+    break;
+  case 2:
+    bad.period_ms = TG_PERIOD_MAX_MS + rng_range(s, 1, 1000);
+    expect = TG_EQUOTA;
+    break;
+  case 3:
+    len = 0;
+    expect = TG_EKEY;
+    break;
+  case 4:
+    key = long_k;
+    len = TG_KEY_MAX + rng_range(s, 1, 8);
+    expect = TG_EKEY;
+    break;
+  case 5:
+    null_out = true;
+    expect = TG_EINVAL;
+    break;
+  case 6:
+    if (rng_below(s, 2))
+      key = NULL;
+    else
+      lim = NULL;
+    expect = TG_EINVAL;
+    break;
+  case 7:
+    now = TG_NOW_MAX_US + rng_range(s, 1, UINT64_C(1) << 40);
+    expect = TG_ETIME;
+    break;
+  case 8:
+    key = long_k;
+    len = 0;
+    expect = TG_EKEY;
+    break;
   default: /* buckets: a rate above one per nanosecond */
     bad.limit = bad.period_ms * UINT64_C(1000000) + rng_range(s, 1, 100);
     expect = TG_EQUOTA;
     break;
   }
-  uint64_t arg = op == OP_SET ? rng_below(s, bk_B(kq) + 1) : gen_cost(s, kq->limit, false);
+  uint64_t arg =
+      op == OP_SET ? rng_below(s, bk_B(kq) + 1) : gen_cost(s, kq->limit, false);
   size_t before = tg_key_count(c->lim);
   tg_result r = {.allowed = true, .retry_after_ms = 0};
   uint64_t v = 0;
   int rc = 0;
   switch (op) {
-  case OP_HIT: rc = tg_hit_at(lim, now, key, len, q, arg, null_out ? NULL : &r); break;
-  case OP_GET: rc = tg_get_at(lim, now, key, len, q, null_out ? NULL : &v); break;
-  case OP_SET: rc = tg_set_at(lim, now, key, len, q, arg); break;
-  case OP_INC: rc = tg_inc_at(lim, now, key, len, q, arg, &v); break;
-  case OP_EXPIRES: rc = tg_expires_at_at(lim, now, key, len, q, null_out ? NULL : &v); break;
-  default: rc = tg_reset(lim, key, len); break;
+  case OP_HIT:
+    rc = tg_hit_at(lim, now, key, len, q, arg, null_out ? NULL : &r);
+    break;
+  case OP_GET:
+    rc = tg_get_at(lim, now, key, len, q, null_out ? NULL : &v);
+    break;
+  case OP_SET:
+    rc = tg_set_at(lim, now, key, len, q, arg);
+    break;
+  case OP_INC:
+    rc = tg_inc_at(lim, now, key, len, q, arg, &v);
+    break;
+  case OP_EXPIRES:
+    rc = tg_expires_at_at(lim, now, key, len, q, null_out ? NULL : &v);
+    break;
+  default:
+    rc = tg_reset(lim, key, len);
+    break;
   }
   bool ok = rc == expect && tg_key_count(c->lim) == before;
   if (ok && op == OP_HIT && !null_out)
     ok = !r.allowed && r.retry_after_ms == TG_NEVER;
   if (!ok) {
-    fprintf(stderr,
-            "\n=== test_property INVALID INPUT: algorithm %s, seed 0x%016" PRIx64
-            ", step %" PRIu64 " ===\n%s with fault #%u: rc=%d (%s), expected %d (%s);"
-            " key count %zu -> %zu; result allowed=%d retry=%" PRIu64 "\n",
-            tg_algorithm_name(c->alg), c->seed, c->step, op_names[op], f, rc,
-            tg_err_name(rc), expect, tg_err_name(expect), before,
-            tg_key_count(c->lim), op == OP_HIT ? r.allowed : 0,
-            op == OP_HIT ? r.retry_after_ms : 0);
+    fprintf(
+        stderr,
+        "\n=== test_property INVALID INPUT: algorithm %s, seed 0x%016" PRIx64
+        ", step %" PRIu64
+        " ===\n%s with fault #%u: rc=%d (%s), expected %d (%s);"
+        " key count %zu -> %zu; result allowed=%d retry=%" PRIu64 "\n",
+        tg_algorithm_name(c->alg), c->seed, c->step, op_names[op], f, rc,
+        tg_err_name(rc), expect, tg_err_name(expect), before,
+        tg_key_count(c->lim), op == OP_HIT ? r.allowed : 0,
+        op == OP_HIT ? r.retry_after_ms : 0);
     fail_now();
   }
   /* The state is untouched: the key still answers as the model says. */
@@ -968,7 +1021,7 @@ static void invalid_call(run_ctx *c, ref_key *k) {
 
 /* ---- runs ---- */
 
-static const uint64_t periods_ms[] = {1,   2,    3,    7,     10,     33,
+static const uint64_t periods_ms[] = {1,   2,   3,    7,    10,    33,
                                       100, 250, 1000, 1500, 60000, 3600000};
 static const uint64_t limits[] = {1, 2, 3, 5, 7, 10, 16, 55, 100, 333, 1000};
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
@@ -1072,7 +1125,7 @@ static void random_call(run_ctx *c) {
   else if (r < 870) {
     op = OP_SET;
     uint64_t rr = rng_below(s, 100);
-    arg = rr < 80 ? rng_below(s, cap + 1)
+    arg = rr < 80   ? rng_below(s, cap + 1)
           : rr < 99 ? rng_range(s, cap + 1, 2 * cap + 2)
                     : UINT64_MAX - rng_below(s, 1000);
   } else if (r < 980) {
@@ -1083,7 +1136,8 @@ static void random_call(run_ctx *c) {
   valid_call(c, k, op, arg);
 }
 
-static void run_exact(tg_algorithm alg, uint64_t steps, unsigned invalid_permille) {
+static void run_exact(tg_algorithm alg, uint64_t steps,
+                      unsigned invalid_permille) {
   run_ctx c;
   memset(&c, 0, sizeof c);
   c.alg = alg;
@@ -1092,8 +1146,8 @@ static void run_exact(tg_algorithm alg, uint64_t steps, unsigned invalid_permill
   c.rng = c.seed;
   c.invalid_permille = invalid_permille;
   double t0 = seconds_now();
-  printf("[property] %-22s seed 0x%016" PRIx64 " (TG_PROPERTY_SEED=0x%016" PRIx64
-         ") steps %" PRIu64 "%s\n",
+  printf("[property] %-22s seed 0x%016" PRIx64
+         " (TG_PROPERTY_SEED=0x%016" PRIx64 ") steps %" PRIu64 "%s\n",
          tg_algorithm_name(alg), c.seed, base_seed(), steps,
          invalid_permille > 100 ? " (invalid-input mix)" : "");
   fflush(stdout);
@@ -1108,11 +1162,13 @@ static void run_exact(tg_algorithm alg, uint64_t steps, unsigned invalid_permill
     c.lim = NULL;
   }
   free_keys(&c);
-  printf("[property] %-22s ok: %" PRIu64 " steps in %" PRIu64 " limiters, %.2f s\n"
-         "           hits allowed %" PRIu64 ", denied %" PRIu64 ", never %" PRIu64
-         "; get %" PRIu64 " set %" PRIu64 " inc %" PRIu64 " expires_at %" PRIu64
-         " reset %" PRIu64 "; error answers %" PRIu64 "; earlier-now calls %" PRIu64
-         " (moved to the key's time: %" PRIu64 ")\n",
+  printf("[property] %-22s ok: %" PRIu64 " steps in %" PRIu64
+         " limiters, %.2f s\n"
+         "           hits allowed %" PRIu64 ", denied %" PRIu64
+         ", never %" PRIu64 "; get %" PRIu64 " set %" PRIu64 " inc %" PRIu64
+         " expires_at %" PRIu64 " reset %" PRIu64 "; error answers %" PRIu64
+         "; earlier-now calls %" PRIu64 " (moved to the key's time: %" PRIu64
+         ")\n",
          tg_algorithm_name(alg), c.step, runs, seconds_now() - t0, c.n_allowed,
          c.n_denied, c.n_never, c.n_op[OP_GET], c.n_op[OP_SET], c.n_op[OP_INC],
          c.n_op[OP_EXPIRES], c.n_op[OP_RESET], c.n_err, c.n_back, c.n_clamped);
@@ -1172,7 +1228,8 @@ static void property_sliding_capped_never_over_limit(void **state) {
   c.invalid_permille = 0;
   uint64_t steps = steps_per_algorithm();
   double t0 = seconds_now();
-  printf("[property] sliding (capped)         seed 0x%016" PRIx64 " steps %" PRIu64 "\n",
+  printf("[property] sliding (capped)         seed 0x%016" PRIx64
+         " steps %" PRIu64 "\n",
          c.seed, steps);
   fflush(stdout);
   while (c.step < steps) {
@@ -1201,12 +1258,14 @@ static void property_sliding_capped_never_over_limit(void **state) {
         assert_true(v <= q->limit);
         continue;
       }
-      uint64_t cost = rng_below(&c.rng, 4) ? 1 : gen_cost(&c.rng, q->limit, false);
+      uint64_t cost =
+          rng_below(&c.rng, 4) ? 1 : gen_cost(&c.rng, q->limit, false);
       assert_int_equal(tg_hit_at(c.lim, now, k->k, k->len, q, cost, &res), 0);
       hrec h = {c.step, c.clock_us, now, cost, OP_HIT, {0}, {0, res, 0}, false};
       h.exp.r.allowed = res.allowed;
       record(k, &h);
-      bool bad = res.count > q->limit || (res.allowed && res.retry_after_ms != 0) ||
+      bool bad = res.count > q->limit ||
+                 (res.allowed && res.retry_after_ms != 0) ||
                  (!res.allowed && res.retry_after_ms == 0);
       if (res.allowed && cost) {
         push_event(k, now, cost, EV_ADD);
@@ -1233,8 +1292,8 @@ static void property_sliding_capped_never_over_limit(void **state) {
     c.lim = NULL;
   }
   free_keys(&c);
-  printf("[property] sliding (capped)         ok: %" PRIu64 " steps, %.2f s\n", c.step,
-         seconds_now() - t0);
+  printf("[property] sliding (capped)         ok: %" PRIu64 " steps, %.2f s\n",
+         c.step, seconds_now() - t0);
 }
 
 int main(void) {

@@ -16,7 +16,9 @@
 
 static const tg_quota q5 = {.limit = 5, .period_ms = 1000, .burst = 0};
 
-static int setup(void **state) { return new_limiter_(state, TG_SLIDING_WINDOW); }
+static int setup(void **state) {
+  return new_limiter_(state, TG_SLIDING_WINDOW);
+}
 
 static tg_limiter *new_capped(uint32_t max_entries) {
   tg_config cfg;
@@ -99,8 +101,9 @@ static void retry_after_is_exact_at_every_phase(void **state) {
   tg_limiter *lim = *state;
   const tg_quota q = {.limit = 3, .period_ms = 1000};
   const uint64_t starts[] = {0, 1, 499, 500, 999, MS(1) + 1, MS(333) + 333};
-  const uint64_t waits[] = {0, 1, 999, 1000, MS(1), MS(500) + 1, MS(998),
-                            MS(999), MS(999) + 1, MS(999) + 999};
+  const uint64_t waits[] = {
+      0,           1,       999,     1000,        MS(1),
+      MS(500) + 1, MS(998), MS(999), MS(999) + 1, MS(999) + 999};
   unsigned n = 0;
   for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++) {
     for (size_t j = 0; j < sizeof waits / sizeof waits[0]; j++) {
@@ -271,14 +274,14 @@ static void matches_a_model_and_never_exceeds_the_limit(void **state) {
         got.remaining != want.remaining ||
         got.retry_after_ms != want.retry_after_ms ||
         got.reset_after_ms != want.reset_after_ms) {
-      print_error("call %d at +%" PRIu64 " us cost %" PRIu64
-                  ": want allowed %d count %" PRIu64 " remaining %" PRIu64
-                  " retry %" PRIu64 " reset %" PRIu64 ", got allowed %d count %" PRIu64
-                  " remaining %" PRIu64 " retry %" PRIu64 " reset %" PRIu64 "\n",
-                  i, now - T0, cost, want.allowed, want.count, want.remaining,
-                  want.retry_after_ms, want.reset_after_ms, got.allowed,
-                  got.count, got.remaining, got.retry_after_ms,
-                  got.reset_after_ms);
+      print_error(
+          "call %d at +%" PRIu64 " us cost %" PRIu64
+          ": want allowed %d count %" PRIu64 " remaining %" PRIu64
+          " retry %" PRIu64 " reset %" PRIu64 ", got allowed %d count %" PRIu64
+          " remaining %" PRIu64 " retry %" PRIu64 " reset %" PRIu64 "\n",
+          i, now - T0, cost, want.allowed, want.count, want.remaining,
+          want.retry_after_ms, want.reset_after_ms, got.allowed, got.count,
+          got.remaining, got.retry_after_ms, got.reset_after_ms);
       fail();
     }
     if (got.allowed && cost > 0)
@@ -288,7 +291,8 @@ static void matches_a_model_and_never_exceeds_the_limit(void **state) {
   /* no half-open interval [t, t + period) holds more than limit */
   for (size_t i = 0; i < n; i++) {
     uint64_t sum = 0;
-    for (size_t j = i; j < n && log[j].t_us < log[i].t_us + MS(q.period_ms); j++)
+    for (size_t j = i; j < n && log[j].t_us < log[i].t_us + MS(q.period_ms);
+         j++)
       sum += log[j].cost;
     assert_true(sum <= q.limit);
   }

@@ -98,9 +98,10 @@ int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
     o->value = sum;
     return TG_OK;
   case TG__OP_EXPIRES:
-    o->value = log->n > 0 ? tg__div_ceil(
-                                tg__log_at(log, log->n - 1)->t_us + period, 1000)
-                          : 0;
+    o->value =
+        log->n > 0
+            ? tg__div_ceil(tg__log_at(log, log->n - 1)->t_us + period, 1000)
+            : 0;
     return TG_OK;
   case TG__OP_INC:
   case TG__OP_SET:

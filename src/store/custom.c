@@ -16,9 +16,9 @@
 
 typedef struct custom {
   tg__store base;
-  tg_custom_store cs;    /* the caller's callbacks, copied */
-  tg_algorithm alg;      /* the limiter's algorithm (reset writes its form) */
-  uint32_t log_entries;  /* sliding_max_entries */
+  tg_custom_store cs;   /* the caller's callbacks, copied */
+  tg_algorithm alg;     /* the limiter's algorithm (reset writes its form) */
+  uint32_t log_entries; /* sliding_max_entries */
 } custom;
 
 static void put64(unsigned char *p, uint64_t v) {
@@ -64,8 +64,8 @@ static uint64_t ttl_state(tg_algorithm alg, const tg__state *st,
 static int exec_state(custom *s, const tg__call *c, tg__outcome *o) {
   unsigned char buf[HEAD_BYTES + 16];
   size_t len = 0;
-  int got = s->cs.lock_and_get(s->cs.ctx, c->key, c->key_len, buf, sizeof buf,
-                               &len);
+  int got =
+      s->cs.lock_and_get(s->cs.ctx, c->key, c->key_len, buf, sizeof buf, &len);
   if (got == TG_CUSTOM_BUSY)
     return TG_EBUSY;
   if (got != TG_CUSTOM_OK && got != TG_CUSTOM_NOT_FOUND)
@@ -141,13 +141,12 @@ static int exec_log(custom *s, const tg__call *c, tg__outcome *o) {
     put64(buf + HEAD_BYTES + 16 * (size_t)i, en->t_us);
     put64(buf + HEAD_BYTES + 16 * (size_t)i + 8, en->cost);
   }
-  uint64_t ttl = lg.n ? tg__ms_until(tg__log_at(&lg, lg.n - 1)->t_us +
-                                         c->q.period_us,
-                                     c->now_us)
-                      : 0;
+  uint64_t ttl =
+      lg.n ? tg__ms_until(tg__log_at(&lg, lg.n - 1)->t_us + c->q.period_us,
+                          c->now_us)
+           : 0;
   if (s->cs.set_and_unlock(s->cs.ctx, c->key, c->key_len, buf,
-                           HEAD_BYTES + (size_t)lg.n * 16,
-                           ttl) != TG_CUSTOM_OK)
+                           HEAD_BYTES + (size_t)lg.n * 16, ttl) != TG_CUSTOM_OK)
     rc = TG_ESTORE;
 out:
   free(buf);
@@ -198,9 +197,8 @@ static size_t custom_zero(const tg__store *s) {
 
 static void custom_destroy(tg__store *s) { free(s); }
 
-static const tg__store_ops custom_ops = {custom_exec, custom_reset,
-                                         custom_zero, NULL,
-                                         custom_zero, custom_destroy};
+static const tg__store_ops custom_ops = {
+    custom_exec, custom_reset, custom_zero, NULL, custom_zero, custom_destroy};
 
 int tg__custom_store_new(tg__store **out, const tg_custom_store *cs,
                          tg_algorithm alg, uint32_t log_entries) {

@@ -16,9 +16,9 @@
 typedef struct memory {
   tg__store base;
   tg__table t;
-  size_t bytes;   /* size of the mapping */
-  bool owner;     /* this process created the table alone: destroy its
-                     mutexes with it (never for a shared segment) */
+  size_t bytes; /* size of the mapping */
+  bool owner;   /* this process created the table alone: destroy its
+                   mutexes with it (never for a shared segment) */
 } memory;
 
 static int mem_exec(tg__store *s, const tg__call *c, tg__outcome *o) {

@@ -72,7 +72,8 @@ static int initialise(int fd, size_t bytes, const tg__table_params *p,
   tg__table_params none = core;
   none.algorithm = TG_FIXED_WINDOW; /* no log arena */
   size_t core_bytes = tg__table_bytes(&none);
-  int e = posix_fallocate(fd, 0, (off_t)(core_bytes < bytes ? core_bytes : bytes));
+  int e =
+      posix_fallocate(fd, 0, (off_t)(core_bytes < bytes ? core_bytes : bytes));
   if (e != 0 && e != EOPNOTSUPP && e != EINVAL)
     return errno_code(e);
   *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

@@ -690,7 +690,7 @@ static int exec_state(tg__table *t, const kref *k, const tg__call *c,
       rc = insert(t, k, ac, &st, NULL, &published);
       if (rc != TG_OK || published)
         return rc; /* *o is this call's answer on the state it published */
-      c = ac; /* created meanwhile: step on it, keeping the clamped time */
+      c = ac;      /* created meanwhile: step on it, keeping the clamped time */
       continue;
     }
     tg__pair *p = &t->slots[i].st;
@@ -904,8 +904,8 @@ static bool plan(const tg__table_params *p, layout *l) {
   l->nslots = p->capacity + tg__div_ceil(p->capacity, TG__LOAD_NUM);
   l->nchunks = p->long_keys;
   l->nlogs = p->algorithm == TG_SLIDING_WINDOW ? p->capacity : 0;
-  l->block_bytes =
-      round64(sizeof(tg__log_block) + (uint64_t)p->log_entries * sizeof(tg__entry));
+  l->block_bytes = round64(sizeof(tg__log_block) +
+                           (uint64_t)p->log_entries * sizeof(tg__entry));
   uint64_t off = round64(sizeof(tg__table_hdr)), sz;
   l->ctrl_off = off;
   off = round64(off + l->nslots * 8);
@@ -974,8 +974,7 @@ int tg__table_init(tg__table *t, void *mem, const tg__table_params *p) {
 int tg__table_attach(tg__table *t, void *mem, size_t size,
                      const tg__table_params *p) {
   const tg__table_hdr *h = mem;
-  if (size < sizeof *h ||
-      tg__load_acquire(&h->magic) != TG__TABLE_MAGIC ||
+  if (size < sizeof *h || tg__load_acquire(&h->magic) != TG__TABLE_MAGIC ||
       h->version != TG__TABLE_VERSION || h->hdr_bytes != sizeof *h ||
       h->slot_bytes != sizeof(tg__slot) || h->shared != 1 ||
       h->algorithm >= TG_ALGORITHM_COUNT)

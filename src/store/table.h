@@ -63,38 +63,38 @@ typedef struct tg__log_block {
   uint64_t next_free; /* free-list link, index + 1 (under the table mutex) */
   uint32_t inited;    /* mu has been initialised (set under the table mutex) */
   uint32_t pad;
-  uint64_t last_us;   /* time of the newest entry ever kept, so a log that
-                         pruning emptied still knows when it expired */
-  tg__entry e[];      /* the ring: log_entries entries */
+  uint64_t last_us; /* time of the newest entry ever kept, so a log that
+                       pruning emptied still knows when it expired */
+  tg__entry e[];    /* the ring: log_entries entries */
 } tg__log_block;
 
 typedef struct tg__table_hdr {
-  uint64_t magic;        /* TG__TABLE_MAGIC */
-  uint32_t version;      /* TG__TABLE_VERSION */
-  uint32_t hdr_bytes;    /* sizeof(tg__table_hdr) */
-  uint32_t algorithm;    /* the one algorithm this table serves */
-  uint32_t slot_bytes;   /* sizeof(tg__slot) */
-  uint32_t log_entries;  /* entries per sliding-log block */
+  uint64_t magic;           /* TG__TABLE_MAGIC */
+  uint32_t version;         /* TG__TABLE_VERSION */
+  uint32_t hdr_bytes;       /* sizeof(tg__table_hdr) */
+  uint32_t algorithm;       /* the one algorithm this table serves */
+  uint32_t slot_bytes;      /* sizeof(tg__slot) */
+  uint32_t log_entries;     /* entries per sliding-log block */
   uint32_t log_block_bytes; /* bytes per block, a multiple of 64 */
-  uint32_t shared;       /* 1: mutexes are process-shared and robust */
+  uint32_t shared;          /* 1: mutexes are process-shared and robust */
   uint32_t pad0;
-  uint64_t capacity;     /* most LIVE keys */
-  uint64_t nslots;       /* slots (capacity * 8 / 7, rounded up) */
-  uint64_t nchunks;      /* long-key chunks */
-  uint64_t nlogs;        /* sliding-log blocks (0 unless sliding) */
-  uint64_t sip[2];       /* SipHash key, random per table */
+  uint64_t capacity; /* most LIVE keys */
+  uint64_t nslots;   /* slots (capacity * 8 / 7, rounded up) */
+  uint64_t nchunks;  /* long-key chunks */
+  uint64_t nlogs;    /* sliding-log blocks (0 unless sliding) */
+  uint64_t sip[2];   /* SipHash key, random per table */
   uint64_t ctrl_off, slot_off, chunk_off, log_off; /* offsets from the start */
-  uint64_t total_bytes;  /* size of the whole region */
-  uint64_t live;         /* LIVE slots (atomic) */
+  uint64_t total_bytes;            /* size of the whole region */
+  uint64_t live;                   /* LIVE slots (atomic) */
   uint64_t chunk_bump, chunk_free; /* chunk allocator (table mutex) */
   uint64_t log_bump, log_free;     /* block allocator (table mutex) */
-  uint64_t cursor;       /* where the next pressure reclaim looks (mutex) */
-  uint64_t horizon_us;   /* latest expiry of any state a cleaner or pressure
-                            reclaimed (atomic, only grows): a call that finds
-                            its key absent is evaluated no earlier than this,
-                            so a thread that read the time before a reclaim
-                            cannot see a fresh state where the reclaimed one
-                            still mattered */
+  uint64_t cursor;          /* where the next pressure reclaim looks (mutex) */
+  uint64_t horizon_us;      /* latest expiry of any state a cleaner or pressure
+                               reclaimed (atomic, only grows): a call that finds
+                               its key absent is evaluated no earlier than this,
+                               so a thread that read the time before a reclaim
+                               cannot see a fresh state where the reclaimed one
+                               still mattered */
   pthread_mutex_t mu;       /* structural changes */
   pthread_mutex_t clean_mu; /* at most one cleaning pass at a time */
 } tg__table_hdr;
@@ -102,10 +102,10 @@ typedef struct tg__table_hdr {
 /* Parameters of a new table. */
 typedef struct tg__table_params {
   tg_algorithm algorithm;
-  uint64_t capacity;     /* most keys held at once, >= 1 */
-  uint64_t long_keys;    /* most keys longer than TG__INLINE_KEY at once */
-  uint32_t log_entries;  /* sliding log cap per key */
-  bool shared;           /* process-shared robust mutexes */
+  uint64_t capacity;    /* most keys held at once, >= 1 */
+  uint64_t long_keys;   /* most keys longer than TG__INLINE_KEY at once */
+  uint32_t log_entries; /* sliding log cap per key */
+  bool shared;          /* process-shared robust mutexes */
 } tg__table_params;
 
 /* A process's view of a table region. */
@@ -148,10 +148,10 @@ size_t tg__table_live(const tg__table *t);
 
 /* One entry handed to a cleaning callback. */
 typedef struct tg__clean_item {
-  uint64_t slot;      /* where it was */
-  uint64_t ctrl;      /* ctrl word observed */
-  uint64_t w0, w1;    /* state observed */
-  uint64_t value;     /* what the entry reports as its value */
+  uint64_t slot;   /* where it was */
+  uint64_t ctrl;   /* ctrl word observed */
+  uint64_t w0, w1; /* state observed */
+  uint64_t value;  /* what the entry reports as its value */
   uint64_t expired_at_ms;
   size_t key_len;
   unsigned char key[TG_KEY_MAX];
