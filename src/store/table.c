@@ -471,9 +471,12 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
     tg__state st = decode(alg, w0, w1);
     raise_horizon(t, state_expiry_us(alg, &st));
   }
-  if (alg == TG_SLIDING_WINDOW) {
-    if (w0 == 0 || w0 > h->nlogs)
+  if (alg == TG_SLIDING_WINDOW && (w0 == 0 || w0 > h->nlogs)) {
+    /* a corrupt block index: nothing to lock or free; only a reset may
+     * drop such a key */
+    if (!force || !tg__cas128(p, &w0, &w1, w0, g2))
       return false;
+  } else if (alg == TG_SLIDING_WINDOW) {
     tg__log_block *b = block(t, w0 - 1);
     if (lock_block(t, b) != TG_OK)
       return false;
@@ -801,7 +804,13 @@ int tg__table_reset(tg__table *t, const void *key, size_t key_len) {
   if (rc != TG_OK)
     return rc;
   uint64_t i, ctl;
-  while (find(t, &k, &i, &ctl)) {
+  /* Each pass either deletes the key or lost a race with a decision that
+   * changed its state; a bound keeps a corrupt segment from spinning us. */
+  for (int pass = 0; find(t, &k, &i, &ctl); pass++) {
+    if (pass == 64) {
+      rc = TG_EBUSY;
+      break;
+    }
     uint64_t w0, w1;
     read_pair(alg, &t->slots[i].st, &w0, &w1);
     if (!gen_ok(alg, w0, w1, ctrl_gen(ctl)))
@@ -810,7 +819,7 @@ int tg__table_reset(tg__table *t, const void *key, size_t key_len) {
       break;
   }
   unlock(&t->h->mu);
-  return TG_OK;
+  return rc;
 }
 
 size_t tg__table_live(const tg__table *t) {
