@@ -69,15 +69,15 @@ static void kref_init(const tg__table *t, kref *k, const void *key,
 }
 
 static uint64_t home(const tg__table *t, uint64_t hash) {
-  return (uint64_t)(((tg__u128)hash * t->h->nslots) >> 64);
+  return (uint64_t)(((tg__u128)hash * t->g.nslots) >> 64);
 }
 
 static uint64_t next(const tg__table *t, uint64_t i) {
-  return i + 1 == t->h->nslots ? 0 : i + 1;
+  return i + 1 == t->g.nslots ? 0 : i + 1;
 }
 
 static uint64_t prev(const tg__table *t, uint64_t i) {
-  return i == 0 ? t->h->nslots - 1 : i - 1;
+  return i == 0 ? t->g.nslots - 1 : i - 1;
 }
 
 /* The words holding slot i's key, or NULL if a chunk index is corrupt. */
@@ -86,7 +86,7 @@ static const uint64_t *key_words(const tg__table *t, uint64_t i, size_t len) {
   if (len <= TG__INLINE_KEY)
     return s->key;
   uint64_t ci = tg__load_relaxed(&s->key[0]);
-  return ci < t->h->nchunks ? t->chunks + ci * CHUNK_WORDS : NULL;
+  return ci < t->g.nchunks ? t->chunks + ci * CHUNK_WORDS : NULL;
 }
 
 static bool key_equal(const tg__table *t, uint64_t i, const kref *k) {
@@ -103,7 +103,7 @@ static bool key_equal(const tg__table *t, uint64_t i, const kref *k) {
  * was valid before and after the key comparison. */
 static bool find(const tg__table *t, const kref *k, uint64_t *idx,
                  uint64_t *ctrl) {
-  uint64_t n = t->h->nslots, i = home(t, k->hash);
+  uint64_t n = t->g.nslots, i = home(t, k->hash);
   for (uint64_t probes = 0; probes < n; probes++) {
     uint64_t c = tg__load_acquire(&t->ctrl[i]);
     unsigned st = ctrl_status(c);
@@ -187,7 +187,7 @@ static int lock2(const tg__table *t, pthread_mutex_t *m, bool *died) {
   int rc;
   if (died)
     *died = false;
-  if (t->h->shared) {
+  if (t->g.shared) {
     /* Wait in 10 ms slices: if the process an unlock woke dies before
      * taking the lock and a third takes it on the fast path, the kernel
      * wakes nobody else (seen with plain glibc), and a single long wait
@@ -223,7 +223,7 @@ static void unlock(pthread_mutex_t *m) { pthread_mutex_unlock(m); }
 /* A block's log as the steps see it, head and n clamped to the ring (a
  * corrupt segment must not send them out of it). Block mutex held. */
 static tg__log log_view(const tg__table *t, tg__log_block *b) {
-  tg__log lg = {b->e, b->head, b->n, t->h->log_entries, b->sum};
+  tg__log lg = {b->e, b->head, b->n, t->g.log_entries, b->sum};
   if (lg.head >= lg.cap)
     lg.head = 0;
   if (lg.n > lg.cap)
@@ -272,7 +272,7 @@ static int mutex_init(pthread_mutex_t *m, bool shared) {
 /* ---- arenas (all under the table mutex) ---- */
 
 static tg__log_block *block(const tg__table *t, uint64_t idx) {
-  return (tg__log_block *)(void *)(t->logs + idx * t->h->log_block_bytes);
+  return (tg__log_block *)(void *)(t->logs + idx * t->g.log_block_bytes);
 }
 
 /* The free lists keep index + 1 (0 ends them). Every link read from the
@@ -282,21 +282,21 @@ static tg__log_block *block(const tg__table *t, uint64_t idx) {
 /* Returns chunk index + 1, or 0 when none is left. */
 static uint64_t chunk_alloc(tg__table *t) {
   tg__table_hdr *h = t->h;
-  if (h->chunk_free > h->nchunks)
+  if (h->chunk_free > t->g.nchunks)
     h->chunk_free = 0;
   if (h->chunk_free) {
     uint64_t idx = h->chunk_free - 1;
     uint64_t nx = tg__load_relaxed(&t->chunks[idx * CHUNK_WORDS]);
-    h->chunk_free = nx <= h->nchunks ? nx : 0;
+    h->chunk_free = nx <= t->g.nchunks ? nx : 0;
     return idx + 1;
   }
-  if (h->chunk_bump < h->nchunks)
+  if (h->chunk_bump < t->g.nchunks)
     return ++h->chunk_bump;
   return 0;
 }
 
 static void chunk_release(tg__table *t, uint64_t idx) {
-  if (idx >= t->h->nchunks)
+  if (idx >= t->g.nchunks)
     return;
   tg__store_relaxed(&t->chunks[idx * CHUNK_WORDS], t->h->chunk_free);
   t->h->chunk_free = idx + 1;
@@ -306,20 +306,20 @@ static void chunk_release(tg__table *t, uint64_t idx) {
 static uint64_t block_alloc(tg__table *t) {
   tg__table_hdr *h = t->h;
   uint64_t idx;
-  if (h->log_free > h->nlogs)
+  if (h->log_free > t->g.nlogs)
     h->log_free = 0;
   if (h->log_free) {
     idx = h->log_free - 1;
     uint64_t nx = block(t, idx)->next_free;
-    h->log_free = nx <= h->nlogs ? nx : 0;
-  } else if (h->log_bump < h->nlogs) {
+    h->log_free = nx <= t->g.nlogs ? nx : 0;
+  } else if (h->log_bump < t->g.nlogs) {
     idx = h->log_bump++;
   } else {
     return 0;
   }
   tg__log_block *b = block(t, idx);
   if (!b->inited) {
-    if (mutex_init(&b->mu, h->shared) != TG_OK)
+    if (mutex_init(&b->mu, t->g.shared) != TG_OK)
       return 0; /* the index is lost to this table: harmless and unlikely */
     b->inited = 1;
   }
@@ -327,7 +327,7 @@ static uint64_t block_alloc(tg__table *t) {
 }
 
 static void block_release(tg__table *t, uint64_t idx) {
-  if (idx >= t->h->nlogs)
+  if (idx >= t->g.nlogs)
     return;
   block(t, idx)->next_free = t->h->log_free;
   t->h->log_free = idx + 1;
@@ -377,6 +377,8 @@ static const tg__call *absent_call(const tg__table *t, const tg__call *c,
   uint64_t hz = tg__load_acquire(&t->h->horizon_us);
   if (c->now_us >= hz)
     return c;
+  if (hz > TG_NOW_MAX_US)
+    return NULL; /* no state tollgate writes expires so late: corrupt */
   if (c != tmp)
     *tmp = *c;
   tmp->now_us = hz;
@@ -388,7 +390,7 @@ static const tg__call *absent_call(const tg__table *t, const tg__call *c,
 static void tombs_to_empty(tg__table *t, uint64_t i) {
   if (ctrl_status(tg__load_relaxed(&t->ctrl[next(t, i)])) != EMPTY)
     return;
-  for (uint64_t n = 0; n < t->h->nslots; n++) {
+  for (uint64_t n = 0; n < t->g.nslots; n++) {
     uint64_t c = tg__load_relaxed(&t->ctrl[i]);
     if (ctrl_status(c) != TOMB)
       return;
@@ -407,9 +409,9 @@ static void finish_reclaim(tg__table *t, uint64_t i, uint64_t c) {
   tg__store_release(&t->ctrl[i], ctrl_make(TOMB, 0, 0, ctrl_gen(c) + 1));
   if (ctrl_len(c) > TG__INLINE_KEY)
     chunk_release(t, tg__load_relaxed(&t->slots[i].key[0]));
-  if (h->algorithm == TG_SLIDING_WINDOW) {
+  if (t->g.algorithm == TG_SLIDING_WINDOW) {
     uint64_t bi = tg__load_relaxed(&t->slots[i].st.w[0]);
-    if (bi >= 1 && bi <= h->nlogs)
+    if (bi >= 1 && bi <= t->g.nlogs)
       block_release(t, bi - 1);
   }
   if (tg__load_relaxed(&h->live) > 0)
@@ -422,7 +424,7 @@ static void finish_reclaim(tg__table *t, uint64_t i, uint64_t c) {
  * the mutex we now hold, so: by a process that died), and we finish it.
  * Table mutex held. Returns true if it was finished. */
 static bool settle_slot(tg__table *t, uint64_t i, uint64_t c) {
-  tg_algorithm alg = (tg_algorithm)t->h->algorithm;
+  tg_algorithm alg = (tg_algorithm)t->g.algorithm;
   uint64_t w0, w1;
   read_pair(alg, &t->slots[i].st, &w0, &w1);
   if (gen_ok(alg, w0, w1, ctrl_gen(c)))
@@ -436,7 +438,7 @@ static bool settle_slot(tg__table *t, uint64_t i, uint64_t c) {
  * between its ctrl store and the count). */
 static void repair_table(tg__table *t) {
   uint64_t live = 0;
-  for (uint64_t i = 0; i < t->h->nslots; i++) {
+  for (uint64_t i = 0; i < t->g.nslots; i++) {
     uint64_t c = tg__load_acquire(&t->ctrl[i]);
     if (ctrl_status(c) == LIVE && !settle_slot(t, i, c))
       live++;
@@ -459,8 +461,7 @@ static int lock_table(tg__table *t) {
 static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
                     uint64_t w1, uint64_t now_us, uint64_t older_than_us,
                     bool force) {
-  tg__table_hdr *h = t->h;
-  tg_algorithm alg = (tg_algorithm)h->algorithm;
+  tg_algorithm alg = (tg_algorithm)t->g.algorithm;
   if (tg__load_acquire(&t->ctrl[i]) != c)
     return false;
   uint32_t g2 = ctrl_gen(c) + 1;
@@ -471,7 +472,7 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
     tg__state st = decode(alg, w0, w1);
     raise_horizon(t, state_expiry_us(alg, &st));
   }
-  if (alg == TG_SLIDING_WINDOW && (w0 == 0 || w0 > h->nlogs)) {
+  if (alg == TG_SLIDING_WINDOW && (w0 == 0 || w0 > t->g.nlogs)) {
     /* a corrupt block index: nothing to lock or free; only a reset may
      * drop such a key */
     if (!force || !tg__cas128(p, &w0, &w1, w0, g2))
@@ -506,13 +507,13 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
  * it has been absent-equivalent at now for at least older_than_us. */
 static bool inspect(tg__table *t, uint64_t i, uint64_t c, uint64_t now_us,
                     uint64_t older_than_us, tg__clean_item *it) {
-  tg_algorithm alg = (tg_algorithm)t->h->algorithm;
+  tg_algorithm alg = (tg_algorithm)t->g.algorithm;
   uint64_t w0, w1, expiry;
   read_pair(alg, &t->slots[i].st, &w0, &w1);
   if (!gen_ok(alg, w0, w1, ctrl_gen(c)))
     return false;
   if (alg == TG_SLIDING_WINDOW) {
-    if (w0 == 0 || w0 > t->h->nlogs)
+    if (w0 == 0 || w0 > t->g.nlogs)
       return false;
     tg__log_block *b = block(t, w0 - 1);
     if (lock_block(t, b) != TG_OK)
@@ -542,8 +543,8 @@ static bool inspect(tg__table *t, uint64_t i, uint64_t c, uint64_t now_us,
  * RECLAIM_SCAN slots from the rotating cursor. Table mutex held. */
 static void reclaim_some(tg__table *t, uint64_t now_us) {
   tg__table_hdr *h = t->h;
-  uint64_t i = h->cursor % h->nslots;
-  uint64_t scan = h->nslots;
+  uint64_t i = h->cursor % t->g.nslots;
+  uint64_t scan = t->g.nslots;
   if (scan > RECLAIM_SCAN)
     scan = RECLAIM_SCAN;
   tg__clean_item it;
@@ -586,10 +587,10 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
   uint64_t i, ctl, chunk = 0, bi = 0;
   if (find(t, k, &i, &ctl) && !settle_slot(t, i, ctl))
     goto out; /* someone else created it meanwhile */
-  if (tg__load_relaxed(&h->live) >= h->capacity)
+  if (tg__load_relaxed(&h->live) >= t->g.capacity)
     reclaim_some(t, c->now_us);
   rc = TG_EFULL;
-  if (tg__load_relaxed(&h->live) >= h->capacity)
+  if (tg__load_relaxed(&h->live) >= t->g.capacity)
     goto out;
   /* arenas before the slot: a reclaim may turn TOMBs into EMPTYs, and the
    * slot must be the first free one on the key's probe path */
@@ -601,12 +602,12 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
     goto fail;
   i = home(t, k->hash);
   uint64_t cc = 0, probes;
-  for (probes = 0; probes < h->nslots; probes++, i = next(t, i)) {
+  for (probes = 0; probes < t->g.nslots; probes++, i = next(t, i)) {
     cc = tg__load_relaxed(&t->ctrl[i]);
     if (ctrl_status(cc) != LIVE)
       break;
   }
-  if (probes == h->nslots || tg__load_relaxed(&h->live) >= h->capacity)
+  if (probes == t->g.nslots || tg__load_relaxed(&h->live) >= t->g.capacity)
     goto fail;
   uint32_t g = ctrl_gen(cc);
   tg__slot *s = &t->slots[i];
@@ -685,6 +686,8 @@ static int exec_state(tg__table *t, const kref *k, const tg__call *c,
     uint64_t i, ctl;
     if (!find(t, k, &i, &ctl)) {
       const tg__call *ac = absent_call(t, c, &tmp);
+      if (!ac)
+        return TG_ECORRUPT;
       tg__state st = {0, 0};
       bool changed, published;
       int rc = tg__state_step(ac, &st, o, &changed);
@@ -707,7 +710,7 @@ static int exec_state(tg__table *t, const kref *k, const tg__call *c,
     }
     while (gen_ok(c->alg, w0, w1, g)) {
       tg__state st = decode(c->alg, w0, w1);
-      if (t->h->shared && !tg__state_plausible(c->alg, &st))
+      if (t->g.shared && !tg__state_plausible(c->alg, &st))
         return TG_ECORRUPT; /* a hostile segment: never let it wrap */
       bool changed;
       int rc = tg__state_step(c, &st, o, &changed);
@@ -731,13 +734,14 @@ static int exec_state(tg__table *t, const kref *k, const tg__call *c,
 /* Sliding log: the block's mutex serialises the key's log. */
 static int exec_log(tg__table *t, const kref *k, const tg__call *c,
                     tg__outcome *o) {
-  tg__table_hdr *h = t->h;
   tg__call tmp; /* c with its time clamped to the horizon, when needed */
   for (;;) {
     uint64_t i, ctl;
     bool changed;
     if (!find(t, k, &i, &ctl)) {
       const tg__call *ac = absent_call(t, c, &tmp);
+      if (!ac)
+        return TG_ECORRUPT;
       tg__entry one[1];
       tg__log lg = {one, 0, 0, 1, 0};
       int rc = tg__log_step(ac, &lg, o, &changed);
@@ -760,7 +764,7 @@ static int exec_log(tg__table *t, const kref *k, const tg__call *c,
         return rc;
       continue;
     }
-    if (w0 == 0 || w0 > h->nlogs)
+    if (w0 == 0 || w0 > t->g.nlogs)
       return TG_ECORRUPT;
     tg__log_block *b = block(t, w0 - 1);
     if ((rc = lock_block(t, b)) != TG_OK)
@@ -772,7 +776,7 @@ static int exec_log(tg__table *t, const kref *k, const tg__call *c,
       continue;
     }
     tg__log lg = log_view(t, b);
-    if (h->shared && !tg__log_plausible(&lg)) {
+    if (t->g.shared && !tg__log_plausible(&lg)) {
       unlock(&b->mu);
       return TG_ECORRUPT;
     }
@@ -797,7 +801,7 @@ int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o) {
  * under the table mutex, replacing only the state it read: a hit that lands
  * in between makes the CAS fail and the reset read again. */
 int tg__table_reset(tg__table *t, const void *key, size_t key_len) {
-  tg_algorithm alg = (tg_algorithm)t->h->algorithm;
+  tg_algorithm alg = (tg_algorithm)t->g.algorithm;
   kref k;
   kref_init(t, &k, key, key_len);
   int rc = lock_table(t);
@@ -864,7 +868,7 @@ int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
     return TG_ENOMEM;
   }
   size_t n = 0;
-  for (uint64_t i = 0; i < h->nslots; i++) {
+  for (uint64_t i = 0; i < t->g.nslots; i++) {
     uint64_t c = tg__load_acquire(&t->ctrl[i]);
     if (ctrl_status(c) != LIVE)
       continue;
@@ -938,6 +942,16 @@ size_t tg__table_bytes(const tg__table_params *p) {
 static void attach_view(tg__table *t, void *mem) {
   t->base = mem;
   t->h = mem;
+  /* the geometry is read once, after validation, and never again from the
+   * region: another process could rewrite the shared header at any time */
+  t->g.nslots = t->h->nslots;
+  t->g.nchunks = t->h->nchunks;
+  t->g.nlogs = t->h->nlogs;
+  t->g.capacity = t->h->capacity;
+  t->g.log_entries = t->h->log_entries;
+  t->g.log_block_bytes = t->h->log_block_bytes;
+  t->g.algorithm = t->h->algorithm;
+  t->g.shared = t->h->shared;
   t->ctrl = (uint64_t *)(void *)(t->base + t->h->ctrl_off);
   t->slots = (tg__slot *)(void *)(t->base + t->h->slot_off);
   t->chunks = (uint64_t *)(void *)(t->base + t->h->chunk_off);
@@ -1032,19 +1046,19 @@ static bool reachable(const tg__table *t, uint64_t home_i, uint64_t i) {
 
 int tg__table_validate(const tg__table *t, tg__table_check *r) {
   const tg__table_hdr *h = t->h;
-  tg_algorithm alg = (tg_algorithm)h->algorithm;
+  tg_algorithm alg = (tg_algorithm)t->g.algorithm;
   memset(r, 0, sizeof *r);
   /* which chunks and blocks LIVE keys use, and which the free lists hold */
-  unsigned char *chunk_use = calloc(h->nchunks + 1, 1);
-  unsigned char *block_use = calloc(h->nlogs + 1, 1);
-  uint64_t *hashes = calloc(h->nslots + 1, sizeof *hashes);
+  unsigned char *chunk_use = calloc(t->g.nchunks + 1, 1);
+  unsigned char *block_use = calloc(t->g.nlogs + 1, 1);
+  uint64_t *hashes = calloc(t->g.nslots + 1, sizeof *hashes);
   if (!chunk_use || !block_use || !hashes) {
     free(chunk_use);
     free(block_use);
     free(hashes);
     return TG_ENOMEM;
   }
-  for (uint64_t i = 0; i < h->nslots; i++) {
+  for (uint64_t i = 0; i < t->g.nslots; i++) {
     uint64_t c = tg__load_acquire(&t->ctrl[i]);
     unsigned st = ctrl_status(c);
     if (st == 3) {
@@ -1088,7 +1102,7 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
       continue;
     }
     if (alg == TG_SLIDING_WINDOW) {
-      if (w0 == 0 || w0 > h->nlogs) {
+      if (w0 == 0 || w0 > t->g.nlogs) {
         check_fail(r, "log block out of range", i);
         continue;
       }
@@ -1108,14 +1122,14 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
         check_fail(r, "log mutex unusable", i);
         continue;
       }
-      tg__log lg = {b->e, b->head, b->n, h->log_entries, b->sum};
+      tg__log lg = {b->e, b->head, b->n, t->g.log_entries, b->sum};
       if (!tg__log_plausible(&lg))
         check_fail(r, "log not a sorted ring with its sum", i);
       unlock(&b->mu);
     }
   }
   /* one key, one slot: find each LIVE key from its home and expect itself */
-  for (uint64_t i = 0; i < h->nslots; i++) {
+  for (uint64_t i = 0; i < t->g.nslots; i++) {
     uint64_t c = tg__load_acquire(&t->ctrl[i]), found, fc;
     size_t len = ctrl_len(c);
     if (ctrl_status(c) != LIVE || len == 0 || len > TG_KEY_MAX)
@@ -1136,7 +1150,7 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
   /* free lists: in range, acyclic, disjoint from what LIVE keys use */
   uint64_t steps = 0;
   for (uint64_t f = h->chunk_free; f; steps++) {
-    if (f > h->nchunks || steps > h->nchunks) {
+    if (f > t->g.nchunks || steps > t->g.nchunks) {
       check_fail(r, "chunk free list corrupt", f);
       break;
     }
@@ -1146,7 +1160,7 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
   }
   steps = 0;
   for (uint64_t f = h->log_free; f; steps++) {
-    if (f > h->nlogs || steps > h->nlogs) {
+    if (f > t->g.nlogs || steps > t->g.nlogs) {
       check_fail(r, "log free list corrupt", f);
       break;
     }
@@ -1154,12 +1168,12 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
       check_fail(r, "log block both free and used", f);
     f = block(t, f - 1)->next_free;
   }
-  for (uint64_t i = 0; i < h->chunk_bump && i < h->nchunks; i++)
+  for (uint64_t i = 0; i < h->chunk_bump && i < t->g.nchunks; i++)
     r->leaked += chunk_use[i] == 0;
-  for (uint64_t i = 0; i < h->log_bump && i < h->nlogs; i++)
+  for (uint64_t i = 0; i < h->log_bump && i < t->g.nlogs; i++)
     r->leaked += block_use[i] == 0;
   r->live_counter = tg__load_relaxed(&h->live);
-  if (r->live_slots > h->capacity)
+  if (r->live_slots > t->g.capacity)
     check_fail(r, "more LIVE keys than capacity", r->live_slots);
   free(chunk_use);
   free(block_use);

@@ -108,8 +108,17 @@ typedef struct tg__table_params {
   bool shared;          /* process-shared robust mutexes */
 } tg__table_params;
 
+/* The table's geometry as this process validated it on attaching. */
+typedef struct tg__geom {
+  uint64_t nslots, nchunks, nlogs, capacity;
+  uint32_t log_entries, log_block_bytes;
+  uint32_t algorithm;
+  uint32_t shared;
+} tg__geom;
+
 /* A process's view of a table region. */
 typedef struct tg__table {
+  tg__geom g; /* never re-read from the region: indices are bounded by it */
   tg__table_hdr *h;
   unsigned char *base;
   uint64_t *ctrl;
