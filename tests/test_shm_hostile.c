@@ -14,7 +14,8 @@
  *      the next limiter initialises the segment again.
  *   2. body: ctrl words (status, key lengths up to 511, tags, generations),
  *      state words, key words, long-key chunk indices and contents, log
- *      block indices, a log ring's head, n, sum, times, costs and period,
+ *      block indices, a log ring's head, n, sum, last time, entry times,
+ *      costs and period,
  *      free-list heads and links, the bump allocators, the live counter, the
  *      cursor, the horizon, the SipHash key, and seeded random storms over each region: every
  *      operation (hit, inc, get, set, expires_at, reset, clean, and inserts
@@ -559,12 +560,12 @@ static void header_fields_refused(void **state) {
         if (val == cur || (hf->off == 0 && val == 0))
           continue;
         int want = TG_ECORRUPT;
-        /* 5, 7 and 8 entries take the same 192-byte block as 6: a sound
+        /* entry counts that round up to the same block size: a sound
          * header of another sliding_max_entries */
         if (hf->off == offsetof(tg__table_hdr, log_entries) && val >= 1 &&
             val <= (1u << 24) &&
-            ((64 + 16 * val + 63) & ~UINT64_C(63)) ==
-                s.pristine.log_block_bytes)
+            ((sizeof(tg__log_block) + sizeof(tg__entry) * val + 63) &
+             ~UINT64_C(63)) == s.pristine.log_block_bytes)
           want = TG_EMISMATCH;
         expect_attach(&s, hf, val, want, &failures);
       }
@@ -888,6 +889,7 @@ static void gen_logs(const seg *s, cases *cs) {
                oi = offsetof(tg__log_block, inited),
                op = offsetof(tg__log_block, period_us),
                of = offsetof(tg__log_block, next_free),
+               ol = offsetof(tg__log_block, last_us),
                oe = offsetof(tg__log_block, e);
   for (unsigned j = 0; j < n; j++) {
     uint64_t bi = rd64(s, slot_at(s, live[j]));
@@ -916,6 +918,10 @@ static void gen_logs(const seg *s, cases *cs) {
     put(add(cs, "log %" PRIu64 " inited = 0", bi - 1), b + oi, 4, 0);
     put(add(cs, "log %" PRIu64 " period 0", bi - 1), b + op, 8, 0);
     put(add(cs, "log %" PRIu64 " period max", bi - 1), b + op, 8, UINT64_MAX);
+    put(add(cs, "log %" PRIu64 " last_us 0", bi - 1), b + ol, 8, 0);
+    put(add(cs, "log %" PRIu64 " last_us max", bi - 1), b + ol, 8, UINT64_MAX);
+    put(add(cs, "log %" PRIu64 " last_us past max", bi - 1), b + ol, 8,
+        TG_NOW_MAX_US + 1);
     put(add(cs, "log %" PRIu64 " next_free max", bi - 1), b + of, 8,
         UINT64_MAX);
     put(add(cs, "log %" PRIu64 " next_free self", bi - 1), b + of, 8, bi);
