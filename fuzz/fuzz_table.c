@@ -37,15 +37,10 @@
  *     time  how far the clock moves first: < 200: that many ms; 200-254:
  *                   (time - 199) hours; 255: 5 ms back; op 7: the xor
  *
- * Environment: TG_FUZZ_SKIP_KNOWN=1 skips what reaches a finding already
- * reported, so that a campaign looks for new ones: tg__table_reset on a
- * corrupted sliding table (it spins forever when the key's log block index
- * is out of range; fuzz/corpus/table/regress-reset-hang-*).
+ * Op 7 may also rewrite the header fields attach checked (the geometry):
+ * a process must never trust them again after attach.
  *
- * Build: -DTG_FUZZ=ON with clang (fuzz/CMakeLists.txt). Define
- * TG_FUZZ_POKE_GEOMETRY to let op 7 also rewrite the header fields attach
- * checks (the geometry): tests/test_shm_hostile.c shows the table re-reads
- * them, so until that is fixed every such input crashes.
+ * Build: -DTG_FUZZ=ON with clang (fuzz/CMakeLists.txt).
  */
 #include "store/table.h"
 #include "tollgate.h"
@@ -64,7 +59,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define LOG_ENTRIES 4u
 #define NKEYS 16u /* 0-7 populated */
 #define MAX_CORRUPT 17u
-#define HDR_CHECKED offsetof(tg__table_hdr, live)
 
 static const tg_quota quotas[8] = {
     {5, 1000, 8},   {1, 1, 0},        {1000, 60000, 0}, {3, 100, 1},
@@ -95,12 +89,10 @@ static bool in_mutex(const geom *g, size_t off) {
   return false;
 }
 
-static void corrupt(unsigned char *mem, const geom *g, size_t off, uint8_t x,
-                    bool geometry_too) {
+static void corrupt(unsigned char *mem, const geom *g, size_t off, uint8_t x) {
   off %= g->size;
-  if (in_mutex(g, off) || (!geometry_too && off < HDR_CHECKED))
-    return;
-  mem[off] ^= x;
+  if (!in_mutex(g, off))
+    mem[off] ^= x;
 }
 
 static bool code_ok(int rc, tg__op op, tg_algorithm alg) {
@@ -156,11 +148,6 @@ static void clean(tg__table *t, uint64_t now_us, uint64_t older_us) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  static int skip_known = -1;
-  if (skip_known < 0) {
-    const char *e = getenv("TG_FUZZ_SKIP_KNOWN");
-    skip_known = e && *e && *e != '0';
-  }
   if (size < 2)
     return 0;
   tg_algorithm alg = (tg_algorithm)(data[0] % TG_ALGORITHM_COUNT);
@@ -189,7 +176,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   bool corrupted = false;
   for (unsigned i = 0; i < ncorrupt && pos + 3 <= size; i++, pos += 3) {
     size_t off = (size_t)data[pos] | (size_t)data[pos + 1] << 8;
-    corrupt(mem, &g, off, data[pos + 2], true);
+    corrupt(mem, &g, off, data[pos + 2]);
     corrupted = true;
   }
 
@@ -210,12 +197,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     unsigned op = b[0] % 8u, key = b[1] % NKEYS, qi = b[2] >> 5;
     uint64_t arg = (b[2] & 31u) == 31u ? UINT64_MAX : (uint64_t)(b[2] & 31u);
     if (op == 7) {
-#ifdef TG_FUZZ_POKE_GEOMETRY
-      bool geometry_too = true;
-#else
-      bool geometry_too = false;
-#endif
-      corrupt(mem, &g, (size_t)b[1] | (size_t)b[2] << 8, b[3], geometry_too);
+      corrupt(mem, &g, (size_t)b[1] | (size_t)b[2] << 8, b[3]);
       corrupted = true;
       continue;
     }
@@ -226,8 +208,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     else
       now -= 5000;
     if (op == 5) {
-      if (skip_known && corrupted && alg == TG_SLIDING_WINDOW)
-        continue;
       unsigned char kb[TG_KEY_MAX];
       size_t len = key_bytes(key, kb);
       rc = tg__table_reset(&v, kb, len);

@@ -23,7 +23,7 @@ OUT = os.path.join(HERE, "corpus", "table")
 # region layout (see fuzz_table.c; sliding tables add the log blocks)
 CTRL, SLOT, CHUNK, LOG = 320, 512, 1472, 2496
 BLOCK = 192  # bytes per log block: mu 0-39, n 40, head 44, sum 48,
-#              period 56, next_free 64, inited 72, entries from 80
+#              period 56, next_free 64, inited 72, last_us 80, entries 88
 HDR = {"magic": 0, "version": 8, "hdr_bytes": 12, "algorithm": 16,
        "slot_bytes": 20, "log_entries": 24, "log_block_bytes": 28,
        "shared": 32, "capacity": 40, "nslots": 48, "nchunks": 56,
@@ -120,13 +120,15 @@ def main():
         FIXED, [(HDR["chunk_free"] + 7, 0x80)])
     seeds["sliding-hdr-log-free-out-of-range"] = seed(
         SLIDING, [(HDR["log_free"] + 7, 0x80)])
-    # sliding-log blocks: n, head, sum, period, next_free, inited, entries
+    # sliding-log blocks: n, head, sum, period, next_free, inited, last_us,
+    # entries
     blk = LOG + BLOCK * 3  # key 3's log (block index 3 + 1 - 1)
     for fld, off, x in (("n", 40, 0x07), ("head", 44, 0x02),
                         ("sum", 48, 0x01), ("period", 63, 0x80),
                         ("next-free", 64, 0x09), ("inited", 72, 0x01),
-                        ("entry-time", 80 + 16 + 3, 0x10),
-                        ("entry-cost", 80 + 8 + 7, 0xff)):
+                        ("last-us", 80 + 6, 0x40),
+                        ("entry-time", 88 + 16 + 3, 0x10),
+                        ("entry-cost", 88 + 8 + 7, 0xff)):
         seeds[f"sliding-log-{fld}"] = seed(SLIDING, [(blk + off, x)])
     seeds["sliding-log-free"] = seed(
         SLIDING, [(HDR["log_free"], 0x03), (LOG + 2 * BLOCK + 64, 0x03)])
