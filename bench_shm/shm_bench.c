@@ -75,7 +75,7 @@ static tg_config bench_config(tg_algorithm alg, bool shm) {
   tg_config_init(&cfg);
   cfg.algorithm = alg;
   cfg.capacity = nkeys + nkeys / 8 + 16;
-  cfg.long_keys = 16; /* every key here is short */
+  cfg.long_keys = 16;      /* every key here is short */
   cfg.clean_period_ms = 0; /* no cleaning thread competing */
   cfg.shm_name = shm ? shm_name : NULL;
   return cfg;
@@ -275,7 +275,8 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (nkeys < 2 || nkeys > UINT32_MAX || nops < 1 || reps < 1 || reps > MAX_REPS) {
+  if (nkeys < 2 || nkeys > UINT32_MAX || nops < 1 || reps < 1 ||
+      reps > MAX_REPS) {
     fprintf(stderr, "shm_bench: --keys >= 2, --ops >= 1, 1 <= --reps <= %d\n",
             MAX_REPS);
     return 2;

@@ -81,11 +81,14 @@ typedef struct geom {
 
 static bool in_mutex(const geom *g, size_t off) {
   size_t m = sizeof(pthread_mutex_t);
-  size_t mu = offsetof(tg__table_hdr, mu), cmu = offsetof(tg__table_hdr, clean_mu);
+  size_t mu = offsetof(tg__table_hdr, mu),
+         cmu = offsetof(tg__table_hdr, clean_mu);
   if ((off >= mu && off < mu + m) || (off >= cmu && off < cmu + m))
     return true;
-  if (g->nlogs && off >= g->log_off && off < g->log_off + g->nlogs * g->block_bytes)
-    return (off - g->log_off) % g->block_bytes < offsetof(tg__log_block, mu) + m;
+  if (g->nlogs && off >= g->log_off &&
+      off < g->log_off + g->nlogs * g->block_bytes)
+    return (off - g->log_off) % g->block_bytes <
+           offsetof(tg__log_block, mu) + m;
   return false;
 }
 

@@ -87,8 +87,7 @@ static int run_file(const char *path) {
   else if (WIFSIGNALED(st))
     fprintf(stderr, "replay: FAIL %s: signal %d\n", path, WTERMSIG(st));
   else
-    fprintf(stderr, "replay: FAIL %s: exit status %d\n", path,
-            WEXITSTATUS(st));
+    fprintf(stderr, "replay: FAIL %s: exit status %d\n", path, WEXITSTATUS(st));
   return 0;
 }
 

@@ -17,9 +17,9 @@
  *      block indices, a log ring's head, n, sum, last time, entry times,
  *      costs and period,
  *      free-list heads and links, the bump allocators, the live counter, the
- *      cursor, the horizon, the SipHash key, and seeded random storms over each region: every
- *      operation (hit, inc, get, set, expires_at, reset, clean, and inserts
- *      into a full table) of all five algorithms returns a status code or an
+ *      cursor, the horizon, the SipHash key, and seeded random storms over each
+ * region: every operation (hit, inc, get, set, expires_at, reset, clean, and
+ * inserts into a full table) of all five algorithms returns a status code or an
  *      answer; nothing crashes, hangs or touches memory out of bounds (CI
  *      runs this under ASan/UBSan). A clean table gives only TG_OK (TG_EFULL
  *      when full, TG_ERANGE for a bucket value above the burst) and passes
@@ -215,12 +215,15 @@ static uint64_t rd64(const seg *s, size_t off) {
 /* True if byte off belongs to a pthread mutex (never corrupted, see top). */
 static bool in_mutex(const seg *s, size_t off) {
   size_t m = sizeof(pthread_mutex_t);
-  size_t mu = offsetof(tg__table_hdr, mu), cmu = offsetof(tg__table_hdr, clean_mu);
+  size_t mu = offsetof(tg__table_hdr, mu),
+         cmu = offsetof(tg__table_hdr, clean_mu);
   if ((off >= mu && off < mu + m) || (off >= cmu && off < cmu + m))
     return true;
   const tg__table_hdr *p = &s->pristine;
-  if (p->nlogs && off >= p->log_off && off < p->log_off + p->nlogs * p->log_block_bytes)
-    return (off - p->log_off) % p->log_block_bytes < offsetof(tg__log_block, mu) + m;
+  if (p->nlogs && off >= p->log_off &&
+      off < p->log_off + p->nlogs * p->log_block_bytes)
+    return (off - p->log_off) % p->log_block_bytes <
+           offsetof(tg__log_block, mu) + m;
   return false;
 }
 
@@ -240,7 +243,7 @@ typedef struct edit {
   size_t off;
   unsigned width;
   uint64_t val;
-  bool xor;
+  bool xor ;
 } edit;
 
 typedef struct hcase {
@@ -507,12 +510,13 @@ typedef struct hfield {
   unsigned width;
 } hfield;
 
-#define HF(f) {#f, offsetof(tg__table_hdr, f), sizeof(((tg__table_hdr *)0)->f)}
+#define HF(f)                                                                  \
+  { #f, offsetof(tg__table_hdr, f), sizeof(((tg__table_hdr *)0)->f) }
 static const hfield checked_fields[] = {
-    HF(magic),      HF(version),    HF(hdr_bytes),   HF(algorithm),
+    HF(magic),      HF(version),     HF(hdr_bytes),       HF(algorithm),
     HF(slot_bytes), HF(log_entries), HF(log_block_bytes), HF(shared),
-    HF(capacity),   HF(nslots),     HF(nchunks),     HF(nlogs),
-    HF(ctrl_off),   HF(slot_off),   HF(chunk_off),   HF(log_off),
+    HF(capacity),   HF(nslots),      HF(nchunks),         HF(nlogs),
+    HF(ctrl_off),   HF(slot_off),    HF(chunk_off),       HF(log_off),
     HF(total_bytes)};
 #define NFIELDS (sizeof checked_fields / sizeof checked_fields[0])
 
@@ -553,7 +557,7 @@ static void header_fields_refused(void **state) {
         continue; /* below */
       uint64_t cur = get_field(&s, hf);
       uint64_t top = hf->width == 8 ? UINT64_MAX : UINT32_MAX;
-      uint64_t vals[] = {cur + 1, cur - 1, top, cur ^ (UINT64_C(1) << 31),
+      uint64_t vals[] = {cur + 1,  cur - 1, top, cur ^ (UINT64_C(1) << 31),
                          cur + 64, cur - 64};
       for (size_t v = 0; v < sizeof vals / sizeof vals[0]; v++) {
         uint64_t val = vals[v] & top;
@@ -645,10 +649,18 @@ static void file_size_refused(void **state) {
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
     seg s;
     seg_create(&s, (tg_algorithm)a);
-    size_t sizes[] = {s.size - 1,  s.size - 64,       s.size / 2,
-                      HDR_CHECKED, sizeof(tg__table_hdr), sizeof(tg__table_hdr) - 1,
-                      8,           1,                 s.size + 1,
-                      s.size + 64, s.size + 4096,     2 * s.size};
+    size_t sizes[] = {s.size - 1,
+                      s.size - 64,
+                      s.size / 2,
+                      HDR_CHECKED,
+                      sizeof(tg__table_hdr),
+                      sizeof(tg__table_hdr) - 1,
+                      8,
+                      1,
+                      s.size + 1,
+                      s.size + 64,
+                      s.size + 4096,
+                      2 * s.size};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
       assert_int_equal(resize(sizes[i]), 0);
       int rc = attach_rc(s.alg);
@@ -819,8 +831,7 @@ static void gen_state(const seg *s, cases *cs) {
       uint64_t gen = w0 & ~end_mask;
       static const uint64_t ends[] = {
           1, T0 + 10 * DAY_US, TG_NOW_MAX_US + TG_PERIOD_MAX_MS * 1000,
-          TG_NOW_MAX_US + TG_PERIOD_MAX_MS * 1000 + 1,
-          (UINT64_C(1) << 54) - 1};
+          TG_NOW_MAX_US + TG_PERIOD_MAX_MS * 1000 + 1, (UINT64_C(1) << 54) - 1};
       for (size_t e = 0; e < sizeof ends / sizeof ends[0]; e++) {
         hcase *h = add(cs, "slot[%" PRIu64 "] window end %" PRIu64, i, ends[e]);
         put(h, o, 8, gen | ends[e]);
@@ -873,8 +884,8 @@ static void gen_keys(const seg *s, cases *cs) {
     if (ci < p->nchunks) {
       size_t co = chunk_at(s, ci);
       flip(add(cs, "chunk %" PRIu64 " byte 0 ^1", ci), co, 1, 1);
-      put(add(cs, "chunk %" PRIu64 " last word = max", ci),
-          co + TG_KEY_MAX - 8, 8, UINT64_MAX);
+      put(add(cs, "chunk %" PRIu64 " last word = max", ci), co + TG_KEY_MAX - 8,
+          8, UINT64_MAX);
     }
   }
 }
@@ -898,8 +909,8 @@ static void gen_logs(const seg *s, cases *cs) {
     size_t b = block_at(s, bi - 1);
     uint32_t len;
     memcpy(&len, s->base + b + on, 4);
-    static const uint32_t ns[] = {0, 1, LOG_ENTRIES, LOG_ENTRIES + 1, 1000,
-                                  UINT32_MAX};
+    static const uint32_t ns[] = {0,    1,         LOG_ENTRIES, LOG_ENTRIES + 1,
+                                  1000, UINT32_MAX};
     for (size_t e = 0; e < sizeof ns / sizeof ns[0]; e++)
       put(add(cs, "log %" PRIu64 " n = %u", bi - 1, ns[e]), b + on, 4, ns[e]);
     static const uint32_t heads[] = {1, LOG_ENTRIES - 1, LOG_ENTRIES,
@@ -936,7 +947,8 @@ static void gen_logs(const seg *s, cases *cs) {
       put(add(cs, "log %" PRIu64 " e[%u].cost max", bi - 1, k), e + 8, 8,
           UINT64_MAX);
       if (k + 1 < LOG_ENTRIES && k + 1 < len) {
-        hcase *h = add(cs, "log %" PRIu64 " e[%u].t = e[%u].t", bi - 1, k + 1, k);
+        hcase *h =
+            add(cs, "log %" PRIu64 " e[%u].t = e[%u].t", bi - 1, k + 1, k);
         put(h, e + sizeof(tg__entry), 8, rd64(s, e));
       }
     }
@@ -961,9 +973,11 @@ static void gen_header_runtime(const seg *s, cases *cs) {
   uint64_t counts[] = {0, 1, CAP - 1, CAP, CAP + 1, UINT64_MAX};
   for (size_t e = 0; e < sizeof counts / sizeof counts[0]; e++)
     put(add(cs, "live = %" PRIu64, counts[e]), HO(live), 8, counts[e]);
-  uint64_t bumps[] = {0, p->nchunks - 1, p->nchunks, p->nchunks + 1, UINT64_MAX};
+  uint64_t bumps[] = {0, p->nchunks - 1, p->nchunks, p->nchunks + 1,
+                      UINT64_MAX};
   for (size_t e = 0; e < sizeof bumps / sizeof bumps[0]; e++)
-    put(add(cs, "chunk_bump = %" PRIu64, bumps[e]), HO(chunk_bump), 8, bumps[e]);
+    put(add(cs, "chunk_bump = %" PRIu64, bumps[e]), HO(chunk_bump), 8,
+        bumps[e]);
   uint64_t heads[] = {1, p->nchunks, p->nchunks + 1, UINT64_MAX};
   for (size_t e = 0; e < sizeof heads / sizeof heads[0]; e++)
     put(add(cs, "chunk_free = %" PRIu64, heads[e]), HO(chunk_free), 8,
@@ -1003,7 +1017,7 @@ static void gen_header_runtime(const seg *s, cases *cs) {
 /* The horizon: a call on an absent key is evaluated no earlier than it. */
 static void gen_horizon(const seg *s, cases *cs) {
   (void)s;
-  uint64_t hz[] = {T0 + DAY_US, TG_NOW_MAX_US - 1, TG_NOW_MAX_US,
+  uint64_t hz[] = {T0 + DAY_US,       TG_NOW_MAX_US - 1, TG_NOW_MAX_US,
                    TG_NOW_MAX_US + 1, UINT64_MAX / 1000, UINT64_MAX};
   for (size_t e = 0; e < sizeof hz / sizeof hz[0]; e++)
     put(add(cs, "horizon = %" PRIu64, hz[e]),
@@ -1036,8 +1050,8 @@ static void horizon_beyond_time_range_refused(void **state) {
         print_error("%s: horizon %" PRIu64 ": hit on an absent key -> %s "
                     "(allowed %d, count %" PRIu64 ", reset_after_ms %" PRIu64
                     "), then get -> %s %" PRIu64 "\n",
-                    tg_algorithm_name(s.alg), hz[j], tg_err_name(rc),
-                    r.allowed, r.count, r.reset_after_ms, tg_err_name(rc2), v);
+                    tg_algorithm_name(s.alg), hz[j], tg_err_name(rc), r.allowed,
+                    r.count, r.reset_after_ms, tg_err_name(rc2), v);
         failures++;
       }
       tg_limiter_destroy(lim);
