@@ -1023,7 +1023,10 @@ int tg__table_attach(tg__table *t, void *mem, size_t size,
 
 void tg__table_fini(tg__table *t) {
   tg__table_hdr *h = t->h;
-  for (uint64_t i = 0; i < h->log_bump && i < h->nlogs; i++)
+  /* The bound is the geometry snapshot, never the (possibly rewritten)
+   * header: log_bump is only trusted below it. */
+  uint64_t used = __atomic_load_n(&h->log_bump, __ATOMIC_ACQUIRE);
+  for (uint64_t i = 0; i < used && i < t->g.nlogs; i++)
     if (block(t, i)->inited)
       pthread_mutex_destroy(&block(t, i)->mu);
   pthread_mutex_destroy(&h->clean_mu);
