@@ -1251,9 +1251,12 @@ static void differential(tg_algorithm alg, uint32_t max_entries,
       rc2 = tg_reset(mem, k->b, k->len);
       break;
     }
-    bool same = rc1 == rc2 && v1 == v2 && r1.allowed == r2.allowed &&
-                r1.degraded == r2.degraded && r1.count == r2.count &&
-                r1.remaining == r2.remaining &&
+    /* The bools are compared as bytes: a call that writes no result leaves
+     * 0x5a in them, which is not a value a bool may be read as. */
+    bool same = rc1 == rc2 && v1 == v2 &&
+                memcmp(&r1.allowed, &r2.allowed, sizeof r1.allowed) == 0 &&
+                memcmp(&r1.degraded, &r2.degraded, sizeof r1.degraded) == 0 &&
+                r1.count == r2.count && r1.remaining == r2.remaining &&
                 r1.retry_after_ms == r2.retry_after_ms &&
                 r1.reset_after_ms == r2.reset_after_ms;
     /* the protocol held, and a hit that wrote gave its reset as the TTL */
