@@ -261,6 +261,8 @@ typedef struct cases {
   size_t n, cap;
 } cases;
 
+static hcase *add(cases *cs, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static hcase *add(cases *cs, const char *fmt, ...) {
   if (cs->n == cs->cap) {
     cs->cap = cs->cap ? 2 * cs->cap : 64;

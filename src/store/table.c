@@ -584,6 +584,9 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
                   bool *published) {
   tg__table_hdr *h = t->h;
   *published = false;
+  const bool sliding = c->alg == TG_SLIDING_WINDOW;
+  if (sliding ? init_log == NULL : init == NULL)
+    return TG_EINVAL; /* a caller's bug: every caller passes the right one */
   int rc = lock_table(t);
   if (rc != TG_OK)
     return rc;
@@ -600,8 +603,7 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
   if (k->len > TG__INLINE_KEY &&
       !(chunk = alloc_or_reclaim(t, chunk_alloc, c->now_us)))
     goto out;
-  if (c->alg == TG_SLIDING_WINDOW &&
-      !(bi = alloc_or_reclaim(t, block_alloc, c->now_us)))
+  if (sliding && !(bi = alloc_or_reclaim(t, block_alloc, c->now_us)))
     goto fail;
   i = home(t, k->hash);
   uint64_t cc = 0, probes;
@@ -624,7 +626,7 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
       tg__store_relaxed(&s->key[j], j < k->nw ? k->w[j] : 0);
   }
   uint64_t w0, w1;
-  if (bi) {
+  if (sliding) {
     tg__log_block *b = block(t, bi - 1);
     if (lock_block(t, b) != TG_OK) /* a stale waiter may hold it */
       goto fail;
@@ -1037,8 +1039,8 @@ void tg__table_fini(tg__table *t) {
 
 static int check_fail(tg__table_check *r, const char *what, uint64_t i) {
   if (r->errors++ == 0)
-    snprintf(r->first_error, sizeof r->first_error, "%s (slot %llu)", what,
-             (unsigned long long)i);
+    (void)snprintf(r->first_error, sizeof r->first_error, "%s (slot %llu)",
+                   what, (unsigned long long)i);
   return 0;
 }
 
