@@ -22,6 +22,12 @@
  * fixed window; inside the opened part of an active per-key window; sliding
  * reads and denials when no entry expired in between; bucket reads on a fresh
  * bucket). Otherwise that call is made at the key's latest time instead.
+ * (Observed, not asserted: the library keeps a fixed window's later window
+ * and reports end - now, which can exceed the period; the buckets act as raw
+ * GCRA, so an earlier now sees less credit and even a peek can be denied.)
+ *
+ * One quota in ten is extreme but valid (64-bit limits, TG_PERIOD_MAX_MS, a
+ * 1 ns emission interval, bucket capacities up to 1e18 ns).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -333,7 +339,7 @@ static uint64_t sl_wait_us(const ref_key *k, const tg_quota *q, uint64_t now,
   size_t lo = 0, hi = n - 1;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    if (sl_sum(k, q, now + w[mid]) + cost <= q->limit)
+    if (cost <= q->limit - sl_sum(k, q, now + w[mid]))
       hi = mid;
     else
       lo = mid + 1;
@@ -766,6 +772,14 @@ static void record(ref_key *k, const hrec *h) {
 
 /* ---- random calls ---- */
 
+/* A value above cap (cap + 1 .. 2 cap + 2, saturating). */
+static uint64_t above(uint64_t *s, uint64_t cap) {
+  if (cap >= UINT64_MAX - 2)
+    return UINT64_MAX;
+  return rng_range(s, cap + 1,
+                   cap > UINT64_MAX / 2 - 2 ? UINT64_MAX : 2 * cap + 2);
+}
+
 static uint64_t gen_cost(uint64_t *s, uint64_t cap, bool huge_ok) {
   uint64_t r = rng_below(s, 1000);
   if (r < 120)
@@ -779,7 +793,7 @@ static uint64_t gen_cost(uint64_t *s, uint64_t cap, bool huge_ok) {
   if (r < 860)
     return cap;
   if (r < 998 || !huge_ok)
-    return rng_range(s, cap + 1, 2 * cap + 2);
+    return above(s, cap);
   return r < 999 ? UINT64_MAX - rng_below(s, 4)
                  : (UINT64_C(1) << 63) + rng_below(s, 1000);
 }
@@ -825,6 +839,8 @@ static bool boundary(run_ctx *c, ref_key *k, uint64_t *t) {
 static void advance_clock(run_ctx *c) {
   uint64_t *s = &c->rng;
   uint64_t P = period_us(&c->q[rng_below(s, (uint64_t)c->nq)]);
+  if (P > UINT64_C(86400000000))
+    P = UINT64_C(86400000000); /* longer periods: reached by boundary jumps */
   uint64_t r = rng_below(s, 100), t = c->clock_us;
   if (r < 22)
     ; /* same microsecond */
@@ -1026,9 +1042,42 @@ static const uint64_t periods_ms[] = {1,   2,   3,    7,    10,    33,
 static const uint64_t limits[] = {1, 2, 3, 5, 7, 10, 16, 55, 100, 333, 1000};
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
+/* Extreme but clearly valid quotas: 64-bit limits, the longest period, a
+ * 1 ns emission interval, bursts of 10^9 and more. Bucket capacities stay
+ * at or below 10^18 ns (about 31.7 years). */
+static tg_quota gen_extreme_quota(run_ctx *c) {
+  uint64_t *s = &c->rng;
+  uint64_t r = rng_below(s, 4), p1 = periods_ms[rng_below(s, 6)];
+  tg_quota q = {1, TG_PERIOD_MAX_MS, 0};
+  if (c->alg == TG_SLIDING_WINDOW) { /* every call admitted: keep logs short */
+    if (r < 2)
+      q = (tg_quota){r ? UINT64_MAX : UINT64_C(1) << 40, p1, 0};
+    else
+      q.limit = limits[rng_below(s, 6)];
+  } else if (!is_bucket(c->alg)) {
+    q.limit = r == 0   ? UINT64_MAX
+              : r == 1 ? (UINT64_C(1) << 63) + rng_below(s, 1000)
+                       : limits[rng_below(s, NELEM(limits))];
+    if (rng_below(s, 2))
+      q.period_ms = periods_ms[rng_below(s, NELEM(periods_ms))];
+  } else if (r == 0) { /* T = 1 ns */
+    q.period_ms = p1;
+    q.limit = p1 * UINT64_C(1000000);
+    q.burst = rng_below(s, 2) ? 0 : rng_range(s, 1, UINT64_C(1000000000));
+  } else if (r == 1) { /* the longest period, capacity <= 1e18 ns */
+    q.limit = limits[rng_below(s, NELEM(limits))];
+    q.burst = rng_below(s, q.limit + 1);
+  } else { /* T = 1 ms, capacity up to 1e18 ns */
+    q = (tg_quota){1000, 1000, rng_range(s, 1, UINT64_C(1000000000000))};
+  }
+  return q;
+}
+
 static tg_quota gen_quota(run_ctx *c) {
   uint64_t *s = &c->rng;
   tg_quota q;
+  if (rng_below(s, 10) == 0)
+    return gen_extreme_quota(c);
   q.period_ms = periods_ms[rng_below(s, NELEM(periods_ms))];
   size_t nl = NELEM(limits);
   if (c->alg == TG_SLIDING_WINDOW && rng_below(s, 4) != 0)
@@ -1126,7 +1175,7 @@ static void random_call(run_ctx *c) {
     op = OP_SET;
     uint64_t rr = rng_below(s, 100);
     arg = rr < 80   ? rng_below(s, cap + 1)
-          : rr < 99 ? rng_range(s, cap + 1, 2 * cap + 2)
+          : rr < 99 ? above(s, cap)
                     : UINT64_MAX - rng_below(s, 1000);
   } else if (r < 980) {
     op = OP_INC;
