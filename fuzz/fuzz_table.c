@@ -124,6 +124,7 @@ static int exec(tg__table *t, tg_algorithm alg, tg__op op, unsigned key,
   c.key_len = key_bytes(key, kb);
   c.arg = arg;
   c.now_us = now_us;
+  c.store_time = false;
   tg__outcome o;
   rc = tg__table_exec(t, &c, &o);
   if (!code_ok(rc, op, alg))

@@ -104,7 +104,9 @@ TG_EXTERN const char *tg_version_string(void);
   XX(ESTORE, -10, "store failure")                                             \
   XX(EBUSY, -11, "key is locked by another caller")                            \
   XX(ECORRUPT, -12, "stored state is corrupt or of an unknown version")        \
-  XX(EMISMATCH, -13, "shared segment was created with other parameters")
+  XX(EMISMATCH, -13, "shared segment was created with other parameters")       \
+  XX(ECONNECT, -14, "cannot reach the store: connection refused or lost")      \
+  XX(ETIMEDOUT, -15, "the store did not answer in time")
 
 typedef enum tg_errno {
   TG_OK = 0,
@@ -219,8 +221,11 @@ TG_EXTERN uint64_t tg_clock_coarse(void *ctx);
  * What a decision answers when the store cannot decide: the memory table is
  * full even after reclaiming decayed keys (TG_EFULL), a custom store's key is
  * locked (TG_EBUSY) or fails (TG_ESTORE, TG_ECORRUPT), memory runs out
- * (TG_ENOMEM). The function still returns that code; the policy only decides
- * what is written into the result, which then has degraded = true. */
+ * (TG_ENOMEM), the Redis server cannot be reached (TG_ECONNECT), does not
+ * answer in time (TG_ETIMEDOUT) or answers with an error (TG_ESTORE: OOM,
+ * BUSY, READONLY, a failed AUTH...). The function still returns that code;
+ * the policy only decides what is written into the result, which then has
+ * degraded = true. A store failure is never disguised as a plain denial. */
 typedef enum tg_policy {
   TG_POLICY_FAIL_OPEN = 0,   /* result: allowed (the default, as glimit and
                                 most Redis limiters do: a broken limiter
@@ -305,6 +310,68 @@ typedef struct tg_custom_store {
   void *ctx; /* passed to every callback; owned by the caller */
 } tg_custom_store;
 
+/* ---- Redis store
+ * ------------------------------------------------------------- Keeps every
+ * key's state in a Redis server, so limiters on many hosts share one limit.
+ * Available when the library was built with hiredis (see tg_redis_available());
+ * otherwise a limiter configured with it is TG_ENOTSUP.
+ *
+ * One round trip per decision: the arithmetic of each algorithm's state
+ * change runs server-side in one Lua script (EVALSHA; the script is loaded
+ * once per connection and reloaded on NOSCRIPT), so a decision is atomic
+ * however many hosts share the key. Time is the server's (TIME): hosts whose
+ * clocks disagree still share one timeline, and tg_config.clock is not used.
+ * The _at functions pass your now to the script instead (for replaying
+ * history and for tests); the TTLs the server gives keys then count from
+ * your now, so it should follow the server's clock.
+ *
+ * Every key gets a TTL equal to the time until its state is fresh again (up
+ * to 2 ms more), so idle keys vanish by themselves: tg_clean() is TG_ENOTSUP,
+ * before_clean is never called and tg_key_count() is 0. Redis key names are
+ * key_prefix ":{" key "}:" and the algorithm's short name (fw, pk, sw, tb,
+ * lb): the key bytes are a Redis Cluster hash tag, so everything one call
+ * touches is in one slot, and limiters with different algorithms never share
+ * state. Keys are binary-safe (NUL, "{" and "}" included).
+ *
+ * Values are the limiter's state as decimal text (documented in
+ * src/store/redis.lua); a value that is not one of ours (another program's
+ * key, another type) is TG_ECORRUPT and is left untouched.
+ *
+ * Connections: a pool of pool_size connections, each used by one thread at a
+ * time (a thread takes a free one, or waits for one), so a limiter may be
+ * used from any number of threads. The pool connects on first use, not in
+ * tg_limiter_new, so a service can start while Redis is down. A connection
+ * that fails (refused, reset, timed out, protocol error) is closed and
+ * reopened by the next call that picks it; if reopening fails, that
+ * connection is not tried again for reconnect_backoff_ms, and calls that pick
+ * it return TG_ECONNECT at once. A call is never retried after its command
+ * was sent (it may have been counted), except after NOSCRIPT, which means
+ * the script did not run. Clusters: one node (or a cluster proxy) is
+ * addressed; the hash tags make the key names cluster-ready. */
+typedef struct tg_redis_config {
+  const char *host;              /* default "127.0.0.1"; unused when
+                                    unix_path is set */
+  int port;                      /* default 6379 */
+  const char *unix_path;         /* a unix socket instead of TCP; NULL
+                                    (default) for TCP */
+  const char *username;          /* ACL user for AUTH (Redis 6+); NULL
+                                    (default): AUTH with password alone */
+  const char *password;          /* NULL (default): no AUTH */
+  int db;                        /* SELECTed database, default 0 */
+  uint32_t connect_timeout_ms;   /* default 1000; 0: none (blocks) */
+  uint32_t command_timeout_ms;   /* default 1000; 0: none (blocks) */
+  uint32_t reconnect_backoff_ms; /* default 100: after a failed connect, that
+                                    connection is not retried for this long */
+  uint32_t pool_size;            /* connections, default 4, 1..1024 */
+  const char *key_prefix;        /* default "tg": 1..128 bytes, no "{" or "}" */
+} tg_redis_config;
+
+/* Fills *rc with the defaults documented beside each field. */
+TG_EXTERN void tg_redis_config_init(tg_redis_config *rc);
+
+/* 1 when this build of the library has the Redis store, else 0. */
+TG_EXTERN int tg_redis_available(void);
+
 /* ---- Limiter configuration ------------------------------------------------
  */
 typedef struct tg_config {
@@ -343,21 +410,25 @@ typedef struct tg_config {
                               memory store. Else the caller's store; the
                               struct is copied and must stay valid as long as
                               the limiter, as must its ctx. */
-  const char *shm_name; /* NULL (default): the table lives in this
-                            process. Else the name of a POSIX shared-memory
-                            segment ("/tollgate-api", see shm_open(3)) that
-                            holds it ("/" then 1..254 bytes without "/"),
-                            so that unrelated processes naming it
-                            share one limit: created with this config's
-                            algorithm, capacity, long_keys and
-                            sliding_max_entries if absent, attached if
-                            present (those must then be equal, else
-                            TG_EMISMATCH; a segment that is not a sound
-                            tollgate table is TG_ECORRUPT). The string is
-                            only read during tg_limiter_new. Cannot be
-                            combined with custom_store. */
-  unsigned shm_mode;    /* permissions of a segment this limiter creates
-                            (default 0600: only the same user may attach) */
+  const char *shm_name;         /* NULL (default): the table lives in this
+                                    process. Else the name of a POSIX shared-memory
+                                    segment ("/tollgate-api", see shm_open(3)) that
+                                    holds it ("/" then 1..254 bytes without "/"),
+                                    so that unrelated processes naming it
+                                    share one limit: created with this config's
+                                    algorithm, capacity, long_keys and
+                                    sliding_max_entries if absent, attached if
+                                    present (those must then be equal, else
+                                    TG_EMISMATCH; a segment that is not a sound
+                                    tollgate table is TG_ECORRUPT). The string is
+                                    only read during tg_limiter_new. Cannot be
+                                    combined with custom_store. */
+  unsigned shm_mode;            /* permissions of a segment this limiter creates
+                                    (default 0600: only the same user may attach) */
+  const tg_redis_config *redis; /* NULL (default): not Redis. Else the
+                            Redis store with these settings (copied, strings
+                            included, during tg_limiter_new). Cannot be
+                            combined with custom_store or shm_name. */
 } tg_config;
 
 /* Fills *cfg with the defaults documented beside each field. Always use it
@@ -430,6 +501,29 @@ TG_EXTERN int tg_hit(tg_limiter *lim, const void *key, size_t key_len,
 TG_EXTERN int tg_hit_at(tg_limiter *lim, uint64_t now_us, const void *key,
                         size_t key_len, const tg_quota *q, uint64_t cost,
                         tg_result *out);
+
+/* ---- Batches ----------------------------------------------------------------
+ * Many decisions in one call: the same answers as calling tg_hit on each item
+ * in order, but the Redis store sends them all in one pipelined round trip
+ * (other stores simply loop). The batch is not atomic as a whole: each item
+ * is its own decision. Items may name the same key; later items see earlier
+ * ones. */
+typedef struct tg_batch_item {
+  const void *key;   /* in: key bytes */
+  size_t key_len;    /* in */
+  const tg_quota *q; /* in */
+  uint64_t cost;     /* in */
+  int status;        /* out: what tg_hit would have returned */
+  tg_result result;  /* out: what tg_hit would have written */
+} tg_batch_item;
+
+/* Decides items[0..n) and fills each status and result. Returns 0 when every
+ * item was decided (look at each status: like tg_hit, a store failure fills
+ * the result from the failure policy), TG_EINVAL when lim is NULL or items
+ * is NULL with n > 0 (then nothing is written). */
+TG_EXTERN int tg_hit_batch(tg_limiter *lim, tg_batch_item *items, size_t n);
+TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
+                              tg_batch_item *items, size_t n);
 
 /* Windows only: adds cost to the key's count without checking the limit (for
  * work that happened anyway) and stores the new count in *count_out (may be

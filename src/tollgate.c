@@ -18,7 +18,9 @@
 #define STR(x) STR2(x)
 
 struct tg_limiter {
-  tg_config cfg;           /* copied at creation */
+  tg_config cfg;           /* copied at creation (cfg.redis is then NULL:
+                              the store copied what it needs) */
+  bool store_time;         /* the store reads its own clock (Redis TIME) */
   tg_custom_store custom;  /* copy of *cfg.custom_store (cfg points here) */
   tg__store *store;        /* owned */
   tg__cleaner *cleaner;    /* owned; NULL when no thread runs */
@@ -72,7 +74,26 @@ void tg_config_init(tg_config *cfg) {
   cfg->custom_store = NULL;
   cfg->shm_name = NULL;
   cfg->shm_mode = 0600;
+  cfg->redis = NULL;
 }
+
+void tg_redis_config_init(tg_redis_config *rc) {
+  if (!rc)
+    return;
+  rc->host = "127.0.0.1";
+  rc->port = 6379;
+  rc->unix_path = NULL;
+  rc->username = NULL;
+  rc->password = NULL;
+  rc->db = 0;
+  rc->connect_timeout_ms = 1000;
+  rc->command_timeout_ms = 1000;
+  rc->reconnect_backoff_ms = 100;
+  rc->pool_size = 4;
+  rc->key_prefix = "tg";
+}
+
+int tg_redis_available(void) { return tg__redis_built(); }
 
 static bool config_valid(const tg_config *cfg) {
   if ((unsigned)cfg->algorithm >= TG_ALGORITHM_COUNT)
@@ -81,7 +102,9 @@ static bool config_valid(const tg_config *cfg) {
       cfg->on_failure != TG_POLICY_FAIL_OPEN &&
       cfg->on_failure != TG_POLICY_FAIL_CLOSED)
     return false;
-  if (cfg->custom_store && cfg->shm_name)
+  if ((cfg->custom_store != NULL) + (cfg->shm_name != NULL) +
+          (cfg->redis != NULL) >
+      1)
     return false;
   if (cfg->shm_mode & ~0777u)
     return false;
@@ -105,6 +128,11 @@ static bool shm_name_ok(const char *name) {
 
 static int store_new(tg_limiter *lim) {
   const tg_config *cfg = &lim->cfg;
+  if (cfg->redis) {
+    lim->store_time = true;
+    return tg__redis_store_new(&lim->store, cfg->redis, cfg->algorithm,
+                               cfg->sliding_max_entries);
+  }
   if (cfg->custom_store) {
     lim->custom = *cfg->custom_store;
     lim->cfg.custom_store = &lim->custom;
@@ -139,6 +167,7 @@ int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
   lim->bridge = (tg__clean_bridge){cfg->algorithm, cfg->before_clean,
                                    cfg->before_clean_ctx};
   int rc = store_new(lim);
+  lim->cfg.redis = NULL; /* the caller's struct may go away now */
   if (rc == TG_OK && lim->store->ops->clean && cfg->clean_period_ms > 0)
     rc = tg__cleaner_start(&lim->cleaner, lim, cfg->clean_period_ms);
   if (rc != TG_OK) {
@@ -197,35 +226,52 @@ int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed) {
 }
 
 /* Everything every operation checks, in the order the header documents,
- * then the store call. now is NULL to read the limiter's clock (once). */
-static int run(tg_limiter *lim, tg__op op, const uint64_t *now, const void *key,
-               size_t key_len, const tg_quota *q, uint64_t arg,
-               tg__outcome *o) {
+ * and the call built from it. now is NULL to read the limiter's clock (once),
+ * or, for a store with its own clock, to let the store read it. */
+static int prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
+                   const void *key, size_t key_len, const tg_quota *q,
+                   uint64_t arg, tg__call *c) {
   if (!lim || !key || !q)
     return TG_EINVAL;
   if (key_len == 0 || key_len > TG_KEY_MAX)
     return TG_EKEY;
   if (!tg__op_supported(lim->cfg.algorithm, op))
     return TG_ENOTSUP;
-  tg__call c;
-  int rc = tg__quota_prepare(&c.q, q, lim->cfg.algorithm);
+  int rc = tg__quota_prepare(&c->q, q, lim->cfg.algorithm);
   if (rc != TG_OK)
     return rc;
-  uint64_t now_us = now ? *now : lim->cfg.clock(lim->cfg.clock_ctx);
+  c->store_time = !now && lim->store_time;
+  uint64_t now_us = 0;
+  if (now)
+    now_us = *now;
+  else if (!c->store_time)
+    now_us = lim->cfg.clock(lim->cfg.clock_ctx);
   if (now_us > TG_NOW_MAX_US)
     return TG_ETIME;
-  c.op = op;
-  c.alg = lim->cfg.algorithm;
-  c.key = key;
-  c.key_len = key_len;
-  c.arg = arg;
-  c.now_us = now_us;
+  c->op = op;
+  c->alg = lim->cfg.algorithm;
+  c->key = key;
+  c->key_len = key_len;
+  c->arg = arg;
+  c->now_us = now_us;
+  return TG_OK;
+}
+
+/* One operation: prepare, then the store call. */
+static int run(tg_limiter *lim, tg__op op, const uint64_t *now, const void *key,
+               size_t key_len, const tg_quota *q, uint64_t arg,
+               tg__outcome *o) {
+  tg__call c;
+  int rc = prepare(lim, op, now, key, key_len, q, arg, &c);
+  if (rc != TG_OK)
+    return rc;
   return lim->store->ops->exec(lim->store, &c, o);
 }
 
 static bool store_failure(int rc) {
   return rc == TG_ENOMEM || rc == TG_EFULL || rc == TG_ESTORE ||
-         rc == TG_EBUSY || rc == TG_ECORRUPT;
+         rc == TG_EBUSY || rc == TG_ECORRUPT || rc == TG_ECONNECT ||
+         rc == TG_ETIMEDOUT;
 }
 
 /* The result written when a hit fails: the policy's answer for a store
@@ -272,6 +318,63 @@ int tg_hit_at(tg_limiter *lim, uint64_t now_us, const void *key, size_t key_len,
 int tg_hit(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
            uint64_t cost, tg_result *out) {
   return hit(lim, NULL, key, key_len, q, cost, out);
+}
+
+/* A batch: every item validated as tg_hit would, the valid ones handed to
+ * the store together (in order), each answer written like tg_hit's. */
+static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
+                     size_t n) {
+  if (!lim || (!items && n > 0))
+    return TG_EINVAL;
+  if (n == 0)
+    return TG_OK;
+  const tg__store_ops *ops = lim->store->ops;
+  tg__call *calls = ops->exec_batch ? malloc(n * sizeof *calls) : NULL;
+  tg__outcome *outs = ops->exec_batch ? malloc(n * sizeof *outs) : NULL;
+  int *rcs = ops->exec_batch ? malloc(n * sizeof *rcs) : NULL;
+  size_t *pos = ops->exec_batch ? malloc(n * sizeof *pos) : NULL;
+  size_t m = 0;
+  bool together = calls && outs && rcs && pos;
+  for (size_t i = 0; i < n; i++) {
+    tg_batch_item *it = &items[i];
+    if (!together) {
+      /* no batch path (or no memory for one): one call at a time */
+      it->status =
+          hit(lim, now, it->key, it->key_len, it->q, it->cost, &it->result);
+      continue;
+    }
+    it->status = prepare(lim, TG__OP_HIT, now, it->key, it->key_len, it->q,
+                         it->cost, &calls[m]);
+    if (it->status == TG_OK)
+      pos[m++] = i;
+    else
+      failure_result(lim, it->status, it->q, &it->result);
+  }
+  if (together && m > 0) {
+    ops->exec_batch(lim->store, calls, m, outs, rcs);
+    for (size_t j = 0; j < m; j++) {
+      tg_batch_item *it = &items[pos[j]];
+      it->status = rcs[j];
+      if (rcs[j] == TG_OK)
+        it->result = outs[j].r;
+      else
+        failure_result(lim, rcs[j], it->q, &it->result);
+    }
+  }
+  free(calls);
+  free(outs);
+  free(rcs);
+  free(pos);
+  return TG_OK;
+}
+
+int tg_hit_batch(tg_limiter *lim, tg_batch_item *items, size_t n) {
+  return hit_batch(lim, NULL, items, n);
+}
+
+int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us, tg_batch_item *items,
+                    size_t n) {
+  return hit_batch(lim, &now_us, items, n);
 }
 
 /* The operations that answer one number share this; value_out may be NULL

@@ -60,7 +60,7 @@ static void every_code_has_its_message_and_name(void **state) {
   n++;
   TG_ERRNO_MAP(XX)
 #undef XX
-  assert_int_equal(n, 13);
+  assert_int_equal(n, 15);
   assert_string_equal(tg_err_name(TG_OK), "TG_OK");
   assert_non_null(tg_strerror(TG_OK));
   assert_string_not_equal(tg_strerror(TG_OK), "unknown error");
@@ -68,7 +68,7 @@ static void every_code_has_its_message_and_name(void **state) {
 
 static void unknown_codes(void **state) {
   (void)state;
-  const int bad[] = {1, 2, -14, -15, -100, 100, INT_MIN, INT_MAX};
+  const int bad[] = {1, 2, -16, -17, -100, 100, INT_MIN, INT_MAX};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     assert_string_equal(tg_strerror(bad[i]), "unknown error");
     assert_string_equal(tg_err_name(bad[i]), "TG_UNKNOWN");
@@ -111,6 +111,35 @@ static void config_init_sets_the_documented_defaults(void **state) {
   assert_null(cfg.custom_store);
   assert_null(cfg.shm_name);
   assert_int_equal(cfg.shm_mode, 0600);
+  assert_null(cfg.redis);
+}
+
+static void redis_config_init_sets_the_documented_defaults(void **state) {
+  (void)state;
+  tg_redis_config rc;
+  memset(&rc, 0x5a, sizeof rc);
+  tg_redis_config_init(&rc);
+  assert_string_equal(rc.host, "127.0.0.1");
+  assert_int_equal(rc.port, 6379);
+  assert_null(rc.unix_path);
+  assert_null(rc.username);
+  assert_null(rc.password);
+  assert_int_equal(rc.db, 0);
+  assert_int_equal(rc.connect_timeout_ms, 1000);
+  assert_int_equal(rc.command_timeout_ms, 1000);
+  assert_int_equal(rc.reconnect_backoff_ms, 100);
+  assert_int_equal(rc.pool_size, 4);
+  assert_string_equal(rc.key_prefix, "tg");
+  tg_redis_config_init(NULL); /* harmless */
+  /* without hiredis in the build, a Redis limiter is TG_ENOTSUP */
+  if (!tg_redis_available()) {
+    tg_config cfg;
+    tg_config_init(&cfg);
+    cfg.redis = &rc;
+    tg_limiter *lim = (tg_limiter *)&cfg;
+    assert_int_equal(tg_limiter_new(&lim, &cfg), TG_ENOTSUP);
+    assert_null(lim);
+  }
 }
 
 static void limiter_new_rejects_a_bad_config(void **state) {
@@ -783,6 +812,7 @@ int main(void) {
       cmocka_unit_test(unknown_codes),
       cmocka_unit_test(algorithm_names),
       cmocka_unit_test(config_init_sets_the_documented_defaults),
+      cmocka_unit_test(redis_config_init_sets_the_documented_defaults),
       cmocka_unit_test(limiter_new_rejects_a_bad_config),
       cmocka_unit_test(limiter_new_accepts_every_algorithm_and_policy),
       cmocka_unit_test(limiter_new_with_null_config_uses_defaults),

@@ -261,7 +261,7 @@ static void cost_above_burst_is_never(void **state) {
   EXPECT_HIT(lim, T0, "fresh", &q10, 11, 0, TOKEN ? 10 : 0, 10, TG_NEVER, 0);
   EXPECT_GET(lim, T0, "fresh", &q10, TOKEN ? 10 : 0);
   EXPECT_EXPIRES(lim, T0, "fresh", &q10, 0);
-  assert_int_equal(tg_key_count(lim), 0);
+  ASSERT_KEYS(lim, 0);
   ALLOW(lim, T0, "k", &q10, 4);
   EXPECT_HIT(lim, T0, "k", &q10, UINT64_MAX, 0, TOKEN ? 6 : 4, 6, TG_NEVER,
              400);
@@ -276,7 +276,7 @@ static void cost_above_burst_is_never(void **state) {
 static void cost_zero_is_a_peek(void **state) {
   tg_limiter *lim = *state;
   EXPECT_HIT(lim, T0, "k", &q10, 0, 1, TOKEN ? 10 : 0, 10, 0, 0);
-  assert_int_equal(tg_key_count(lim), 0);
+  ASSERT_KEYS(lim, 0);
   ALLOW(lim, T0, "k", &q10, 4);
   EXPECT_HIT(lim, T0 + MS(50), "k", &q10, 0, 1, TOKEN ? 6 : 4, 6, 0, 350);
   EXPECT_HIT(lim, T0 + MS(50), "k", &q10, 0, 1, TOKEN ? 6 : 4, 6, 0, 350);
@@ -302,7 +302,7 @@ static void reset_deletes_state(void **state) {
   DENY(lim, T0, "k", &q10, 1);
   size_t keys = tg_key_count(lim);
   RESET(lim, "k");
-  assert_int_equal(tg_key_count(lim), keys - 1);
+  ASSERT_KEYS(lim, keys - 1);
   EXPECT_GET(lim, T0, "k", &q10, TOKEN ? 10 : 0);
   EXPECT_EXPIRES(lim, T0, "k", &q10, 0);
   ALLOW(lim, T0, "k", &q10, 10);
@@ -314,7 +314,7 @@ static void unknown_keys_are_fresh(void **state) {
   tg_limiter *lim = *state;
   EXPECT_GET(lim, T0, "nobody", &q10, TOKEN ? 10 : 0);
   EXPECT_EXPIRES(lim, T0, "nobody", &q10, 0);
-  assert_int_equal(tg_key_count(lim), 0);
+  ASSERT_KEYS(lim, 0);
   EXPECT_HIT(lim, T0, "nobody", &q10, 1, 1, TOKEN ? 9 : 1, 9, 0, 100);
 }
 

@@ -167,7 +167,7 @@ static void cost_zero_is_a_peek(void **state) {
   EXPECT_HIT(lim, T0 + MS(100), "k", &q10, 0, 1, 0, 10, 0, 0);
   EXPECT_GET(lim, T0 + MS(100), "k", &q10, 0);
   EXPECT_EXPIRES(lim, T0 + MS(100), "k", &q10, 0);
-  assert_int_equal(tg_key_count(lim), 0);
+  ASSERT_KEYS(lim, 0);
 
   ALLOW(lim, T0 + MS(100), "k", &q10, 4);
   EXPECT_HIT(lim, T0 + MS(200), "k", &q10, 0, 1, 4, 6, 0, 800);
@@ -248,9 +248,9 @@ static void reset_deletes_state(void **state) {
   ALLOW(lim, T0, "other", &q, 1);
   DENY(lim, T0, "k", &q, 1);
   size_t keys = tg_key_count(lim);
-  assert_true(keys >= 2);
+  assert_true(on_redis() || keys >= 2);
   RESET(lim, "k");
-  assert_int_equal(tg_key_count(lim), keys - 1);
+  ASSERT_KEYS(lim, keys - 1);
   EXPECT_GET(lim, T0 + MS(1), "k", &q, 0);
   EXPECT_EXPIRES(lim, T0 + MS(1), "k", &q, 0);
   EXPECT_HIT(lim, T0 + MS(1), "k", &q, 1, 1, 1, 1, 0, 999);
@@ -263,7 +263,7 @@ static void unknown_keys_are_fresh(void **state) {
   tg_limiter *lim = *state;
   EXPECT_GET(lim, T0, "nobody", &q10, 0);
   EXPECT_EXPIRES(lim, T0, "nobody", &q10, 0);
-  assert_int_equal(tg_key_count(lim), 0);
+  ASSERT_KEYS(lim, 0);
   EXPECT_HIT(lim, T0, "nobody", &q10, 1, 1, 1, 9, 0, 1000);
 }
 

@@ -165,7 +165,7 @@ static void cost_above_limit_is_never(void **state) {
 static void cost_zero_is_a_peek(void **state) {
   tg_limiter *lim = *state;
   EXPECT_HIT(lim, T0, "k", &q5, 0, 1, 0, 5, 0, 0);
-  assert_int_equal(tg_key_count(lim), 0);
+  ASSERT_KEYS(lim, 0);
   EXPECT_EXPIRES(lim, T0, "k", &q5, 0);
   /* the window opens at the first real hit, not at the peek */
   EXPECT_HIT(lim, T0 + MS(500), "k", &q5, 2, 1, 2, 3, 0, 1000);
@@ -224,7 +224,7 @@ static void inc_of_zero_writes_nothing(void **state) {
   tg_limiter *lim = *state;
   EXPECT_INC(lim, T0, "k", &q5, 0, 0);
   EXPECT_EXPIRES(lim, T0, "k", &q5, 0);
-  assert_int_equal(tg_key_count(lim), 0);
+  ASSERT_KEYS(lim, 0);
   ALLOW(lim, T0 + MS(300), "k", &q5, 2);
   EXPECT_INC(lim, T0 + MS(400), "k", &q5, 0, 2);
   EXPECT_EXPIRES(lim, T0 + MS(400), "k", &q5, T0_MS + 1300);
@@ -248,7 +248,7 @@ static void reset_deletes_state(void **state) {
   DENY(lim, T0 + MS(10), "k", &q5, 1);
   size_t keys = tg_key_count(lim);
   RESET(lim, "k");
-  assert_int_equal(tg_key_count(lim), keys - 1);
+  ASSERT_KEYS(lim, keys - 1);
   EXPECT_GET(lim, T0 + MS(20), "k", &q5, 0);
   EXPECT_EXPIRES(lim, T0 + MS(20), "k", &q5, 0);
   /* the next hit opens a new window at its own time */
@@ -262,7 +262,7 @@ static void unknown_keys_are_fresh(void **state) {
   tg_limiter *lim = *state;
   EXPECT_GET(lim, T0, "nobody", &q5, 0);
   EXPECT_EXPIRES(lim, T0, "nobody", &q5, 0);
-  assert_int_equal(tg_key_count(lim), 0);
+  ASSERT_KEYS(lim, 0);
   EXPECT_HIT(lim, T0, "nobody", &q5, 1, 1, 1, 4, 0, 1000);
 }
 

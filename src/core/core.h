@@ -81,6 +81,8 @@ typedef struct tg__call {
   tg__quota q;
   uint64_t arg;    /* cost (hit, inc) or value (set) */
   uint64_t now_us; /* already range-checked */
+  bool store_time; /* the store reads its own clock (the Redis server's
+                      TIME): now_us is 0 until the store sets it */
 } tg__call;
 
 /* What one call answers. */
@@ -127,6 +129,27 @@ bool tg__state_fresh(tg_algorithm alg, const tg__state *st, uint64_t now_us);
  * *changed says whether the log was modified. */
 int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
                  bool *changed);
+
+/* What a sliding-log call saw, all a result needs: the sum of live costs
+ * before the call (after pruning), the newest entry after the call, and for a
+ * denied call that may pass later, the entry it waits for (the oldest entries
+ * whose costs cover what it lacks must expire first). tg__log_step fills one
+ * from its log; the Redis store, whose log lives in the server, gets one from
+ * its script. */
+typedef struct tg__log_view {
+  uint64_t sum;       /* live costs before the call */
+  bool has_newest;    /* the log holds an entry after the call */
+  uint64_t newest_us; /* its time */
+  bool has_wait;      /* a denied call's entry to wait for was found */
+  uint64_t wait_us;   /* its time: the call may pass once it has expired */
+} tg__log_view;
+
+/* True when a sliding-log hit of cost c->arg fits beside live costs sum. */
+bool tg__log_allows(const tg__call *c, uint64_t sum);
+
+/* Fills *o for call c from what it saw: the one place the sliding log's
+ * results are computed, whichever store holds the log. */
+int tg__log_report(const tg__call *c, const tg__log_view *v, tg__outcome *o);
 
 /* Drops entries that have expired at now_us; returns how many were dropped. */
 uint32_t tg__log_prune(tg__log *log, uint64_t period_us, uint64_t now_us);

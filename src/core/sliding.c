@@ -50,58 +50,49 @@ static void append(tg__log *log, uint64_t now_us, uint64_t cost) {
   log->n++;
 }
 
-/* ms until the newest entry expires: the log is then empty. */
-static uint64_t reset_ms(const tg__log *log, uint64_t period_us,
-                         uint64_t now_us) {
-  if (log->n == 0)
-    return 0;
-  return tg__ms_until(tg__log_at(log, log->n - 1)->t_us + period_us, now_us);
-}
-
-/* ms until enough of the oldest cost has expired that `need` units are
- * gone; need <= sum. Usually a few entries: need is what the call lacks. */
-static uint64_t wait_ms(const tg__log *log, uint64_t need, uint64_t period_us,
-                        uint64_t now_us) {
+/* The time of the entry a denied call waits for: the oldest entries whose
+ * costs add up to `need` (<= sum) must expire first. Usually a few entries:
+ * need is what the call lacks. False only for a log whose sum is wrong. */
+static bool wait_entry(const tg__log *log, uint64_t need, uint64_t *t_us) {
   uint64_t acc = 0;
   for (uint32_t i = 0; i < log->n; i++) {
     const tg__entry *e = tg__log_at(log, i);
     acc += e->cost;
-    if (acc >= need)
-      return tg__ms_until(e->t_us + period_us, now_us);
+    if (acc >= need) {
+      *t_us = e->t_us;
+      return true;
+    }
   }
-  return TG_NEVER; /* unreachable when need <= sum */
+  return false;
 }
 
-int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
-                 bool *changed) {
+bool tg__log_allows(const tg__call *c, uint64_t sum) {
+  return c->arg <= c->q.limit && sum <= c->q.limit - c->arg;
+}
+
+int tg__log_report(const tg__call *c, const tg__log_view *v, tg__outcome *o) {
   uint64_t now = c->now_us, period = c->q.period_us, limit = c->q.limit;
-  *changed = tg__log_prune(log, period, now) > 0;
-  uint64_t sum = log->sum;
   switch (c->op) {
   case TG__OP_HIT: {
     uint64_t cost = c->arg;
-    bool allowed = cost <= limit && sum <= limit - cost;
+    bool allowed = tg__log_allows(c, v->sum);
     uint64_t retry = 0;
-    if (allowed && cost > 0) {
-      append(log, now, cost);
-      *changed = true;
-    } else if (!allowed) {
-      retry = cost > limit ? TG_NEVER
-                           : wait_ms(log, sum - (limit - cost), period, now);
-    }
-    uint64_t count = allowed ? sum + cost : sum;
+    if (!allowed)
+      retry = cost <= limit && v->has_wait
+                  ? tg__ms_until(v->wait_us + period, now)
+                  : TG_NEVER;
+    uint64_t count = allowed ? v->sum + cost : v->sum;
+    uint64_t reset =
+        v->has_newest ? tg__ms_until(v->newest_us + period, now) : 0;
     tg__result_set(&o->r, allowed, count, count < limit ? limit - count : 0,
-                   retry, reset_ms(log, period, now));
+                   retry, reset);
     return TG_OK;
   }
   case TG__OP_GET:
-    o->value = sum;
+    o->value = v->sum;
     return TG_OK;
   case TG__OP_EXPIRES:
-    o->value =
-        log->n > 0
-            ? tg__div_ceil(tg__log_at(log, log->n - 1)->t_us + period, 1000)
-            : 0;
+    o->value = v->has_newest ? tg__div_ceil(v->newest_us + period, 1000) : 0;
     return TG_OK;
   case TG__OP_INC:
   case TG__OP_SET:
@@ -109,4 +100,30 @@ int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
     break;
   }
   return TG_ENOTSUP;
+}
+
+int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
+                 bool *changed) {
+  if (c->op != TG__OP_HIT && c->op != TG__OP_GET && c->op != TG__OP_EXPIRES) {
+    *changed = false;
+    return TG_ENOTSUP;
+  }
+  *changed = tg__log_prune(log, c->q.period_us, c->now_us) > 0;
+  tg__log_view v = {log->sum, false, 0, false, 0};
+  if (c->op == TG__OP_HIT) {
+    uint64_t cost = c->arg, limit = c->q.limit;
+    if (tg__log_allows(c, v.sum)) {
+      if (cost > 0) {
+        append(log, c->now_us, cost);
+        *changed = true;
+      }
+    } else if (cost <= limit) {
+      v.has_wait = wait_entry(log, v.sum - (limit - cost), &v.wait_us);
+    }
+  }
+  if (log->n > 0) {
+    v.has_newest = true;
+    v.newest_us = tg__log_at(log, log->n - 1)->t_us;
+  }
+  return tg__log_report(c, &v, o);
 }

@@ -198,7 +198,8 @@ static size_t custom_zero(const tg__store *s) {
 static void custom_destroy(tg__store *s) { free(s); }
 
 static const tg__store_ops custom_ops = {
-    custom_exec, custom_reset, custom_zero, NULL, custom_zero, custom_destroy};
+    custom_exec, custom_reset,   custom_zero, NULL,
+    custom_zero, custom_destroy, NULL};
 
 int tg__custom_store_new(tg__store **out, const tg_custom_store *cs,
                          tg_algorithm alg, uint32_t log_entries) {

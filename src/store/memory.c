@@ -52,7 +52,8 @@ static void mem_destroy(tg__store *s) {
 }
 
 static const tg__store_ops memory_ops = {mem_exec,  mem_reset, mem_key_count,
-                                         mem_clean, mem_bytes, mem_destroy};
+                                         mem_clean, mem_bytes, mem_destroy,
+                                         NULL};
 
 int tg__table_store_wrap(tg__store **out, const tg__table *t, size_t bytes,
                          bool owner) {

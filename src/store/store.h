@@ -30,6 +30,11 @@ typedef struct tg__store_ops {
   size_t (*bytes)(const tg__store *s);
   /* Frees everything. */
   void (*destroy)(tg__store *s);
+  /* Executes n validated calls in order, as exec would one by one, filling
+   * o[i] and rcs[i] (NULL: the limiter loops over exec). For stores where
+   * doing them together saves round trips. */
+  void (*exec_batch)(tg__store *s, const tg__call *calls, size_t n,
+                     tg__outcome *o, int *rcs);
 } tg__store_ops;
 
 /* Every store starts with this, so a tg__store * can point at any of them. */
@@ -54,5 +59,13 @@ int tg__shm_store_new(tg__store **out, const char *name, unsigned mode,
  * arithmetic ours. */
 int tg__custom_store_new(tg__store **out, const tg_custom_store *cs,
                          tg_algorithm alg, uint32_t log_entries);
+
+/* The Redis store (redis.c, or redis_off.c when built without hiredis:
+ * TG_ENOTSUP). */
+int tg__redis_store_new(tg__store **out, const tg_redis_config *rc,
+                        tg_algorithm alg, uint32_t log_entries);
+
+/* 1 when the Redis store is built in. */
+int tg__redis_built(void);
 
 #endif /* TG_STORE_H */

@@ -1,0 +1,732 @@
+/*
+ * redis.c - the Redis store: every key's state lives in a Redis server and
+ * changes in one server-side script, so limiters on many hosts share one
+ * limit at the price of one round trip per decision.
+ *
+ * The script (redis.lua, embedded at build time as tg__redis_script) moves a
+ * key's state forward atomically, with the server's clock, and returns the
+ * state it found and the now it used. This file then runs the same pure step
+ * as the memory store (src/core) on that state, so every number a caller
+ * sees comes from the one C implementation; the script's transitions mirror
+ * the steps and tests/test_redis.c checks them against the memory store.
+ *
+ * Connections come from a pool of pool_size, each guarded by a mutex: a call
+ * takes a free one (or waits for one), opens it if needed (AUTH, SELECT,
+ * SCRIPT LOAD), sends EVALSHA and reads the reply. A connection that fails is
+ * closed and reopened by the next call that takes it; a failed reopen makes
+ * that connection refuse calls (TG_ECONNECT) for reconnect_backoff_ms, so a
+ * dead server costs a caller at most one connect timeout per backoff period
+ * and connection, not one per call.
+ */
+#include "redis_script.h"
+#include "store.h"
+
+#include "../atomic.h"
+
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define POOL_MAX 1024u
+#define PREFIX_MAX 128u
+#define BATCH_CHUNK 1024u /* most commands pipelined at once */
+/* prefix ":{" key "}:" suffix */
+#define NAME_MAX_BYTES (PREFIX_MAX + 2 + TG_KEY_MAX + 2 + 2)
+#define ARGS_MAX 12
+#define NUMS_MAX 6
+
+/* Short names in Redis key names, indexed by tg_algorithm. */
+static const char SUFFIX[TG_ALGORITHM_COUNT][3] = {"fw", "pk", "sw", "tb",
+                                                   "lb"};
+
+typedef struct conn {
+  pthread_mutex_t mu;   /* held by the one thread using the connection */
+  redisContext *ctx;    /* NULL: closed (never opened, or failed) */
+  uint64_t retry_at_ms; /* CLOCK_MONOTONIC ms before which it is not reopened */
+  char sha[41];         /* the script's SHA1, as SCRIPT LOAD answered it */
+} conn;
+
+typedef struct redis_store {
+  tg__store base;
+  tg_algorithm alg;
+  uint32_t log_entries; /* sliding_max_entries, sent to the script */
+  char *host, *unix_path, *username, *password, *prefix; /* owned copies */
+  size_t prefix_len;
+  int port, db;
+  uint32_t connect_timeout_ms, command_timeout_ms, backoff_ms;
+  uint64_t next; /* round-robin start for picking a connection (atomic) */
+  size_t nconns;
+  conn conns[]; /* nconns of them */
+} redis_store;
+
+/* One EVALSHA command: argv with its own storage for the name and numbers. */
+typedef struct args {
+  int n;
+  const char *v[ARGS_MAX];
+  size_t len[ARGS_MAX];
+  char name[NAME_MAX_BYTES];
+  char num[NUMS_MAX][24];
+  int nnum;
+} args;
+
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static struct timeval tv_ms(uint32_t ms) {
+  struct timeval tv = {(time_t)(ms / 1000u), (suseconds_t)(ms % 1000u) * 1000};
+  return tv;
+}
+
+static bool starts(const char *s, const char *prefix) {
+  return s && strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static char *dup_or_null(const char *s) {
+  if (!s)
+    return NULL;
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  if (d)
+    memcpy(d, s, n);
+  return d;
+}
+
+/* ---- arguments ---- */
+
+static void push(args *a, const char *s, size_t len) {
+  a->v[a->n] = s;
+  a->len[a->n] = len;
+  a->n++;
+}
+
+static void push_u64(args *a, uint64_t v) {
+  char *b = a->num[a->nnum++];
+  int k = snprintf(b, sizeof a->num[0], "%" PRIu64, v);
+  push(a, b, (size_t)k);
+}
+
+/* The Redis key of a call: prefix ":{" key "}:" algorithm. */
+static size_t make_name(const redis_store *s, char *out, const void *key,
+                        size_t key_len) {
+  size_t n = 0;
+  memcpy(out, s->prefix, s->prefix_len);
+  n += s->prefix_len;
+  memcpy(out + n, ":{", 2);
+  n += 2;
+  memcpy(out + n, key, key_len);
+  n += key_len;
+  memcpy(out + n, "}:", 2);
+  n += 2;
+  memcpy(out + n, SUFFIX[s->alg], 2);
+  return n + 2;
+}
+
+/* The script's op letter for a call (see redis.lua): only calls that may
+ * change state are sent as writes, so refusals found by the C step (a set
+ * above the burst, a cost above the burst) cost no write. */
+static const char *op_letter(const tg__call *c) {
+  switch (c->alg) {
+  case TG_FIXED_WINDOW:
+  case TG_FIXED_WINDOW_PER_KEY:
+    if (c->op == TG__OP_SET)
+      return "s";
+    return (c->op == TG__OP_HIT || c->op == TG__OP_INC) && c->arg > 0 ? "w"
+                                                                      : "r";
+  case TG_TOKEN_BUCKET:
+  case TG_LEAKY_BUCKET:
+    if (c->op == TG__OP_SET)
+      return c->arg <= c->q.burst ? "s" : "r";
+    return c->op == TG__OP_HIT && c->arg > 0 && c->arg <= c->q.burst ? "h"
+                                                                     : "r";
+  case TG_SLIDING_WINDOW:
+    return "h";
+  }
+  return "r";
+}
+
+static void build_args(const redis_store *s, const tg__call *c, args *a) {
+  static const char ALG[TG_ALGORITHM_COUNT][2] = {"0", "1", "2", "3", "4"};
+  a->n = 0;
+  a->nnum = 0;
+  push(a, "EVALSHA", 7);
+  push(a, "", 0); /* the SHA1, set per connection when sent */
+  push(a, "1", 1);
+  push(a, a->name, make_name(s, a->name, c->key, c->key_len));
+  const char *op = op_letter(c);
+  push(a, op, 1);
+  push(a, ALG[c->alg], 1);
+  if (c->store_time)
+    push(a, "", 0);
+  else
+    push_u64(a, c->now_us);
+  switch (c->alg) {
+  case TG_FIXED_WINDOW:
+  case TG_FIXED_WINDOW_PER_KEY:
+    if (op[0] != 'r') {
+      push_u64(a, c->arg);
+      push_u64(a, c->q.period_us / 1000);
+    }
+    break;
+  case TG_TOKEN_BUCKET:
+  case TG_LEAKY_BUCKET:
+    /* cost, fill <= burst, so the products are <= tau: no overflow */
+    if (op[0] == 'h') {
+      push_u64(a, c->arg * c->q.t_ns);
+      push_u64(a, c->q.tau_ns);
+    } else if (op[0] == 's') {
+      uint64_t fill = c->alg == TG_TOKEN_BUCKET ? c->q.burst - c->arg : c->arg;
+      push_u64(a, fill * c->q.t_ns);
+    }
+    break;
+  case TG_SLIDING_WINDOW:
+    push_u64(a, c->op == TG__OP_HIT ? c->arg : 0);
+    push_u64(a, c->q.limit);
+    push_u64(a, c->q.period_us);
+    push_u64(a, s->log_entries);
+    break;
+  }
+}
+
+/* ---- replies ---- */
+
+/* A u64 from a reply string of 1..20 digits. */
+static bool parse_u64(const redisReply *r, uint64_t *out) {
+  if (r->type != REDIS_REPLY_STRING || r->len == 0 || r->len > 20)
+    return false;
+  uint64_t v = 0;
+  for (size_t i = 0; i < r->len; i++) {
+    unsigned d = (unsigned)(unsigned char)r->str[i] - '0';
+    if (d > 9 || !tg__mul(v, 10, &v) || !tg__add(v, d, &v))
+      return false;
+  }
+  *out = v;
+  return true;
+}
+
+static bool is_empty(const redisReply *r) {
+  return r->type == REDIS_REPLY_STRING && r->len == 0;
+}
+
+/* An error reply as a status code. NOSCRIPT never gets here. */
+static int reply_error(const redisReply *r) {
+  if (starts(r->str, "TGCORRUPT") || starts(r->str, "WRONGTYPE"))
+    return TG_ECORRUPT;
+  return TG_ESTORE; /* OOM, BUSY, READONLY, LOADING, NOAUTH, TGARG... */
+}
+
+/* The call as the step sees it: at the script's now. */
+static int call_at(const tg__call *c, const redisReply *now_r, tg__call *cc) {
+  uint64_t now;
+  if (!parse_u64(now_r, &now))
+    return TG_ESTORE;
+  *cc = *c;
+  if (c->store_time) {
+    if (now > TG_NOW_MAX_US)
+      return TG_ETIME;
+    cc->now_us = now;
+    cc->store_time = false;
+  } else if (now != c->now_us) {
+    return TG_ESTORE;
+  }
+  return TG_OK;
+}
+
+static int outcome_state(const tg__call *c, const redisReply *r,
+                         tg__outcome *o) {
+  if (r->elements != 4 || r->element[3]->type != REDIS_REPLY_INTEGER)
+    return TG_ESTORE;
+  tg__call cc;
+  int rc = call_at(c, r->element[0], &cc);
+  if (rc != TG_OK)
+    return rc;
+  tg__state st = {0, 0};
+  if (!(is_empty(r->element[1]) && is_empty(r->element[2])) &&
+      (!parse_u64(r->element[1], &st.a) || !parse_u64(r->element[2], &st.b)))
+    return TG_ESTORE;
+  if (!tg__state_plausible(c->alg, &st))
+    return TG_ECORRUPT;
+  bool changed;
+  rc = tg__state_step(&cc, &st, o, &changed);
+  /* the script made the same transition; a disagreement is a bug, and the
+   * caller must not be told "allowed" for a call the server did not count */
+  if (changed != (r->element[3]->integer == 1))
+    return TG_ESTORE;
+  return rc;
+}
+
+static int outcome_log(const tg__call *c, const redisReply *r, tg__outcome *o) {
+  if (r->elements != 6 || r->element[2]->type != REDIS_REPLY_INTEGER ||
+      r->element[3]->type != REDIS_REPLY_INTEGER)
+    return TG_ESTORE;
+  tg__call cc;
+  int rc = call_at(c, r->element[0], &cc);
+  if (rc != TG_OK)
+    return rc;
+  tg__log_view v = {0, r->element[3]->integer > 0, 0, !is_empty(r->element[5]),
+                    0};
+  if (!parse_u64(r->element[1], &v.sum) ||
+      (v.has_newest && !parse_u64(r->element[4], &v.newest_us)) ||
+      (v.has_wait && !parse_u64(r->element[5], &v.wait_us)))
+    return TG_ESTORE;
+  if (v.newest_us > TG_NOW_MAX_US || v.wait_us > TG_NOW_MAX_US)
+    return TG_ECORRUPT;
+  /* the script decided the same question; a disagreement is a bug */
+  if (cc.op == TG__OP_HIT &&
+      tg__log_allows(&cc, v.sum) != (r->element[2]->integer == 1))
+    return TG_ESTORE;
+  return tg__log_report(&cc, &v, o);
+}
+
+static int outcome(const tg__call *c, const redisReply *r, tg__outcome *o) {
+  if (r->type == REDIS_REPLY_ERROR)
+    return reply_error(r);
+  if (r->type != REDIS_REPLY_ARRAY)
+    return TG_ESTORE;
+  return c->alg == TG_SLIDING_WINDOW ? outcome_log(c, r, o)
+                                     : outcome_state(c, r, o);
+}
+
+/* ---- SIGPIPE ----
+ * hiredis writes with write(2): on a connection the server has closed, that
+ * raises SIGPIPE, whose default action kills the process. A library must not
+ * do that to its caller, nor change the process's signal dispositions, so
+ * the thread blocks SIGPIPE while it talks to the server and swallows one
+ * that its own write raised (not one that was pending before). */
+
+typedef struct sigpipe_guard {
+  sigset_t old;    /* the thread's mask before */
+  bool pending;    /* SIGPIPE was already pending before: not ours */
+  bool was_masked; /* SIGPIPE was already blocked before */
+} sigpipe_guard;
+
+static void sigpipe_block(sigpipe_guard *g) {
+  sigset_t pipe_set, pend;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_set, &g->old);
+  g->was_masked = sigismember(&g->old, SIGPIPE) == 1;
+  g->pending = sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE) == 1;
+}
+
+static void sigpipe_restore(const sigpipe_guard *g) {
+  if (!g->pending) {
+    sigset_t pipe_set, pend;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    if (sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE) == 1) {
+      struct timespec zero = {0, 0};
+      while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR) {
+      }
+    }
+  }
+  if (!g->was_masked)
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+/* ---- connections ---- */
+
+/* The code for a context hiredis marked failed; errno as it was then. */
+static int ctx_error(const redisContext *ctx, int err) {
+  switch (ctx->err) {
+  case REDIS_ERR_IO:
+    return err == EAGAIN || err == EWOULDBLOCK || err == ETIMEDOUT
+               ? TG_ETIMEDOUT
+               : TG_ECONNECT;
+  case REDIS_ERR_EOF:
+    return TG_ECONNECT;
+  case REDIS_ERR_OOM:
+    return TG_ENOMEM;
+  default:
+    return TG_ESTORE; /* a protocol error: the stream is lost */
+  }
+}
+
+static void conn_close(conn *k) {
+  if (k->ctx) {
+    redisFree(k->ctx);
+    k->ctx = NULL;
+  }
+}
+
+/* One command and its reply on an open connection; an I/O failure closes
+ * it (a timed-out connection has a reply still coming: it cannot be reused). */
+static int command(conn *k, int argc, const char **argv, const size_t *len,
+                   redisReply **out) {
+  errno = 0;
+  redisReply *r = redisCommandArgv(k->ctx, argc, argv, len);
+  if (!r) {
+    int rc = ctx_error(k->ctx, errno);
+    conn_close(k);
+    return rc;
+  }
+  *out = r;
+  return TG_OK;
+}
+
+/* A command whose reply must not be an error (AUTH, SELECT, SCRIPT LOAD). */
+static int command_ok(conn *k, int argc, const char **argv, const size_t *len,
+                      redisReply **out) {
+  redisReply *r;
+  int rc = command(k, argc, argv, len, &r);
+  if (rc != TG_OK)
+    return rc;
+  if (r->type == REDIS_REPLY_ERROR) {
+    freeReplyObject(r);
+    return TG_ESTORE;
+  }
+  if (out)
+    *out = r;
+  else
+    freeReplyObject(r);
+  return TG_OK;
+}
+
+static int load_script(conn *k) {
+  const char *argv[] = {"SCRIPT", "LOAD", tg__redis_script};
+  size_t len[] = {6, 4, tg__redis_script_len};
+  redisReply *r;
+  int rc = command_ok(k, 3, argv, len, &r);
+  if (rc != TG_OK)
+    return rc;
+  if (r->type != REDIS_REPLY_STRING || r->len != 40) {
+    freeReplyObject(r);
+    return TG_ESTORE;
+  }
+  memcpy(k->sha, r->str, 40);
+  k->sha[40] = '\0';
+  freeReplyObject(r);
+  return TG_OK;
+}
+
+/* What a fresh connection needs before its first EVALSHA. */
+static int handshake(const redis_store *s, conn *k) {
+  if (s->command_timeout_ms > 0 &&
+      redisSetTimeout(k->ctx, tv_ms(s->command_timeout_ms)) != REDIS_OK)
+    return TG_ECONNECT;
+  int rc = TG_OK;
+  if (s->password) {
+    const char *argv[3] = {"AUTH"};
+    size_t len[3] = {4};
+    int n = 1;
+    if (s->username) {
+      argv[n] = s->username;
+      len[n++] = strlen(s->username);
+    }
+    argv[n] = s->password;
+    len[n++] = strlen(s->password);
+    rc = command_ok(k, n, argv, len, NULL);
+  }
+  if (rc == TG_OK && s->db != 0) {
+    char db[16];
+    int dn = snprintf(db, sizeof db, "%d", s->db);
+    const char *argv[] = {"SELECT", db};
+    size_t len[] = {6, (size_t)dn};
+    rc = command_ok(k, 2, argv, len, NULL);
+  }
+  if (rc == TG_OK)
+    rc = load_script(k);
+  return rc;
+}
+
+/* Makes sure k is open; k->mu is held. */
+static int conn_open(const redis_store *s, conn *k) {
+  if (k->ctx)
+    return TG_OK;
+  if (mono_ms() < k->retry_at_ms)
+    return TG_ECONNECT;
+  redisContext *ctx;
+  if (s->unix_path)
+    ctx = s->connect_timeout_ms
+              ? redisConnectUnixWithTimeout(s->unix_path,
+                                            tv_ms(s->connect_timeout_ms))
+              : redisConnectUnix(s->unix_path);
+  else
+    ctx = s->connect_timeout_ms
+              ? redisConnectWithTimeout(s->host, s->port,
+                                        tv_ms(s->connect_timeout_ms))
+              : redisConnect(s->host, s->port);
+  int rc;
+  if (!ctx) {
+    rc = TG_ENOMEM;
+  } else if (ctx->err) {
+    rc = TG_ECONNECT;
+    redisFree(ctx);
+  } else {
+    k->ctx = ctx;
+    rc = handshake(s, k);
+  }
+  if (rc != TG_OK) {
+    conn_close(k);
+    k->retry_at_ms = mono_ms() + s->backoff_ms;
+  }
+  return rc;
+}
+
+/* Takes a connection: the first free one from a rotating start, else waits
+ * for the one at the start. Returns it locked. */
+static conn *acquire(redis_store *s) {
+  size_t start = (size_t)(tg__fetch_add(&s->next, 1) % s->nconns);
+  for (size_t i = 0; i < s->nconns; i++) {
+    conn *k = &s->conns[(start + i) % s->nconns];
+    if (pthread_mutex_trylock(&k->mu) == 0)
+      return k;
+  }
+  conn *k = &s->conns[start];
+  pthread_mutex_lock(&k->mu);
+  return k;
+}
+
+/* EVALSHA, loading the script again once if the server lost it. */
+static int eval(conn *k, args *a, redisReply **out) {
+  for (int attempt = 0;; attempt++) {
+    a->v[1] = k->sha;
+    a->len[1] = 40;
+    redisReply *r;
+    int rc = command(k, a->n, a->v, a->len, &r);
+    if (rc != TG_OK)
+      return rc;
+    if (r->type == REDIS_REPLY_ERROR && starts(r->str, "NOSCRIPT") &&
+        attempt == 0) {
+      freeReplyObject(r);
+      rc = load_script(k);
+      if (rc != TG_OK)
+        return rc;
+      continue;
+    }
+    *out = r;
+    return TG_OK;
+  }
+}
+
+/* ---- store operations ---- */
+
+static int redis_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
+  redis_store *s = (redis_store *)base;
+  args a;
+  build_args(s, c, &a);
+  conn *k = acquire(s);
+  redisReply *r = NULL;
+  sigpipe_guard g;
+  sigpipe_block(&g);
+  int rc = conn_open(s, k);
+  if (rc == TG_OK)
+    rc = eval(k, &a, &r);
+  sigpipe_restore(&g);
+  pthread_mutex_unlock(&k->mu);
+  if (rc == TG_OK) {
+    rc = outcome(c, r, o);
+    freeReplyObject(r);
+  }
+  return rc;
+}
+
+/* Sends the calls idx[0..n) pipelined on k and reads their replies into
+ * replies[]; a NOSCRIPT reply's index goes to *retry. On an I/O failure the
+ * calls whose replies were not read get its code in rcs[]. */
+static void pipeline(conn *k, args *a, const size_t *idx, size_t n,
+                     redisReply **replies, int *rcs, size_t *retry,
+                     size_t *nretry) {
+  size_t sent = 0;
+  for (; sent < n; sent++) {
+    args *x = &a[idx[sent]];
+    x->v[1] = k->sha;
+    x->len[1] = 40;
+    if (redisAppendCommandArgv(k->ctx, x->n, x->v, x->len) != REDIS_OK)
+      break; /* out of memory: the rest is not sent */
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (i >= sent) {
+      rcs[idx[i]] = TG_ENOMEM;
+      continue;
+    }
+    if (!k->ctx) {
+      continue; /* rcs[] already holds the failure */
+    }
+    void *r = NULL;
+    errno = 0;
+    if (redisGetReply(k->ctx, &r) != REDIS_OK || !r) {
+      int rc = ctx_error(k->ctx, errno);
+      conn_close(k);
+      for (size_t j = i; j < sent; j++)
+        rcs[idx[j]] = rc;
+      continue;
+    }
+    redisReply *rr = r;
+    if (rr->type == REDIS_REPLY_ERROR && starts(rr->str, "NOSCRIPT")) {
+      freeReplyObject(rr);
+      retry[(*nretry)++] = idx[i];
+      continue;
+    }
+    replies[idx[i]] = rr;
+  }
+}
+
+static void redis_exec_batch(tg__store *base, const tg__call *calls, size_t n,
+                             tg__outcome *o, int *rcs) {
+  redis_store *s = (redis_store *)base;
+  for (size_t off = 0; off < n; off += BATCH_CHUNK) {
+    size_t m = n - off < BATCH_CHUNK ? n - off : BATCH_CHUNK;
+    args *a = malloc(m * sizeof *a);
+    redisReply **replies = calloc(m, sizeof *replies);
+    size_t *idx = malloc(m * sizeof *idx);
+    size_t *retry = malloc(m * sizeof *retry);
+    int *rc = rcs + off;
+    if (!a || !replies || !idx || !retry) {
+      for (size_t i = 0; i < m; i++)
+        rc[i] = TG_ENOMEM;
+    } else {
+      for (size_t i = 0; i < m; i++) {
+        build_args(s, &calls[off + i], &a[i]);
+        idx[i] = i;
+        rc[i] = TG_OK;
+      }
+      conn *k = acquire(s);
+      sigpipe_guard g;
+      sigpipe_block(&g);
+      int orc = conn_open(s, k);
+      if (orc != TG_OK) {
+        for (size_t i = 0; i < m; i++)
+          rc[i] = orc;
+      } else {
+        size_t nretry = 0;
+        pipeline(k, a, idx, m, replies, rc, retry, &nretry);
+        if (nretry > 0) {
+          /* NOSCRIPT: those calls did not run; load the script and send
+           * them once more (idx[] is free now: it takes what fails again) */
+          orc = k->ctx ? load_script(k) : TG_ECONNECT;
+          size_t again = 0;
+          if (orc == TG_OK) {
+            pipeline(k, a, retry, nretry, replies, rc, idx, &again);
+            for (size_t i = 0; i < again; i++)
+              rc[idx[i]] = TG_ESTORE;
+          } else {
+            for (size_t i = 0; i < nretry; i++)
+              rc[retry[i]] = orc;
+          }
+        }
+      }
+      sigpipe_restore(&g);
+      pthread_mutex_unlock(&k->mu);
+      for (size_t i = 0; i < m; i++) {
+        if (replies[i]) {
+          if (rc[i] == TG_OK)
+            rc[i] = outcome(&calls[off + i], replies[i], &o[off + i]);
+          freeReplyObject(replies[i]);
+        } else if (rc[i] == TG_OK) {
+          rc[i] = TG_ESTORE; /* no reply and no failure recorded */
+        }
+      }
+    }
+    free(a);
+    free(replies);
+    free(idx);
+    free(retry);
+  }
+}
+
+static int redis_reset(tg__store *base, const void *key, size_t key_len) {
+  redis_store *s = (redis_store *)base;
+  char name[NAME_MAX_BYTES];
+  const char *argv[] = {"DEL", name};
+  size_t len[] = {3, make_name(s, name, key, key_len)};
+  conn *k = acquire(s);
+  sigpipe_guard g;
+  sigpipe_block(&g);
+  int rc = conn_open(s, k);
+  redisReply *r = NULL;
+  if (rc == TG_OK)
+    rc = command(k, 2, argv, len, &r);
+  sigpipe_restore(&g);
+  pthread_mutex_unlock(&k->mu);
+  if (rc == TG_OK) {
+    if (r->type == REDIS_REPLY_ERROR)
+      rc = reply_error(r);
+    freeReplyObject(r);
+  }
+  return rc;
+}
+
+static size_t redis_zero(const tg__store *s) {
+  (void)s;
+  return 0;
+}
+
+static void redis_destroy(tg__store *base) {
+  redis_store *s = (redis_store *)base;
+  for (size_t i = 0; i < s->nconns; i++) {
+    conn_close(&s->conns[i]);
+    pthread_mutex_destroy(&s->conns[i].mu);
+  }
+  free(s->host);
+  free(s->unix_path);
+  free(s->username);
+  free(s->password);
+  free(s->prefix);
+  free(s);
+}
+
+static const tg__store_ops redis_ops = {
+    redis_exec, redis_reset,   redis_zero,      NULL,
+    redis_zero, redis_destroy, redis_exec_batch};
+
+int tg__redis_built(void) { return 1; }
+
+static bool config_ok(const tg_redis_config *rc) {
+  if (!rc->key_prefix || rc->pool_size < 1 || rc->pool_size > POOL_MAX ||
+      rc->db < 0 || (rc->username && !rc->password))
+    return false;
+  size_t n = strlen(rc->key_prefix);
+  if (n < 1 || n > PREFIX_MAX || strpbrk(rc->key_prefix, "{}"))
+    return false;
+  if (rc->unix_path)
+    return rc->unix_path[0] != '\0';
+  return rc->host && rc->host[0] != '\0' && rc->port > 0 && rc->port <= 65535;
+}
+
+int tg__redis_store_new(tg__store **out, const tg_redis_config *rc,
+                        tg_algorithm alg, uint32_t log_entries) {
+  if (!config_ok(rc))
+    return TG_EINVAL;
+  redis_store *s =
+      calloc(1, sizeof *s + (size_t)rc->pool_size * sizeof s->conns[0]);
+  if (!s)
+    return TG_ENOMEM;
+  s->base.ops = &redis_ops;
+  s->alg = alg;
+  s->log_entries = log_entries;
+  s->port = rc->port;
+  s->db = rc->db;
+  s->connect_timeout_ms = rc->connect_timeout_ms;
+  s->command_timeout_ms = rc->command_timeout_ms;
+  s->backoff_ms = rc->reconnect_backoff_ms;
+  s->prefix_len = strlen(rc->key_prefix);
+  s->host = dup_or_null(rc->unix_path ? NULL : rc->host);
+  s->unix_path = dup_or_null(rc->unix_path);
+  s->username = dup_or_null(rc->username);
+  s->password = dup_or_null(rc->password);
+  s->prefix = dup_or_null(rc->key_prefix);
+  bool ok = s->prefix &&
+            (rc->unix_path ? s->unix_path != NULL : s->host != NULL) &&
+            (!rc->username || s->username) && (!rc->password || s->password);
+  for (size_t i = 0; ok && i < rc->pool_size; i++) {
+    if (pthread_mutex_init(&s->conns[i].mu, NULL) != 0)
+      ok = false;
+    else
+      s->nconns = i + 1;
+  }
+  if (!ok) {
+    redis_destroy(&s->base);
+    return TG_ENOMEM;
+  }
+  *out = &s->base;
+  return TG_OK;
+}

@@ -1,0 +1,17 @@
+/*
+ * redis_off.c - the Redis store in a build without hiredis: a limiter
+ * configured for Redis is TG_ENOTSUP, and tg_redis_available() says 0, so a
+ * program can tell before it tries.
+ */
+#include "store.h"
+
+int tg__redis_built(void) { return 0; }
+
+int tg__redis_store_new(tg__store **out, const tg_redis_config *rc,
+                        tg_algorithm alg, uint32_t log_entries) {
+  (void)rc;
+  (void)alg;
+  (void)log_entries;
+  *out = NULL;
+  return TG_ENOTSUP;
+}

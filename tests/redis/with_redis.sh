@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# with_redis.sh CMD [ARG...] - runs CMD beside a private redis-server.
+#
+# The server listens on 127.0.0.1 at a free port and on a unix socket, keeps
+# everything in a temporary directory, persists nothing, and is killed (with
+# the directory removed) by an EXIT trap however CMD ends. CMD finds it
+# through the environment:
+#   TG_TEST_REDIS_PORT     TCP port on 127.0.0.1
+#   TG_TEST_REDIS_SOCK     unix socket path
+#   TG_TEST_REDIS_CONF     config file: `redis-server $TG_TEST_REDIS_CONF`
+#                          starts it again (daemonized) after a test stopped it
+#   TG_TEST_REDIS_PIDFILE  where the running server writes its pid
+# Nothing here depends on a server left running, or leaves one behind.
+set -euo pipefail
+
+if [ $# -eq 0 ]; then
+  echo "usage: with_redis.sh CMD [ARG...]" >&2
+  exit 2
+fi
+for tool in redis-server redis-cli; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "with_redis.sh: $tool not found (Debian: apt-get install redis-server)" >&2
+    exit 1
+  fi
+done
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/tg-redis.XXXXXX")
+pidfile=$dir/redis.pid
+cleanup() {
+  if [ -s "$pidfile" ]; then
+    pid=$(cat "$pidfile")
+    kill -CONT "$pid" 2>/dev/null || true # a test may have stopped it
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+started=
+for _ in $(seq 1 20); do
+  port=$((20000 + RANDOM % 40000))
+  cat >"$dir/redis.conf" <<CONF
+bind 127.0.0.1
+port $port
+unixsocket $dir/redis.sock
+unixsocketperm 700
+dir $dir
+daemonize yes
+pidfile $pidfile
+logfile $dir/redis.log
+save ""
+appendonly no
+CONF
+  rm -f "$pidfile"
+  redis-server "$dir/redis.conf" || continue
+  for _ in $(seq 1 100); do
+    if [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ]; then
+      started=1
+      break
+    fi
+    sleep 0.05
+  done
+  [ -n "$started" ] && break
+  # the port was taken (or the server died): stop whatever started, retry
+  [ -s "$pidfile" ] && kill -9 "$(cat "$pidfile")" 2>/dev/null || true
+done
+if [ -z "$started" ]; then
+  echo "with_redis.sh: could not start redis-server; its log:" >&2
+  cat "$dir/redis.log" >&2 || true
+  exit 1
+fi
+
+export TG_TEST_REDIS_PORT=$port
+export TG_TEST_REDIS_SOCK=$dir/redis.sock
+export TG_TEST_REDIS_CONF=$dir/redis.conf
+export TG_TEST_REDIS_PIDFILE=$pidfile
+"$@"

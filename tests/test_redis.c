@@ -1,0 +1,968 @@
+/*
+ * test_redis.c - the Redis store against a real redis-server (started by
+ * tests/redis/with_redis.sh on a loopback port, killed when the test ends).
+ *
+ * The acceptance tests (test_fixed_window, ..., test_buckets) also run on the
+ * Redis store (CTest's *_redis entries); this file covers what is particular
+ * to it:
+ *   - the differential test: long random sequences of operations, keys,
+ *     quotas, costs and time steps through the memory store and the Redis
+ *     store side by side, requiring identical codes and results;
+ *   - the server's clock (tg_hit without _at), TTLs, key names, batches;
+ *   - failures: server killed and restarted, stopped (SIGSTOP: timeouts),
+ *     OOM, a BUSY script, killed connections, NOSCRIPT, AUTH, corrupt values,
+ *     each giving a status code plus the failure policy's answer marked
+ *     degraded, and recovery without help;
+ *   - many threads on one key through the connection pool: exact admission.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "redis_server.h"
+#include "tollgate.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MS(x) ((uint64_t)(x)*UINT64_C(1000))
+
+static uint64_t real_us(void) { return tg_clock_realtime(NULL); }
+
+/* A Redis limiter of one algorithm on the test server. */
+static tg_limiter *redis_limiter_cfg(tg_algorithm alg, const char *prefix,
+                                     tg_redis_config *rc, uint32_t log_max) {
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = alg;
+  cfg.sliding_max_entries = log_max;
+  rc->port = rs_port();
+  rc->key_prefix = prefix;
+  cfg.redis = rc;
+  tg_limiter *lim = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  return lim;
+}
+
+static tg_limiter *redis_limiter(tg_algorithm alg, const char *prefix) {
+  tg_redis_config rc;
+  tg_redis_config_init(&rc);
+  return redis_limiter_cfg(alg, prefix, &rc, 1024);
+}
+
+static redisContext *admin(void) {
+  redisContext *c = rs_connect();
+  assert_non_null(c);
+  return c;
+}
+
+/* The server must be up (a failed test may have left it stopped). */
+static int server_up(void **state) {
+  (void)state;
+  rs_resume();
+  if (!rs_alive() && !rs_start())
+    return -1;
+  redisContext *c = rs_connect();
+  if (!c)
+    return -1;
+  rs_ok(c, "CONFIG SET maxmemory 0");
+  rs_ok(c, "CONFIG SET requirepass %s", "");
+  redisFree(c);
+  return 0;
+}
+
+/* ---- configuration ------------------------------------------------------ */
+
+static void available(void **state) {
+  (void)state;
+  assert_int_equal(tg_redis_available(), 1);
+}
+
+static void config_is_validated(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_redis_config rc;
+  tg_limiter *lim = (tg_limiter *)&cfg; /* must be set to NULL on failure */
+  tg_config_init(&cfg);
+  tg_redis_config_init(&rc);
+  cfg.redis = &rc;
+  rc.pool_size = 0;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  assert_null(lim);
+  tg_redis_config_init(&rc);
+  rc.pool_size = 1025;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  tg_redis_config_init(&rc);
+  rc.key_prefix = "a{b";
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  rc.key_prefix = "";
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  rc.key_prefix = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  tg_redis_config_init(&rc);
+  rc.port = 0;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  rc.port = 65536;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  tg_redis_config_init(&rc);
+  rc.host = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  tg_redis_config_init(&rc);
+  rc.username = "u"; /* a user without a password */
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  tg_redis_config_init(&rc);
+  rc.db = -1;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  tg_redis_config_init(&rc);
+  cfg.shm_name = "/tg-test-redis-and-shm"; /* two stores at once */
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  cfg.shm_name = NULL;
+  /* a valid config needs no server: connecting waits for the first call */
+  rc.port = 1; /* nothing listens there */
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  tg_quota q = {.limit = 1, .period_ms = 1000};
+  tg_result r;
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_ECONNECT);
+  assert_true(r.degraded);
+  assert_true(r.allowed); /* fail open, the default */
+  assert_int_equal(tg_clean(lim, NULL), TG_ENOTSUP);
+  assert_int_equal(tg_key_count(lim), 0);
+  assert_int_equal(tg_store_bytes(lim), 0);
+  tg_limiter_destroy(lim);
+}
+
+/* ---- the differential test ---------------------------------------------- */
+
+/* xorshift64*: reproducible from the seed printed on failure. */
+static uint64_t rng_state;
+static uint64_t rnd(void) {
+  rng_state ^= rng_state >> 12;
+  rng_state ^= rng_state << 25;
+  rng_state ^= rng_state >> 27;
+  return rng_state * UINT64_C(2685821657736338717);
+}
+static uint64_t below(uint64_t n) { return n ? rnd() % n : 0; }
+
+/* Quotas from ordinary to the edges of what tollgate accepts; those an
+ * algorithm refuses must be refused identically by both stores. */
+static const tg_quota QUOTAS[] = {
+    {1, 1, 0},
+    {3, 1000, 0},
+    {10, 60000, 5},
+    {55, 1000, 110},
+    {1000, 1000, 10},
+    {2, 3, 1000000},
+    {7, 100, 0},
+    {UINT64_C(1) << 40, 1000, 0},
+    {UINT64_MAX, 1, 0},
+    {UINT64_MAX - 1, 86400000, 3},
+    {5, TG_PERIOD_MAX_MS, 0},
+    {1000000, 1, 1000000}, /* one per ns: the fastest bucket */
+    {1, 3600000, UINT64_C(1) << 20},
+};
+#define NQUOTAS (sizeof QUOTAS / sizeof QUOTAS[0])
+
+typedef struct dkey {
+  unsigned char b[TG_KEY_MAX];
+  size_t len;
+  const tg_quota *q;
+} dkey;
+
+#define NKEYS 7
+
+static void make_keys(dkey *k) {
+  static const char *const fixed[] = {"a", "user:42", "}{", "b{x}c"};
+  for (int i = 0; i < 4; i++) {
+    k[i].len = strlen(fixed[i]);
+    memcpy(k[i].b, fixed[i], k[i].len);
+  }
+  k[4].len = 3; /* NUL inside */
+  memcpy(k[4].b, "a\0b", 3);
+  k[5].len = TG_KEY_MAX; /* the longest key */
+  memset(k[5].b, 'L', TG_KEY_MAX);
+  k[6].len = 1;
+  k[6].b[0] = 0xff;
+  for (int i = 0; i < NKEYS; i++)
+    k[i].q = &QUOTAS[below(NQUOTAS)];
+}
+
+static uint64_t draw_cost(const tg_quota *q) {
+  uint64_t cap = q->burst ? q->burst : q->limit;
+  switch (below(10)) {
+  case 0:
+    return 0;
+  case 1:
+  case 2:
+  case 3:
+  case 4:
+    return 1;
+  case 5:
+  case 6:
+    return 2 + below(4);
+  case 7:
+    return cap - below(2);
+  case 8:
+    return cap + below(2);
+  default: {
+    static const uint64_t huge[] = {UINT64_MAX, UINT64_C(1) << 63,
+                                    UINT64_MAX / 3, UINT64_C(1) << 53};
+    return huge[below(4)];
+  }
+  }
+}
+
+/* How far simulated time moves, us. */
+static uint64_t draw_step(void) {
+  switch (below(10)) {
+  case 0:
+  case 1:
+    return 0;
+  case 2:
+  case 3:
+    return 1 + below(999);
+  case 4:
+  case 5:
+  case 6:
+    return MS(1 + below(1000));
+  case 7:
+    return MS(1000 + below(60000));
+  case 8:
+    return MS(below(3600000));
+  default:
+    return below(3) == 0 ? MS(86400000) : MS(below(100));
+  }
+}
+
+static bool same_result(const tg_result *a, const tg_result *b) {
+  return a->allowed == b->allowed && a->degraded == b->degraded &&
+         a->count == b->count && a->remaining == b->remaining &&
+         a->retry_after_ms == b->retry_after_ms &&
+         a->reset_after_ms == b->reset_after_ms;
+}
+
+static void print_result(const char *who, int rc, const tg_result *r) {
+  print_error("  %s: %s allowed=%d degraded=%d count=%" PRIu64
+              " remaining=%" PRIu64 " retry=%" PRIu64 " reset=%" PRIu64 "\n",
+              who, tg_err_name(rc), r->allowed, r->degraded, r->count,
+              r->remaining, r->retry_after_ms, r->reset_after_ms);
+}
+
+static size_t env_steps(size_t dflt) {
+  const char *s = getenv("TG_TEST_REDIS_STEPS");
+  return s ? (size_t)strtoull(s, NULL, 10) : dflt;
+}
+
+/* Simulated time must never fall behind the server's clock by more than it
+ * did before (S - R never decreases), so a key the server expires by its TTL
+ * (counted from the simulated now) is always fresh in simulated time too. */
+static uint64_t advance(uint64_t sim, uint64_t *last_real, uint64_t step) {
+  uint64_t r = real_us();
+  uint64_t elapsed = r > *last_real ? r - *last_real : 0;
+  *last_real = r;
+  return sim + (step > elapsed ? step : elapsed);
+}
+
+static void differential(tg_algorithm alg, uint64_t seed, size_t steps,
+                         uint32_t log_max) {
+  static unsigned runs;
+  rng_state = seed;
+  char prefix[64]; /* a fresh key space for each run */
+  snprintf(prefix, sizeof prefix, "diff%ld.%u", (long)getpid(), runs++);
+  tg_redis_config rc;
+  tg_redis_config_init(&rc);
+  rc.pool_size = 2;
+  tg_limiter *red = redis_limiter_cfg(alg, prefix, &rc, log_max);
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = alg;
+  cfg.sliding_max_entries = log_max;
+  cfg.capacity = 64;
+  cfg.clean_period_ms = 0;
+  tg_limiter *mem = NULL;
+  assert_int_equal(tg_limiter_new(&mem, &cfg), TG_OK);
+
+  dkey keys[NKEYS];
+  make_keys(keys);
+  uint64_t last_real = real_us();
+  uint64_t now = last_real;
+  size_t allowed = 0, denied = 0, errors = 0;
+  for (size_t i = 0; i < steps; i++) {
+    now = advance(now, &last_real, draw_step());
+    if (now > TG_NOW_MAX_US - MS(86400000) * 400)
+      break;
+    dkey *k = &keys[below(NKEYS)];
+    if (below(50) == 0)
+      k->q = &QUOTAS[below(NQUOTAS)]; /* a key's quota changes, rarely */
+    unsigned op = (unsigned)below(100);
+    int rm, rr;
+    tg_result a, b;
+    uint64_t va = 0, vb = 0;
+    memset(&a, 0x11, sizeof a);
+    memset(&b, 0x11, sizeof b);
+    const char *what;
+    if (op < 50) {
+      what = "hit";
+      uint64_t cost = draw_cost(k->q);
+      rm = tg_hit_at(mem, now, k->b, k->len, k->q, cost, &a);
+      rr = tg_hit_at(red, now, k->b, k->len, k->q, cost, &b);
+      if (rm == TG_OK && a.allowed)
+        allowed++;
+      else if (rm == TG_OK)
+        denied++;
+    } else if (op < 58) {
+      what = "batch";
+      tg_batch_item ia[4], ib[4];
+      size_t n = 1 + below(4);
+      for (size_t j = 0; j < n; j++) {
+        dkey *kj = &keys[below(NKEYS)];
+        ia[j] =
+            (tg_batch_item){kj->b, kj->len, kj->q, draw_cost(kj->q), 0, {0}};
+        ib[j] = ia[j];
+      }
+      assert_int_equal(tg_hit_batch_at(mem, now, ia, n), TG_OK);
+      assert_int_equal(tg_hit_batch_at(red, now, ib, n), TG_OK);
+      for (size_t j = 0; j < n; j++) {
+        if (ia[j].status != ib[j].status ||
+            !same_result(&ia[j].result, &ib[j].result)) {
+          print_error("seed %" PRIu64 " step %zu: batch item %zu differs\n",
+                      seed, i, j);
+          print_result("memory", ia[j].status, &ia[j].result);
+          print_result("redis ", ib[j].status, &ib[j].result);
+          fail();
+        }
+      }
+      continue;
+    } else if (op < 68) {
+      what = "get";
+      rm = tg_get_at(mem, now, k->b, k->len, k->q, &va);
+      rr = tg_get_at(red, now, k->b, k->len, k->q, &vb);
+    } else if (op < 76) {
+      what = "expires_at";
+      rm = tg_expires_at_at(mem, now, k->b, k->len, k->q, &va);
+      rr = tg_expires_at_at(red, now, k->b, k->len, k->q, &vb);
+    } else if (op < 86) {
+      what = "set";
+      uint64_t v = draw_cost(k->q);
+      rm = tg_set_at(mem, now, k->b, k->len, k->q, v);
+      rr = tg_set_at(red, now, k->b, k->len, k->q, v);
+    } else if (op < 97) {
+      what = "inc";
+      uint64_t cost = draw_cost(k->q);
+      rm = tg_inc_at(mem, now, k->b, k->len, k->q, cost, &va);
+      rr = tg_inc_at(red, now, k->b, k->len, k->q, cost, &vb);
+    } else {
+      what = "reset";
+      rm = tg_reset(mem, k->b, k->len);
+      rr = tg_reset(red, k->b, k->len);
+    }
+    if (rm != TG_OK)
+      errors++;
+    bool same = rm == rr && va == vb &&
+                (strcmp(what, "hit") != 0 || same_result(&a, &b));
+    if (!same) {
+      print_error("seed %" PRIu64 " step %zu: %s on key %zu (len %zu), quota "
+                  "{%" PRIu64 ", %" PRIu64 ", %" PRIu64 "}, now %" PRIu64
+                  " differs\n",
+                  seed, i, what, (size_t)(k - keys), k->len, k->q->limit,
+                  k->q->period_ms, k->q->burst, now);
+      print_result("memory", rm, &a);
+      print_result("redis ", rr, &b);
+      print_error("  values: memory %" PRIu64 ", redis %" PRIu64 "\n", va, vb);
+      fail();
+    }
+  }
+  print_message("%s: %zu steps (seed %" PRIu64 "): %zu hits allowed, %zu "
+                "denied, %zu calls refused with a code by both stores\n",
+                tg_algorithm_name(alg), steps, seed, allowed, denied, errors);
+  /* a sequence that never admitted or never denied tested little */
+  assert_true(allowed > steps / 20);
+  assert_true(denied > steps / 50);
+  assert_true(errors > 0);
+  tg_limiter_destroy(mem);
+  tg_limiter_destroy(red);
+}
+
+static void differential_all(void **state) {
+  (void)state;
+  size_t steps = env_steps(20000);
+  for (int alg = 0; alg < TG_ALGORITHM_COUNT; alg++) {
+    uint64_t seed = UINT64_C(0x9e3779b97f4a7c15) * (uint64_t)(alg + 1) +
+                    (uint64_t)time(NULL);
+    /* a short log cap makes the merge-at-cap path common */
+    differential((tg_algorithm)alg, seed, steps, alg == 2 ? 4 : 1024);
+    differential((tg_algorithm)alg, seed + 1, steps / 2, 1024);
+  }
+}
+
+/* ---- the server's clock, TTLs, names ------------------------------------ */
+
+static void server_time_decides(void **state) {
+  (void)state;
+  tg_limiter *lim = redis_limiter(TG_FIXED_WINDOW, "srvtime");
+  tg_quota q = {.limit = 3, .period_ms = 3600000};
+  tg_result r;
+  uint64_t before = real_us();
+  char key[32];
+  snprintf(key, sizeof key, "k%ld", (long)getpid());
+  /* at most one hour-boundary can fall between these calls: retry once */
+  for (int attempt = 0; attempt < 2; attempt++) {
+    tg_reset(lim, key, strlen(key));
+    int admitted = 0;
+    for (int i = 0; i < 4; i++) {
+      assert_int_equal(tg_hit(lim, key, strlen(key), &q, 1, &r), TG_OK);
+      admitted += r.allowed;
+    }
+    if (admitted == 3)
+      break;
+  }
+  assert_false(r.allowed);
+  assert_true(r.retry_after_ms >= 1 && r.retry_after_ms <= 3600000);
+  /* the window the server chose is the one of the real clock now */
+  uint64_t at_ms;
+  assert_int_equal(tg_expires_at(lim, key, strlen(key), &q, &at_ms), TG_OK);
+  uint64_t after = real_us();
+  assert_true(at_ms > before / 1000 && at_ms <= after / 1000 + 3600000);
+  assert_int_equal(at_ms % 3600000, 0);
+  tg_limiter_destroy(lim);
+}
+
+static void ttl_follows_freshness(void **state) {
+  (void)state;
+  redisContext *c = admin();
+  tg_limiter *lim = redis_limiter(TG_TOKEN_BUCKET, "ttl");
+  tg_quota q = {.limit = 10, .period_ms = 1000, .burst = 10}; /* T = 100 ms */
+  tg_result r;
+  assert_int_equal(tg_hit(lim, "t", 1, &q, 3, &r), TG_OK);
+  assert_true(r.allowed);
+  assert_int_equal(r.reset_after_ms, 300);
+  redisReply *p = rs_cmd(c, "PTTL %s", "ttl:{t}:tb");
+  assert_non_null(p);
+  assert_int_equal(p->type, REDIS_REPLY_INTEGER);
+  /* the time to full (300 ms) and at most 2 ms more */
+  assert_true(p->integer > 200 && p->integer <= 302);
+  freeReplyObject(p);
+  /* sliding log and windows too */
+  tg_limiter *sl = redis_limiter(TG_SLIDING_WINDOW, "ttl");
+  tg_quota q2 = {.limit = 5, .period_ms = 200};
+  assert_int_equal(tg_hit(sl, "s", 1, &q2, 1, &r), TG_OK);
+  p = rs_cmd(c, "PTTL %s", "ttl:{s}:sw");
+  assert_true(p->integer > 100 && p->integer <= 202);
+  freeReplyObject(p);
+  /* after it, the keys are gone by themselves */
+  rs_sleep_ms(450);
+  p = rs_cmd(c, "EXISTS %s %s", "ttl:{t}:tb", "ttl:{s}:sw");
+  assert_int_equal(p->integer, 0);
+  freeReplyObject(p);
+  tg_limiter_destroy(sl);
+  tg_limiter_destroy(lim);
+  redisFree(c);
+}
+
+static void key_names_are_hash_tagged(void **state) {
+  (void)state;
+  redisContext *c = admin();
+  tg_limiter *lim = redis_limiter(TG_FIXED_WINDOW_PER_KEY, "names");
+  tg_quota q = {.limit = 5, .period_ms = 60000};
+  uint64_t n;
+  /* binary keys, braces included, stay distinct */
+  assert_int_equal(tg_inc(lim, "a\0b", 3, &q, 1, &n), TG_OK);
+  assert_int_equal(tg_inc(lim, "a", 1, &q, 2, &n), TG_OK);
+  assert_int_equal(tg_inc(lim, "a}b", 3, &q, 3, &n), TG_OK);
+  assert_int_equal(tg_get(lim, "a\0b", 3, &q, &n), TG_OK);
+  assert_int_equal(n, 1);
+  assert_int_equal(tg_get(lim, "a", 1, &q, &n), TG_OK);
+  assert_int_equal(n, 2);
+  assert_int_equal(tg_get(lim, "a}b", 3, &q, &n), TG_OK);
+  assert_int_equal(n, 3);
+  redisReply *p = rs_cmd(c, "EXISTS %b", "names:{a\0b}:pk", (size_t)14);
+  assert_int_equal(p->integer, 1);
+  freeReplyObject(p);
+  /* the cluster slot is the key's: CLUSTER KEYSLOT hashes the tag */
+  p = rs_cmd(c, "CLUSTER KEYSLOT %s", "names:{user:7}:pk");
+  redisReply *p2 = rs_cmd(c, "CLUSTER KEYSLOT %s", "user:7");
+  if (p->type == REDIS_REPLY_INTEGER) /* needs no cluster mode */
+    assert_int_equal(p->integer, p2->integer);
+  freeReplyObject(p);
+  freeReplyObject(p2);
+  /* reset deletes exactly that key */
+  assert_int_equal(tg_reset(lim, "a", 1), TG_OK);
+  p = rs_cmd(c, "EXISTS %s", "names:{a}:pk");
+  assert_int_equal(p->integer, 0);
+  freeReplyObject(p);
+  assert_int_equal(tg_get(lim, "a\0b", 3, &q, &n), TG_OK);
+  assert_int_equal(n, 1);
+  tg_limiter_destroy(lim);
+  redisFree(c);
+}
+
+/* Values that are not tollgate's are TG_ECORRUPT, and are left alone. */
+static void corrupt_values(void **state) {
+  (void)state;
+  redisContext *c = admin();
+  tg_limiter *lim = redis_limiter(TG_FIXED_WINDOW, "corrupt");
+  tg_limiter *sl = redis_limiter(TG_SLIDING_WINDOW, "corrupt");
+  tg_limiter *tb = redis_limiter(TG_TOKEN_BUCKET, "corrupt");
+  tg_quota q = {.limit = 5, .period_ms = 60000};
+  tg_result r;
+  uint64_t v;
+  static const char *const junk[] = {
+      "garbage", "", "10000000000000000000000000000000000000000",
+      /* right shape, a letter among the digits */
+      "100000000000000000000x00000000000000000001",
+      /* right shape, digits beyond 2^64 */
+      "109999999999999999999900000000000000000001",
+      /* right shape, a window end no clock can reach (> 1e16 us) */
+      "10"
+      "00010000000000000001"
+      "00000000000000000001"};
+  for (size_t i = 0; i < sizeof junk / sizeof junk[0]; i++) {
+    assert_true(rs_ok(c, "SET %s %s", "corrupt:{k}:fw", junk[i]));
+    assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_ECORRUPT);
+    assert_true(r.degraded);
+    assert_int_equal(tg_get(lim, "k", 1, &q, &v), TG_ECORRUPT);
+    redisReply *p = rs_cmd(c, "GET %s", "corrupt:{k}:fw");
+    assert_string_equal(p->str, junk[i]); /* untouched */
+    freeReplyObject(p);
+  }
+  /* another type under the name */
+  assert_true(rs_ok(c, "DEL %s", "corrupt:{k}:fw"));
+  assert_true(rs_ok(c, "LPUSH %s x", "corrupt:{k}:fw"));
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_ECORRUPT);
+  /* a log of the wrong length, a bucket of the wrong algorithm */
+  assert_true(rs_ok(c, "SET %s %s", "corrupt:{k}:sw", "12000"));
+  assert_int_equal(tg_hit(sl, "k", 1, &q, 1, &r), TG_ECORRUPT);
+  assert_true(rs_ok(c, "SET %s %s", "corrupt:{k}:tb",
+                    "140000000000000000000000000000000000000000"));
+  assert_int_equal(tg_hit(tb, "k", 1, &q, 1, &r), TG_ECORRUPT);
+  /* reset clears it, and the key works again */
+  assert_int_equal(tg_reset(lim, "k", 1), TG_OK);
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_OK);
+  assert_true(r.allowed);
+  tg_limiter_destroy(lim);
+  tg_limiter_destroy(sl);
+  tg_limiter_destroy(tb);
+  redisFree(c);
+}
+
+static void batch_matches_single_calls(void **state) {
+  (void)state;
+  tg_limiter *lim = redis_limiter(TG_SLIDING_WINDOW, "batch");
+  tg_quota q = {.limit = 3, .period_ms = 60000};
+  tg_batch_item it[6];
+  const char *keys[6] = {"x", "x", "y", "x", "x", ""};
+  for (int i = 0; i < 6; i++)
+    it[i] = (tg_batch_item){keys[i], strlen(keys[i]), &q, 1, 99, {0}};
+  uint64_t now = real_us();
+  assert_int_equal(tg_hit_batch_at(lim, now, it, 6), TG_OK);
+  int expect_allowed[5] = {1, 1, 1, 1, 0};
+  for (int i = 0; i < 5; i++) {
+    assert_int_equal(it[i].status, TG_OK);
+    assert_int_equal(it[i].result.allowed, expect_allowed[i]);
+  }
+  assert_int_equal(it[3].result.count, 3);
+  assert_int_equal(it[5].status, TG_EKEY); /* an empty key, alone */
+  assert_int_equal(tg_hit_batch(lim, NULL, 1), TG_EINVAL);
+  assert_int_equal(tg_hit_batch(NULL, it, 1), TG_EINVAL);
+  assert_int_equal(tg_hit_batch(lim, NULL, 0), TG_OK);
+  /* a batch larger than one pipeline chunk, on the server's clock */
+  enum { BIG = 2500 };
+  tg_batch_item *big = calloc(BIG, sizeof *big);
+  tg_quota qb = {.limit = 1000, .period_ms = 3600000};
+  for (int i = 0; i < BIG; i++)
+    big[i] = (tg_batch_item){"big", 3, &qb, 1, 99, {0}};
+  assert_int_equal(tg_hit_batch(lim, big, BIG), TG_OK);
+  int admitted = 0;
+  for (int i = 0; i < BIG; i++) {
+    assert_int_equal(big[i].status, TG_OK);
+    admitted += big[i].result.allowed;
+  }
+  assert_int_equal(admitted, 1000);
+  free(big);
+  tg_limiter_destroy(lim);
+}
+
+/* ---- failures ------------------------------------------------------------ */
+
+/* A limiter with short timeouts and backoff, for the failure tests. */
+static tg_limiter *fragile(tg_algorithm alg, const char *prefix,
+                           tg_policy policy, uint32_t pool) {
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = alg;
+  cfg.on_failure = policy;
+  tg_redis_config rc;
+  tg_redis_config_init(&rc);
+  rc.port = rs_port();
+  rc.key_prefix = prefix;
+  rc.connect_timeout_ms = 300;
+  rc.command_timeout_ms = 300;
+  rc.reconnect_backoff_ms = 50;
+  rc.pool_size = pool;
+  cfg.redis = &rc;
+  tg_limiter *lim = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  return lim;
+}
+
+/* Calls until one succeeds (the limiter must recover by itself), at most
+ * ~3 s. */
+static int until_ok(tg_limiter *lim, const tg_quota *q, tg_result *r) {
+  int rc = TG_ESTORE;
+  for (int i = 0; i < 300 && rc != TG_OK; i++) {
+    rc = tg_hit(lim, "k", 1, q, 1, r);
+    if (rc != TG_OK)
+      rs_sleep_ms(10);
+  }
+  return rc;
+}
+
+static void server_down_then_back(void **state) {
+  (void)state;
+  tg_quota q = {.limit = 2, .period_ms = 60000};
+  tg_limiter *open = fragile(TG_FIXED_WINDOW, "down", TG_POLICY_FAIL_OPEN, 2);
+  tg_limiter *closed =
+      fragile(TG_FIXED_WINDOW, "down", TG_POLICY_FAIL_CLOSED, 2);
+  tg_limiter *err = fragile(TG_FIXED_WINDOW, "down", TG_POLICY_ERROR, 2);
+  tg_result r;
+  assert_int_equal(tg_hit(open, "k", 1, &q, 1, &r), TG_OK);
+  assert_false(r.degraded);
+  assert_true(rs_stop());
+  /* every limiter reports the failure; the policy decides the answer */
+  for (int i = 0; i < 5; i++) {
+    assert_int_equal(tg_hit(open, "k", 1, &q, 1, &r), TG_ECONNECT);
+    assert_true(r.degraded && r.allowed);
+    assert_int_equal(tg_hit(closed, "k", 1, &q, 1, &r), TG_ECONNECT);
+    assert_true(r.degraded && !r.allowed);
+    assert_int_equal(r.retry_after_ms, 60000);
+    assert_int_equal(tg_hit(err, "k", 1, &q, 1, &r), TG_ECONNECT);
+    assert_true(r.degraded && !r.allowed);
+    assert_int_equal(r.retry_after_ms, TG_NEVER);
+  }
+  uint64_t v;
+  assert_int_equal(tg_get(open, "k", 1, &q, &v), TG_ECONNECT);
+  assert_int_equal(tg_reset(open, "k", 1), TG_ECONNECT);
+  tg_batch_item it = {"k", 1, &q, 1, 0, {0}};
+  assert_int_equal(tg_hit_batch(closed, &it, 1), TG_OK);
+  assert_int_equal(it.status, TG_ECONNECT);
+  assert_true(it.result.degraded && !it.result.allowed);
+  /* the server comes back (empty): every limiter recovers by itself */
+  assert_true(rs_start());
+  assert_int_equal(until_ok(open, &q, &r), TG_OK);
+  assert_false(r.degraded);
+  assert_int_equal(r.count, 1);
+  assert_int_equal(until_ok(closed, &q, &r), TG_OK);
+  assert_int_equal(r.count, 2);
+  assert_int_equal(until_ok(err, &q, &r), TG_OK);
+  assert_int_equal(r.count, 3);
+  assert_false(r.allowed);
+  assert_false(r.degraded);
+  tg_limiter_destroy(open);
+  tg_limiter_destroy(closed);
+  tg_limiter_destroy(err);
+}
+
+/* A restart in the middle of a stream of calls from several threads. */
+typedef struct streamer {
+  tg_limiter *lim;
+  atomic_int *stop;
+  long ok, failed, bad_code, not_degraded;
+} streamer;
+
+static void *stream(void *arg) {
+  streamer *s = arg;
+  tg_quota q = {.limit = 1000000, .period_ms = 1000};
+  while (!atomic_load(s->stop)) {
+    tg_result r;
+    int rc = tg_hit(s->lim, "stream", 6, &q, 1, &r);
+    if (rc == TG_OK) {
+      s->ok++;
+    } else {
+      s->failed++;
+      if (rc != TG_ECONNECT && rc != TG_ETIMEDOUT && rc != TG_ESTORE)
+        s->bad_code++;
+      if (!r.degraded || !r.allowed)
+        s->not_degraded++;
+    }
+  }
+  return NULL;
+}
+
+static void restart_mid_stream(void **state) {
+  (void)state;
+  tg_limiter *lim = fragile(TG_TOKEN_BUCKET, "stream", TG_POLICY_FAIL_OPEN, 2);
+  atomic_int stop = 0;
+  streamer s[3];
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++) {
+    s[i] = (streamer){lim, &stop, 0, 0, 0, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, stream, &s[i]), 0);
+  }
+  rs_sleep_ms(200);
+  assert_true(rs_stop());
+  rs_sleep_ms(300);
+  assert_true(rs_start());
+  rs_sleep_ms(500);
+  atomic_store(&stop, 1);
+  long ok = 0, failed = 0;
+  for (int i = 0; i < 3; i++) {
+    pthread_join(th[i], NULL);
+    ok += s[i].ok;
+    failed += s[i].failed;
+    assert_int_equal(s[i].bad_code, 0);
+    assert_int_equal(s[i].not_degraded, 0);
+  }
+  assert_true(ok > 0 && failed > 0);
+  /* and it works after the restart, without help */
+  tg_result r;
+  tg_quota q = {.limit = 10, .period_ms = 1000};
+  assert_int_equal(until_ok(lim, &q, &r), TG_OK);
+  tg_limiter_destroy(lim);
+}
+
+static void unresponsive_server_times_out(void **state) {
+  (void)state;
+  tg_limiter *lim =
+      fragile(TG_SLIDING_WINDOW, "pause", TG_POLICY_FAIL_CLOSED, 1);
+  tg_quota q = {.limit = 5, .period_ms = 1000};
+  tg_result r;
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_OK);
+  assert_true(rs_pause());
+  int rc = tg_hit(lim, "k", 1, &q, 1, &r);
+  assert_true(rs_resume());
+  assert_int_equal(rc, TG_ETIMEDOUT);
+  assert_true(r.degraded && !r.allowed);
+  /* the timed-out connection is not reused (its reply is still coming) */
+  assert_int_equal(until_ok(lim, &q, &r), TG_OK);
+  assert_false(r.degraded);
+  tg_limiter_destroy(lim);
+}
+
+static void error_replies(void **state) {
+  (void)state;
+  redisContext *c = admin();
+  tg_limiter *lim = fragile(TG_FIXED_WINDOW, "errs", TG_POLICY_FAIL_OPEN, 1);
+  tg_quota q = {.limit = 5, .period_ms = 60000};
+  tg_result r;
+  uint64_t v;
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_OK);
+  /* out of memory: writes are refused */
+  assert_true(rs_ok(c, "CONFIG SET maxmemory-policy noeviction"));
+  assert_true(rs_ok(c, "CONFIG SET maxmemory 1"));
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_ESTORE);
+  assert_true(r.degraded && r.allowed);
+  assert_true(rs_ok(c, "CONFIG SET maxmemory 0"));
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_OK);
+  assert_int_equal(r.count, 2);
+  /* NOSCRIPT: the server lost the script; it is loaded again, silently */
+  assert_true(rs_ok(c, "SCRIPT FLUSH"));
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_OK);
+  assert_int_equal(r.count, 3);
+  assert_true(rs_ok(c, "SCRIPT FLUSH"));
+  tg_batch_item it[2] = {{"k", 1, &q, 1, 0, {0}}, {"j", 1, &q, 1, 0, {0}}};
+  assert_int_equal(tg_hit_batch(lim, it, 2), TG_OK);
+  assert_int_equal(it[0].status, TG_OK);
+  assert_int_equal(it[0].result.count, 4);
+  assert_int_equal(it[1].status, TG_OK);
+  /* a connection the server killed: reported once, then reopened */
+  assert_true(rs_ok(c, "CLIENT KILL TYPE normal SKIPME yes"));
+  int rc = tg_get(lim, "k", 1, &q, &v);
+  assert_true(rc == TG_ECONNECT || rc == TG_OK);
+  assert_int_equal(tg_get(lim, "k", 1, &q, &v), TG_OK);
+  assert_int_equal(v, 4);
+  tg_limiter_destroy(lim);
+  redisFree(c);
+}
+
+/* A script that will not end: the server answers BUSY to everyone else. */
+static void *busy_script(void *arg) {
+  (void)arg;
+  redisContext *c = rs_connect();
+  if (!c)
+    return NULL;
+  struct timeval tv = {10, 0};
+  redisSetTimeout(c, tv);
+  redisReply *r = rs_cmd(c, "EVAL %s 0", "while true do end");
+  if (r)
+    freeReplyObject(r);
+  redisFree(c);
+  return NULL;
+}
+
+static void busy_server(void **state) {
+  (void)state;
+  redisContext *c = admin();
+  assert_true(rs_ok(c, "CONFIG SET busy-reply-threshold 50"));
+  tg_limiter *lim = fragile(TG_LEAKY_BUCKET, "busy", TG_POLICY_ERROR, 1);
+  tg_quota q = {.limit = 5, .period_ms = 1000};
+  tg_result r;
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_OK);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, busy_script, NULL), 0);
+  int rc = TG_OK;
+  for (int i = 0; i < 100 && rc == TG_OK; i++) {
+    rs_sleep_ms(20);
+    rc = tg_hit(lim, "k", 1, &q, 0, &r);
+  }
+  assert_int_equal(rc, TG_ESTORE); /* -BUSY */
+  assert_true(r.degraded && !r.allowed);
+  assert_int_equal(r.retry_after_ms, TG_NEVER);
+  redisReply *k = NULL;
+  for (int i = 0; i < 100; i++) {
+    k = rs_cmd(c, "SCRIPT KILL");
+    if (k && k->type != REDIS_REPLY_ERROR)
+      break;
+    if (k)
+      freeReplyObject(k);
+    k = NULL;
+    rs_sleep_ms(20);
+  }
+  assert_non_null(k);
+  freeReplyObject(k);
+  pthread_join(th, NULL);
+  assert_int_equal(until_ok(lim, &q, &r), TG_OK);
+  tg_limiter_destroy(lim);
+  assert_true(rs_ok(c, "CONFIG SET busy-reply-threshold 5000"));
+  redisFree(c);
+}
+
+static void auth_and_database(void **state) {
+  (void)state;
+  redisContext *c = admin();
+  tg_quota q = {.limit = 5, .period_ms = 60000};
+  tg_result r;
+  assert_true(rs_ok(c, "CONFIG SET requirepass %s", "s3cret"));
+  tg_config cfg;
+  tg_config_init(&cfg);
+  tg_redis_config rc;
+  tg_redis_config_init(&rc);
+  rc.port = rs_port();
+  rc.key_prefix = "auth";
+  rc.reconnect_backoff_ms = 0;
+  cfg.redis = &rc;
+  tg_limiter *lim;
+  /* no password, a wrong one: a store error, never a silent deny */
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_ESTORE);
+  assert_true(r.degraded);
+  tg_limiter_destroy(lim);
+  rc.password = "wrong";
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_ESTORE);
+  tg_limiter_destroy(lim);
+  /* the right one, as the default user and as user "default" (ACL form),
+   * over the unix socket, in database 5 */
+  rc.password = "s3cret";
+  rc.db = 5;
+  rc.unix_path = rs_sock();
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_OK);
+  assert_true(r.allowed);
+  tg_limiter_destroy(lim);
+  rc.username = "default";
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_OK);
+  assert_int_equal(r.count, 2);
+  tg_limiter_destroy(lim);
+  redisFree(c);
+  c = admin();
+  assert_true(rs_ok(c, "AUTH %s", "s3cret"));
+  assert_true(rs_ok(c, "SELECT 5"));
+  redisReply *p = rs_cmd(c, "EXISTS %s", "auth:{k}:fw");
+  assert_int_equal(p->integer, 1);
+  freeReplyObject(p);
+  assert_true(rs_ok(c, "SELECT 0"));
+  p = rs_cmd(c, "EXISTS %s", "auth:{k}:fw");
+  assert_int_equal(p->integer, 0);
+  freeReplyObject(p);
+  assert_true(rs_ok(c, "CONFIG SET requirepass %s", ""));
+  redisFree(c);
+}
+
+/* ---- threads ------------------------------------------------------------- */
+
+typedef struct hammer {
+  tg_limiter *lim;
+  uint64_t now;
+  int calls;
+  long allowed, errors;
+} hammer;
+
+static void *hammer_one_key(void *arg) {
+  hammer *h = arg;
+  tg_quota q = {.limit = 100, .period_ms = 3600000, .burst = 100};
+  for (int i = 0; i < h->calls; i++) {
+    tg_result r;
+    if (tg_hit_at(h->lim, h->now, "hot", 3, &q, 1, &r) != TG_OK)
+      h->errors++;
+    else if (r.allowed)
+      h->allowed++;
+  }
+  return NULL;
+}
+
+static void threads_share_one_limit(void **state) {
+  (void)state;
+  static const tg_algorithm algs[] = {TG_FIXED_WINDOW, TG_TOKEN_BUCKET,
+                                      TG_SLIDING_WINDOW};
+  enum { T = 4, M = 150 };
+  for (size_t a = 0; a < 3; a++) {
+    tg_redis_config rc;
+    tg_redis_config_init(&rc);
+    rc.pool_size = 3; /* fewer connections than threads: some wait */
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "thr%ld", (long)getpid());
+    tg_limiter *lim = redis_limiter_cfg(algs[a], prefix, &rc, 1024);
+    uint64_t now = real_us();
+    hammer h[T];
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) {
+      h[i] = (hammer){lim, now, M, 0, 0};
+      assert_int_equal(pthread_create(&th[i], NULL, hammer_one_key, &h[i]), 0);
+    }
+    long allowed = 0;
+    for (int i = 0; i < T; i++) {
+      pthread_join(th[i], NULL);
+      assert_int_equal(h[i].errors, 0);
+      allowed += h[i].allowed;
+    }
+    assert_int_equal(allowed, 100); /* exactly the limit, never more */
+    if (algs[a] == TG_FIXED_WINDOW) {
+      uint64_t count;
+      tg_quota q = {.limit = 100, .period_ms = 3600000};
+      assert_int_equal(tg_get_at(lim, now, "hot", 3, &q, &count), TG_OK);
+      assert_int_equal(count, T * M); /* every hit counted */
+    }
+    tg_limiter_destroy(lim);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup(available, server_up),
+      cmocka_unit_test_setup(config_is_validated, server_up),
+      cmocka_unit_test_setup(differential_all, server_up),
+      cmocka_unit_test_setup(server_time_decides, server_up),
+      cmocka_unit_test_setup(ttl_follows_freshness, server_up),
+      cmocka_unit_test_setup(key_names_are_hash_tagged, server_up),
+      cmocka_unit_test_setup(corrupt_values, server_up),
+      cmocka_unit_test_setup(batch_matches_single_calls, server_up),
+      cmocka_unit_test_setup(server_down_then_back, server_up),
+      cmocka_unit_test_setup(restart_mid_stream, server_up),
+      cmocka_unit_test_setup(unresponsive_server_times_out, server_up),
+      cmocka_unit_test_setup(error_replies, server_up),
+      cmocka_unit_test_setup(busy_server, server_up),
+      cmocka_unit_test_setup(auth_and_database, server_up),
+      cmocka_unit_test_setup(threads_share_one_limit, server_up),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
