@@ -9,7 +9,8 @@
 # Each preset is a CMake workflow (CMakePresets.json): configure into
 # build/<preset>, build, run CTest with output on failure. First it makes sure
 # the build dependencies are there (cmake >= 3.25, a C compiler, pkg-config,
-# cmocka); when one is missing it installs it with apt-get if it runs as root
+# cmocka, hiredis; redis-server, redis-cli and python3's redis module for the
+# tests that talk to a private Redis server); when one is missing it installs it with apt-get if it runs as root
 # on Debian/Ubuntu, and otherwise says what to install and stops.
 set -euo pipefail
 
@@ -27,6 +28,10 @@ command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists cmocka; then
   missing+=(libcmocka-dev)
 fi
+[ -f /usr/include/hiredis/hiredis.h ] || missing+=(libhiredis-dev)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+python3 -c 'import redis' >/dev/null 2>&1 || missing+=(python3-redis)
 for p in "${presets[@]}"; do
   [ "$p" != clang ] || command -v clang >/dev/null 2>&1 || missing+=(clang)
 done
@@ -40,7 +45,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   else
     echo "test.sh: missing build dependencies. On Debian/Ubuntu:" >&2
     echo "  sudo apt-get install ${missing[*]}" >&2
-    echo "(elsewhere: CMake >= 3.25, a C11 compiler, pkg-config and cmocka)" >&2
+    echo "(elsewhere: CMake >= 3.25, a C11 compiler, pkg-config, cmocka, hiredis," \
+      "redis-server with redis-cli, and the redis module for python3)" >&2
     exit 1
   fi
 fi
