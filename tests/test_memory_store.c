@@ -1079,8 +1079,13 @@ static int run_read_only(tg__table *t, void *mem, size_t bytes,
         mprotect(mem, bytes, PROT_READ) != 0)
       _exit(2);
     for (size_t i = 0; i < n; i++) {
-      tg__call c = {calls[i].op, alg,          calls[i].key, calls[i].len,
-                    *q,          calls[i].arg, now};
+      tg__call c = {.op = calls[i].op,
+                    .alg = alg,
+                    .key = calls[i].key,
+                    .key_len = calls[i].len,
+                    .q = *q,
+                    .arg = calls[i].arg,
+                    .now_us = now};
       tg__outcome o;
       if (tg__table_exec(t, &c, &o) != TG_OK ||
           (c.op == TG__OP_HIT && o.r.allowed != calls[i].allowed))
@@ -1103,7 +1108,8 @@ static void denied_bucket_decisions_write_nothing(void **state) {
   for (size_t a = 0; a < sizeof algs / sizeof algs[0]; a++) {
     tg_algorithm alg = algs[a];
     ON(alg);
-    tg__table_params p = {alg, 16, 16, 1, false};
+    const tg__table_params p = {
+        .algorithm = alg, .capacity = 16, .long_keys = 16, .log_entries = 1};
     size_t bytes = tg__table_bytes(&p);
     assert_true(bytes > 0);
     void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
@@ -1115,13 +1121,13 @@ static void denied_bucket_decisions_write_nothing(void **state) {
     assert_int_equal(tg__quota_prepare(&q, &uq, alg), TG_OK);
     /* both keys use up their quota (5 of 5) */
     for (int k = 0; k < 2; k++) {
-      tg__call c = {TG__OP_HIT,
-                    alg,
-                    k ? (const void *)long_key : "k",
-                    k ? sizeof long_key : 1,
-                    q,
-                    5,
-                    T0};
+      tg__call c = {.op = TG__OP_HIT,
+                    .alg = alg,
+                    .key = k ? (const void *)long_key : "k",
+                    .key_len = k ? sizeof long_key : 1,
+                    .q = q,
+                    .arg = 5,
+                    .now_us = T0};
       tg__outcome o;
       assert_int_equal(tg__table_exec(&t, &c, &o), TG_OK);
       assert_true(o.r.allowed);

@@ -92,7 +92,8 @@ static void random_keys_differ(void **state) {
  * here tables created one after the other must hold different keys. */
 static void tables_draw_their_own_key(void **state) {
   (void)state;
-  const tg__table_params p = {TG_FIXED_WINDOW, 4, 0, 1, false};
+  const tg__table_params p = {
+      .algorithm = TG_FIXED_WINDOW, .capacity = 4, .log_entries = 1};
   size_t bytes = tg__table_bytes(&p);
   assert_true(bytes > 0);
   bytes = (bytes + 63) & ~(size_t)63; /* aligned_alloc wants a multiple */
