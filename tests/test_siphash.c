@@ -1,7 +1,8 @@
 /*
  * test_siphash.c - SipHash-2-4 against the 64 published test vectors of the
  * reference implementation (key 00 01 .. 0f, message 00 01 .. n-1 for
- * n = 0..63), and properties of the random per-table key.
+ * n = 0..63), and properties of the random per-table key: every table draws
+ * its own.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,7 +11,11 @@
 
 #include <cmocka.h>
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "siphash.h"
+#include "store/table.h"
 
 static const uint64_t vectors[64] = {
     0x726fdb47dd0e0e31, 0x74f839c593dc67fd, 0x0d6c8009d9a94f5a,
@@ -82,11 +87,39 @@ static void random_keys_differ(void **state) {
                        tg__siphash(b, "203.0.113.7", 11));
 }
 
+/* Issue 3: "keyed SipHash with a random per-table key". A table that used a
+ * fixed key (or one key for the whole process) would pass every other test;
+ * here tables created one after the other must hold different keys. */
+static void tables_draw_their_own_key(void **state) {
+  (void)state;
+  const tg__table_params p = {
+      .algorithm = TG_FIXED_WINDOW, .capacity = 4, .log_entries = 1};
+  size_t bytes = tg__table_bytes(&p);
+  assert_true(bytes > 0);
+  bytes = (bytes + 63) & ~(size_t)63; /* aligned_alloc wants a multiple */
+  uint64_t keys[3][2];
+  for (int i = 0; i < 3; i++) {
+    void *mem = aligned_alloc(64, bytes);
+    assert_non_null(mem);
+    memset(mem, 0, bytes);
+    tg__table t;
+    assert_int_equal(tg__table_init(&t, mem, &p), TG_OK);
+    keys[i][0] = t.h->sip[0];
+    keys[i][1] = t.h->sip[1];
+    tg__table_fini(&t);
+    free(mem);
+    assert_true(keys[i][0] != 0 || keys[i][1] != 0);
+    for (int j = 0; j < i; j++) /* 2^-128 chance of a false failure */
+      assert_true(keys[i][0] != keys[j][0] || keys[i][1] != keys[j][1]);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(published_vectors),
       cmocka_unit_test(unaligned_input_same_hash),
       cmocka_unit_test(random_keys_differ),
+      cmocka_unit_test(tables_draw_their_own_key),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
