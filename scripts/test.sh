@@ -10,7 +10,8 @@
 # build/<preset>, build, run CTest with output on failure. First it makes sure
 # the build dependencies are there (cmake >= 3.25, a C compiler, pkg-config,
 # cmocka, hiredis; redis-server, redis-cli and python3's redis module for the
-# tests that talk to a private Redis server); when one is missing it installs it with apt-get if it runs as root
+# tests that talk to a private Redis server); when one is missing it installs
+# it with apt-get if it runs as root
 # on Debian/Ubuntu, and otherwise says what to install and stops.
 set -euo pipefail
 

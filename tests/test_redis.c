@@ -176,6 +176,7 @@ typedef struct dkey {
   unsigned char b[TG_KEY_MAX];
   size_t len;
   const tg_quota *q;
+  uint64_t last; /* simulated time of its last call */
 } dkey;
 
 #define NKEYS 7
@@ -192,8 +193,10 @@ static void make_keys(dkey *k) {
   memset(k[5].b, 'L', TG_KEY_MAX);
   k[6].len = 1;
   k[6].b[0] = 0xff;
-  for (int i = 0; i < NKEYS; i++)
+  for (int i = 0; i < NKEYS; i++) {
     k[i].q = &QUOTAS[below(NQUOTAS)];
+    k[i].last = 0;
+  }
 }
 
 static uint64_t draw_cost(const tg_quota *q) {
@@ -273,7 +276,7 @@ static uint64_t advance(uint64_t sim, uint64_t *last_real, uint64_t step) {
 }
 
 static void differential(tg_algorithm alg, uint64_t seed, size_t steps,
-                         uint32_t log_max) {
+                         uint32_t log_max, uint64_t ahead_us) {
   static unsigned runs;
   rng_state = seed;
   char prefix[64]; /* a fresh key space for each run */
@@ -294,13 +297,23 @@ static void differential(tg_algorithm alg, uint64_t seed, size_t steps,
   dkey keys[NKEYS];
   make_keys(keys);
   uint64_t last_real = real_us();
-  uint64_t now = last_real;
+  uint64_t now = last_real + ahead_us;
   size_t allowed = 0, denied = 0, errors = 0;
   for (size_t i = 0; i < steps; i++) {
-    now = advance(now, &last_real, draw_step());
+    dkey *k = &keys[below(NKEYS)];
+    uint64_t step = draw_step();
+    if (below(8) == 0) {
+      /* land on a boundary of this key's state: a period (+-1 us) after
+       * its last call, where windows end and log entries expire */
+      uint64_t p_us = k->q->period_ms * 1000,
+               at = k->last + p_us - 1 + below(3);
+      if (p_us < MS(3600000) && at > now)
+        step = at - now;
+    }
+    now = advance(now, &last_real, step);
     if (now > TG_NOW_MAX_US - MS(86400000) * 400)
       break;
-    dkey *k = &keys[below(NKEYS)];
+    k->last = now;
     if (below(50) == 0)
       k->q = &QUOTAS[below(NQUOTAS)]; /* a key's quota changes, rarely */
     unsigned op = (unsigned)below(100);
@@ -399,8 +412,12 @@ static void differential_all(void **state) {
     uint64_t seed = UINT64_C(0x9e3779b97f4a7c15) * (uint64_t)(alg + 1) +
                     (uint64_t)time(NULL);
     /* a short log cap makes the merge-at-cap path common */
-    differential((tg_algorithm)alg, seed, steps, alg == 2 ? 4 : 1024);
-    differential((tg_algorithm)alg, seed + 1, steps / 2, 1024);
+    differential((tg_algorithm)alg, seed, steps, alg == 2 ? 4 : 1024, 0);
+    differential((tg_algorithm)alg, seed + 1, steps / 2, 1024, 0);
+    /* after 2^52 us (the year 2112) the script does all its arithmetic on
+     * limbs: the same answers are required there too */
+    differential((tg_algorithm)alg, seed + 2, steps / 4, 8,
+                 (UINT64_C(1) << 52) - real_us() + below(MS(86400000)));
   }
 }
 
@@ -779,6 +796,23 @@ static void error_replies(void **state) {
   assert_true(rc == TG_ECONNECT || rc == TG_OK);
   assert_int_equal(tg_get(lim, "k", 1, &q, &v), TG_OK);
   assert_int_equal(v, 4);
+  /* a large batch on a connection the server has closed: however the kernel
+   * reports it (ECONNRESET, or EPIPE, which raises SIGPIPE unless the send
+   * says MSG_NOSIGNAL, and this process keeps SIGPIPE's default action:
+   * terminate), the calls answer with codes and the limiter recovers */
+  enum { BIG = 20000 };
+  tg_batch_item *big = calloc(BIG, sizeof *big);
+  assert_non_null(big);
+  for (int i = 0; i < BIG; i++)
+    big[i] = (tg_batch_item){"k", 1, &q, 1, 0, {0}};
+  for (int round = 0; round < 3; round++) {
+    assert_true(rs_ok(c, "CLIENT KILL TYPE normal SKIPME yes"));
+    rs_sleep_ms(20); /* let the close arrive */
+    assert_int_equal(tg_hit_batch(lim, big, BIG), TG_OK);
+    assert_true(big[0].status == TG_ECONNECT || big[0].status == TG_OK);
+  }
+  free(big);
+  assert_int_equal(until_ok(lim, &q, &r), TG_OK);
   tg_limiter_destroy(lim);
   redisFree(c);
 }

@@ -25,12 +25,13 @@
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <hiredis/sds.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #define POOL_MAX 1024u
@@ -240,25 +241,63 @@ static int call_at(const tg__call *c, const redisReply *now_r, tg__call *cc) {
   return TG_OK;
 }
 
+/* Parses a decimal u64 of 1..20 digits from [*p, end) up to a byte that is
+ * not a digit; advances *p. */
+static bool scan_u64(const char **p, const char *end, uint64_t *out) {
+  const char *q = *p;
+  uint64_t v = 0;
+  while (q < end && *q >= '0' && *q <= '9') {
+    if (!tg__mul(v, 10, &v) || !tg__add(v, (uint64_t)(*q - '0'), &v))
+      return false;
+    q++;
+  }
+  if (q == *p || q - *p > 20)
+    return false;
+  *p = q;
+  *out = v;
+  return true;
+}
+
+/* The stored value of a window or bucket key (see redis.lua): "A:X:Y" with
+ * A the algorithm; windows keep (end_us, count) = (X, Y), buckets their
+ * TAT in ns as X * 1000 + Y, 0 <= Y <= 999. */
+static bool parse_state(tg_algorithm alg, const redisReply *r, tg__state *st) {
+  const char *p = r->str, *end = r->str + r->len;
+  uint64_t x, y;
+  if (r->len < 5 || p[0] != (char)('0' + alg) || p[1] != ':')
+    return false;
+  p += 2;
+  if (!scan_u64(&p, end, &x) || p == end || *p++ != ':' ||
+      !scan_u64(&p, end, &y) || p != end)
+    return false;
+  if (alg == TG_TOKEN_BUCKET || alg == TG_LEAKY_BUCKET) {
+    st->b = 0;
+    return y <= 999 && tg__mul(x, 1000, &st->a) && tg__add(st->a, y, &st->a);
+  }
+  st->a = x;
+  st->b = y;
+  return true;
+}
+
 static int outcome_state(const tg__call *c, const redisReply *r,
                          tg__outcome *o) {
-  if (r->elements != 4 || r->element[3]->type != REDIS_REPLY_INTEGER)
+  if (r->elements != 3 || r->element[1]->type != REDIS_REPLY_STRING ||
+      r->element[2]->type != REDIS_REPLY_INTEGER)
     return TG_ESTORE;
   tg__call cc;
   int rc = call_at(c, r->element[0], &cc);
   if (rc != TG_OK)
     return rc;
   tg__state st = {0, 0};
-  if (!(is_empty(r->element[1]) && is_empty(r->element[2])) &&
-      (!parse_u64(r->element[1], &st.a) || !parse_u64(r->element[2], &st.b)))
-    return TG_ESTORE;
+  if (!is_empty(r->element[1]) && !parse_state(c->alg, r->element[1], &st))
+    return TG_ECORRUPT; /* the script checked it: not reached */
   if (!tg__state_plausible(c->alg, &st))
     return TG_ECORRUPT;
   bool changed;
   rc = tg__state_step(&cc, &st, o, &changed);
   /* the script made the same transition; a disagreement is a bug, and the
    * caller must not be told "allowed" for a call the server did not count */
-  if (changed != (r->element[3]->integer == 1))
+  if (changed != (r->element[2]->integer == 1))
     return TG_ESTORE;
   return rc;
 }
@@ -298,38 +337,29 @@ static int outcome(const tg__call *c, const redisReply *r, tg__outcome *o) {
 /* ---- SIGPIPE ----
  * hiredis writes with write(2): on a connection the server has closed, that
  * raises SIGPIPE, whose default action kills the process. A library must not
- * do that to its caller, nor change the process's signal dispositions, so
- * the thread blocks SIGPIPE while it talks to the server and swallows one
- * that its own write raised (not one that was pending before). */
+ * do that to its caller, nor touch the process's signal handling, so this
+ * store lets hiredis only format commands into its buffer and sends the
+ * buffer itself with send(MSG_NOSIGNAL); hiredis then finds nothing left to
+ * write and only reads. */
 
-typedef struct sigpipe_guard {
-  sigset_t old;    /* the thread's mask before */
-  bool pending;    /* SIGPIPE was already pending before: not ours */
-  bool was_masked; /* SIGPIPE was already blocked before */
-} sigpipe_guard;
-
-static void sigpipe_block(sigpipe_guard *g) {
-  sigset_t pipe_set, pend;
-  sigemptyset(&pipe_set);
-  sigaddset(&pipe_set, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &pipe_set, &g->old);
-  g->was_masked = sigismember(&g->old, SIGPIPE) == 1;
-  g->pending = sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE) == 1;
-}
-
-static void sigpipe_restore(const sigpipe_guard *g) {
-  if (!g->pending) {
-    sigset_t pipe_set, pend;
-    sigemptyset(&pipe_set);
-    sigaddset(&pipe_set, SIGPIPE);
-    if (sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE) == 1) {
-      struct timespec zero = {0, 0};
-      while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR) {
-      }
+/* Sends ctx's buffered commands; 0, or the errno of a failure (then ctx is
+ * marked failed, as hiredis would). */
+static int flush(redisContext *ctx) {
+  size_t len = sdslen(ctx->obuf), off = 0;
+  while (off < len) {
+    ssize_t n = send(ctx->fd, ctx->obuf + off, len - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      int err = errno;
+      ctx->err = REDIS_ERR_IO;
+      snprintf(ctx->errstr, sizeof ctx->errstr, "send failed (errno %d)", err);
+      return err;
     }
+    off += (size_t)n;
   }
-  if (!g->was_masked)
-    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+  sdsclear(ctx->obuf);
+  return 0;
 }
 
 /* ---- connections ---- */
@@ -361,10 +391,17 @@ static void conn_close(conn *k) {
  * it (a timed-out connection has a reply still coming: it cannot be reused). */
 static int command(conn *k, int argc, const char **argv, const size_t *len,
                    redisReply **out) {
-  errno = 0;
-  redisReply *r = redisCommandArgv(k->ctx, argc, argv, len);
-  if (!r) {
-    int rc = ctx_error(k->ctx, errno);
+  if (redisAppendCommandArgv(k->ctx, argc, argv, len) != REDIS_OK)
+    return TG_ENOMEM;
+  int err = flush(k->ctx);
+  void *r = NULL;
+  if (err == 0) {
+    errno = 0;
+    if (redisGetReply(k->ctx, &r) != REDIS_OK || !r)
+      err = errno ? errno : EIO;
+  }
+  if (err != 0) {
+    int rc = ctx_error(k->ctx, err);
     conn_close(k);
     return rc;
   }
@@ -515,12 +552,9 @@ static int redis_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
   build_args(s, c, &a);
   conn *k = acquire(s);
   redisReply *r = NULL;
-  sigpipe_guard g;
-  sigpipe_block(&g);
   int rc = conn_open(s, k);
   if (rc == TG_OK)
     rc = eval(k, &a, &r);
-  sigpipe_restore(&g);
   pthread_mutex_unlock(&k->mu);
   if (rc == TG_OK) {
     rc = outcome(c, r, o);
@@ -542,6 +576,14 @@ static void pipeline(conn *k, args *a, const size_t *idx, size_t n,
     x->len[1] = 40;
     if (redisAppendCommandArgv(k->ctx, x->n, x->v, x->len) != REDIS_OK)
       break; /* out of memory: the rest is not sent */
+  }
+  int err = flush(k->ctx);
+  if (err != 0) {
+    int rc = ctx_error(k->ctx, err);
+    conn_close(k);
+    for (size_t i = 0; i < n; i++)
+      rcs[idx[i]] = i < sent ? rc : TG_ENOMEM;
+    return;
   }
   for (size_t i = 0; i < n; i++) {
     if (i >= sent) {
@@ -590,8 +632,6 @@ static void redis_exec_batch(tg__store *base, const tg__call *calls, size_t n,
         rc[i] = TG_OK;
       }
       conn *k = acquire(s);
-      sigpipe_guard g;
-      sigpipe_block(&g);
       int orc = conn_open(s, k);
       if (orc != TG_OK) {
         for (size_t i = 0; i < m; i++)
@@ -614,7 +654,6 @@ static void redis_exec_batch(tg__store *base, const tg__call *calls, size_t n,
           }
         }
       }
-      sigpipe_restore(&g);
       pthread_mutex_unlock(&k->mu);
       for (size_t i = 0; i < m; i++) {
         if (replies[i]) {
@@ -639,13 +678,10 @@ static int redis_reset(tg__store *base, const void *key, size_t key_len) {
   const char *argv[] = {"DEL", name};
   size_t len[] = {3, make_name(s, name, key, key_len)};
   conn *k = acquire(s);
-  sigpipe_guard g;
-  sigpipe_block(&g);
   int rc = conn_open(s, k);
   redisReply *r = NULL;
   if (rc == TG_OK)
     rc = command(k, 2, argv, len, &r);
-  sigpipe_restore(&g);
   pthread_mutex_unlock(&k->mu);
   if (rc == TG_OK) {
     if (r->type == REDIS_REPLY_ERROR)

@@ -10,11 +10,12 @@
 -- mirror src/core/window.c, gcra.c and sliding.c and are checked against
 -- them by tests/test_redis.c's differential test.
 --
--- Numbers. Redis's Lua has only doubles (exact to 2^53), but tollgate's state
--- is 64-bit (bucket times in ns, counts up to 2^64 - 1). So every value is
--- carried as two limbs h, l with value = h * 1e10 + l, 0 <= l < 1e10: sums
--- and comparisons of limbs are exact, and a limb pair prints as 20 decimal
--- digits, the width every stored number has.
+-- Numbers. Redis's Lua has only doubles, exact for integers below 2^53, but
+-- tollgate's state is 64-bit. Each transition therefore comes twice: a fast
+-- path in plain doubles, taken when every operand is below F = 2^52 (so sums
+-- of two stay exact: the usual case, whose times are below 2^52 us until the
+-- year 2112), and an exact path on limbs (a u64 as h * 1e10 + l) for the
+-- rest. The differential test draws quotas and costs that take both.
 --
 -- KEYS[1]  the key's state (the client names it prefix:{key}:algorithm)
 -- ARGV[1]  op: r read only, w window add (inc or hit, cost > 0), s set,
@@ -26,23 +27,39 @@
 --          buckets  h: cost * T ns, tau ns;  s: fill * T ns
 --          sliding  h: cost, limit, period_us, most entries kept
 --
--- Stored value (a string; its TTL covers the time until it is fresh, rounded
--- up, plus 2 ms with the server's TIME or 1 s with a now the caller gave, so
--- a key never vanishes before its state is fresh, even when the caller's
--- clock runs a little behind the server's):
---   windows, buckets  "1" alg a(20 digits) b(20 digits)   (42 bytes)
---   sliding           "12" sum(20) then per entry t_us(20) cost(20)
--- Reply: windows, buckets {now_us, old a, old b, 1 if it wrote else 0} (a
---   and b "" when absent);
---   sliding {now_us, sum after pruning, allowed 1/0, entries left,
---   newest time left or "", time of the entry a denied call waits for or ""}.
+-- Stored value, a string whose TTL covers the time until the state is fresh,
+-- rounded down, plus 2 ms with the server's TIME or 1 s with a now the caller
+-- gave (a key must never vanish before its state is fresh, even when the
+-- caller's clock runs a little behind the server's; a later expiry is
+-- harmless: a fresh state and an absent one give the same answers):
+--   windows  "0:END:COUNT" / "1:END:COUNT"  end of the window in us
+--   buckets  "3:US:NS" / "4:US:NS"  theoretical arrival time US * 1000 + NS
+--            ns, 0 <= NS <= 999
+--   sliding  "2" SUM(20 digits), then per entry T(20) COST(20), oldest
+--            first: fixed widths, so an entry is found without a scan
+-- Reply: windows, buckets {now_us, the old value or "", 1 if it wrote else 0}
+--   (the client parses the old value: it is the state the step runs on);
+--   sliding {now_us, sum after pruning, allowed 1/0, entries left, newest
+--   time left or "", time of the entry a denied call waits for or ""}.
 -- Errors: "TGCORRUPT ..." when the stored value is not one of ours,
 -- "TGARG ..." when the arguments are malformed (a client bug).
 -- Redis commands per call: TIME (unless now is given), GET, then at most one
 -- SET or DEL.
 
+local F = 4503599627370496 -- 2^52
 local B = 10000000000 -- 1e10, the limb base
 local HMAX, LMAX = 1844674407, 3709551615 -- 2^64 - 1 in limbs
+
+-- Raises an error reply with exactly this text.
+local function fail(msg)
+  error({err = msg})
+end
+
+local function corrupt(why)
+  fail('TGCORRUPT ' .. why)
+end
+
+-- ---- limbs: the exact path ----
 
 -- A decimal string of 1..20 digits as limbs, or nil.
 local function parse(s)
@@ -60,8 +77,15 @@ local function parse(s)
   return h, l
 end
 
-local function fmt(h, l)
-  return string.format('%010d%010d', h, l)
+-- Limbs as a plain decimal string, or as 20 digits when wide.
+local function fmt(h, l, wide)
+  if wide then
+    return string.format('%010d%010d', h, l)
+  end
+  if h == 0 then
+    return string.format('%d', l)
+  end
+  return string.format('%d%010d', h, l)
 end
 
 -- An integer x < 2^53 as limbs (the division is corrected, not trusted).
@@ -107,30 +131,30 @@ local function sub(ah, al, bh, bl)
   return h, l
 end
 
--- a * 1000 (us to ns); a below 2^64 / 1000.
+-- a * 1000; a below 2^64 / 1000.
 local function mul1000(h, l)
   local x = l * 1000
   local c = math.floor(x / B)
   return h * 1000 + c, x - c * B
 end
 
--- Margin added to every TTL, ms: doubles are inexact above 2^53, and a now
--- the caller gives may run behind the server's clock. A late expiry is
--- harmless: a fresh state and an absent one give the same answers.
-local slack = ARGV[3] == '' and 2 or 1000
-
--- TTL in ms for a state fresh (a - now) / unit ms from now, rounded up.
-local function ttl(ah, al, nh, nl, unit)
-  if cmp(ah, al, nh, nl) <= 0 then
-    return slack
-  end
-  local dh, dl = sub(ah, al, nh, nl)
-  return math.floor((dh * B + dl) / unit) + slack
+-- a / 1000 (as limbs) and a % 1000.
+local function divmod1000(h, l)
+  local q = math.floor(l / 1000) -- exact: l < 1e10
+  local hq = math.floor(h / 1000)
+  return hq, (h - hq * 1000) * 10000000 + q, l - q * 1000
 end
 
--- Raises an error reply with exactly this text (no script position).
-local function fail(msg)
-  error({err = msg})
+-- An integer x < 2^53 as q, r with x = 1000 q + r (checked, not trusted).
+local function split1000(x)
+  local q = math.floor(x / 1000)
+  local r = x - q * 1000
+  if r < 0 then
+    q, r = q - 1, r + 1000
+  elseif r >= 1000 then
+    q, r = q + 1, r - 1000
+  end
+  return q, r
 end
 
 local function arg(i)
@@ -141,172 +165,109 @@ local function arg(i)
   return h, l
 end
 
+-- A number argument for the fast path: its value when below F, else nil (the
+-- exact path will read it).
+local function num(i)
+  local x = tonumber(ARGV[i])
+  if not x then
+    fail('TGARG argument ' .. i .. ' is not a number')
+  end
+  return x < F and x or nil
+end
+
+-- ---- the call ----
+
 local key, op, alg = KEYS[1], ARGV[1], ARGV[2]
-local nh, nl
+local slack, now, now_s
 if ARGV[3] == '' then
+  slack = 2
   local t = redis.call('TIME')
-  nh, nl = limbs(tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now_s = string.format('%d', now)
 else
-  nh, nl = arg(3)
+  slack = 1000
+  now_s = ARGV[3]
+  now = tonumber(now_s)
 end
-local now = fmt(nh, nl)
+if not now or now >= F then
+  now = nil -- only the exact path handles it (the year 2112 and later)
+end
+-- now as limbs, for the exact paths (the server's time is below 2^53)
+local function now_limbs()
+  if ARGV[3] == '' then
+    return limbs(tonumber(now_s))
+  end
+  return arg(3)
+end
 local cur = redis.call('GET', key)
-
-local function corrupt(why)
-  fail('TGCORRUPT ' .. why)
-end
-
-if alg == '2' then
-  -- The sliding log (src/core/sliding.c): prune, decide, append, with the
-  -- sum kept in the head so a decision reads only what it prunes or walks.
-  local ch, cl = arg(4)
-  local mh, ml = arg(5)
-  local ph, pl = arg(6)
-  local cap = tonumber(ARGV[7])
-  if op ~= 'h' or not cap or cap < 1 then
-    fail('TGARG sliding call')
-  end
-  local s = cur or ('12' .. fmt(0, 0))
-  local n = (#s - 22) / 40
-  if string.sub(s, 1, 2) ~= '12' or n < 0 or n ~= math.floor(n) then
-    return corrupt('sliding log of ' .. #s .. ' bytes')
-  end
-  local sh, sl = parse(string.sub(s, 3, 22))
-  if not sh then
-    return corrupt('sliding sum')
-  end
-  local function entry(i) -- the i-th entry (0 = oldest): t, cost as limbs
-    local off = 23 + 40 * i
-    local th, tl = parse(string.sub(s, off, off + 19))
-    local eh, el = parse(string.sub(s, off + 20, off + 39))
-    -- times are at most TG_NOW_MAX_US = 9e15
-    if not th or not eh or cmp(th, tl, 900000, 0) > 0 then
-      fail('TGCORRUPT sliding entry ' .. i)
-    end
-    return th, tl, eh, el
-  end
-  -- expired: t + period <= now
-  local k = 0
-  while k < n do
-    local th, tl, eh, el = entry(k)
-    local xh, xl = add(th, tl, ph, pl)
-    if not xh or cmp(xh, xl, nh, nl) > 0 then
-      break
-    end
-    if cmp(sh, sl, eh, el) >= 0 then
-      sh, sl = sub(sh, sl, eh, el)
-    else
-      sh, sl = 0, 0
-    end
-    k = k + 1
-  end
-  local sum = fmt(sh, sl)
-  local left = n - k
-  local body = string.sub(s, 23 + 40 * k)
-  -- allowed: cost <= limit and sum + cost <= limit
-  local allowed = false
-  local th, tl = add(sh, sl, ch, cl)
-  if th and cmp(th, tl, mh, ml) <= 0 then
-    allowed = true
-  end
-  local changed = k > 0
-  if allowed and (ch > 0 or cl > 0) then
-    sh, sl = th, tl
-    local merged = false
-    if left > 0 then
-      local lh, ll, eh, el = entry(n - 1)
-      if cmp(lh, ll, nh, nl) >= 0 or left >= cap then
-        if cmp(nh, nl, lh, ll) > 0 then
-          lh, ll = nh, nl
-        end
-        eh, el = add(eh, el, ch, cl)
-        body = string.sub(body, 1, 40 * (left - 1)) .. fmt(lh, ll) .. fmt(eh, el)
-        merged = true
-      end
-    end
-    if not merged then
-      body = body .. now .. fmt(ch, cl)
-      left = left + 1
-    end
-    changed = true
-  end
-  local newest = ''
-  local wh, wl
-  if left > 0 then
-    newest = string.sub(body, 40 * (left - 1) + 1, 40 * (left - 1) + 20)
-    local yh, yl = parse(newest)
-    if not yh then
-      return corrupt('sliding newest entry')
-    end
-    wh, wl = add(yh, yl, ph, pl)
-  end
-  if changed then
-    if left > 0 then
-      redis.call('SET', key, '12' .. fmt(sh, sl) .. body, 'PX',
-        ttl(wh, wl, nh, nl, 1000))
-    else
-      redis.call('DEL', key)
-    end
-  end
-  -- a denied call that may pass later waits until the oldest entries whose
-  -- costs add up to need = sum - (limit - cost) have expired
-  local wait = ''
-  if not allowed and cmp(ch, cl, mh, ml) <= 0 then
-    local dh, dl = sub(mh, ml, ch, cl)
-    local gh, gl = parse(sum)
-    local qh, ql = sub(gh, gl, dh, dl)
-    local ah, al = 0, 0
-    for i = k, n - 1 do
-      local eth, etl, eh, el = entry(i)
-      ah, al = add(ah, al, eh, el)
-      if not ah or cmp(ah, al, qh, ql) >= 0 then
-        wait = fmt(eth, etl)
-        break
-      end
-    end
-  end
-  return {now, sum, allowed and 1 or 0, left, newest, wait}
-end
-
--- Windows and buckets: one pair (a, b).
-local ah, al, bh, bl = 0, 0, 0, 0
-if cur then
-  if #cur ~= 42 or string.sub(cur, 1, 2) ~= '1' .. alg then
-    return corrupt('state of ' .. #cur .. ' bytes')
-  end
-  ah, al = parse(string.sub(cur, 3, 22))
-  bh, bl = parse(string.sub(cur, 23, 42))
-  if not ah or not bh then
-    return corrupt('state digits')
-  end
-  -- numbers tollgate never writes (tg__state_plausible): windows end by
-  -- TG_NOW_MAX_US + TG_PERIOD_MAX_MS = 1e16 us; a TAT is at most
-  -- TG_NOW_MAX_US in ns + TG_TOLERANCE_MAX_NS = 1.3e19 ns, with b = 0
-  if alg == '3' or alg == '4' then
-    if cmp(ah, al, 1300000000, 0) > 0 or bh ~= 0 or bl ~= 0 then
-      return corrupt('bucket state out of range')
-    end
-  elseif cmp(ah, al, 1000000, 0) > 0 then
-    return corrupt('window end out of range')
-  end
-end
-local old = {now, cur and fmt(ah, al) or '', cur and fmt(bh, bl) or '', 0}
-if op == 'r' then
-  return old
-end
 
 if alg == '0' or alg == '1' then
   -- src/core/window.c: the window the call falls into, then add or set.
-  local vh, vl = arg(4)
-  local pms = tonumber(ARGV[5])
-  if not pms or pms < 1 or (op ~= 'w' and op ~= 's') then
-    fail('TGARG window call')
+  local a_s, b_s
+  if cur then
+    a_s, b_s = string.match(cur, '^%d:(%d+):(%d+)$')
+    if not a_s or string.sub(cur, 1, 1) ~= alg then
+      corrupt('window state')
+    end
   end
-  local eh, el -- end of the window a write goes into, us
+  if op == 'r' then
+    return {now_s, cur or '', 0}
+  end
+  if op ~= 'w' and op ~= 's' then
+    fail('TGARG window op')
+  end
+  local v, pms = num(4), tonumber(ARGV[5])
+  if not pms or pms < 1 or pms > 1000000000000 then
+    fail('TGARG window period')
+  end
+  local a, b = 0, 0
+  if cur then
+    a, b = tonumber(a_s), tonumber(b_s)
+  end
+  if now and v and a < F and b < F then
+    -- fast: every sum below is of two values under 2^52
+    local e -- end of the window written, us
+    if alg == '0' then
+      -- epoch windows: end = (floor(now_ms / period_ms) + 1) * period_ms
+      local now_ms = split1000(now)
+      local q = math.floor(now_ms / pms)
+      if q * pms > now_ms then
+        q = q - 1
+      elseif (q + 1) * pms <= now_ms then
+        q = q + 1
+      end
+      e = (q + 1) * pms * 1000
+      if cur and a >= e then
+        e = a -- the stored window is current (or later)
+      else
+        b = 0
+      end
+    elseif cur and a > now and op == 'w' then
+      e = a -- an active per-key window keeps its end
+    else
+      e, b = now + pms * 1000, 0
+    end
+    local c = op == 'w' and b + v or v
+    redis.call('SET', key, alg .. string.format(':%d:%d', e, c), 'PX',
+      math.floor((e - now) / 1000) + slack)
+    return {now_s, cur or '', 1}
+  end
+  -- exact: limbs
+  local nh, nl = now_limbs()
+  local ah, al, bh, bl = 0, 0, 0, 0
+  if cur then
+    ah, al = parse(a_s)
+    bh, bl = parse(b_s)
+    -- numbers tollgate never writes (tg__state_plausible): windows end by
+    -- TG_NOW_MAX_US + TG_PERIOD_MAX_MS = 1e16 us
+    if not ah or not bh or cmp(ah, al, 1000000, 0) > 0 then
+      corrupt('window state out of range')
+    end
+  end
+  local vh, vl = arg(4)
+  local eh, el
   if alg == '0' then
-    -- epoch windows: end = (floor(now_ms / period_ms) + 1) * period_ms;
-    -- now_ms <= 9e15 < 2^53, so this is exact once the quotient is checked
-    local now_ms = nh * 10000000 + math.floor(nl / 1000)
+    local now_ms = nh * 10000000 + math.floor(nl / 1000) -- <= 9e15
     local q = math.floor(now_ms / pms)
     if q * pms > now_ms then
       q = q - 1
@@ -315,41 +276,89 @@ if alg == '0' or alg == '1' then
     end
     eh, el = mul1000(limbs((q + 1) * pms))
     if cur and cmp(ah, al, eh, el) >= 0 then
-      eh, el = ah, al -- the stored window is current (or later)
-    else
-      bh, bl = 0, 0
-    end
-  else
-    -- per-key windows: active while end > now
-    if cur and cmp(ah, al, nh, nl) > 0 and op == 'w' then
       eh, el = ah, al
     else
-      eh, el = add(nh, nl, limbs(pms * 1000))
       bh, bl = 0, 0
     end
+  elseif cur and cmp(ah, al, nh, nl) > 0 and op == 'w' then
+    eh, el = ah, al
+  else
+    eh, el = add(nh, nl, limbs(pms * 1000))
+    bh, bl = 0, 0
   end
-  local ch, cl
+  local ch, cl = vh, vl
   if op == 'w' then
     ch, cl = add(bh, bl, vh, vl)
     if not ch then
-      return old -- the count would pass 2^64 - 1: TG_EOVERFLOW, no write
+      return {now_s, cur or '', 0} -- past 2^64 - 1: TG_EOVERFLOW, no write
     end
-  else
-    ch, cl = vh, vl
   end
-  redis.call('SET', key, '1' .. alg .. fmt(eh, el) .. fmt(ch, cl), 'PX',
-    ttl(eh, el, nh, nl, 1000))
-  old[4] = 1
-  return old
+  local dh, dl = sub(eh, el, nh, nl)
+  redis.call('SET', key, alg .. ':' .. fmt(eh, el) .. ':' .. fmt(ch, cl), 'PX',
+    math.floor((dh * B + dl) / 1000) + slack)
+  return {now_s, cur or '', 1}
 end
 
 if alg == '3' or alg == '4' then
-  -- src/core/gcra.c: one theoretical arrival time in ns.
-  local xh, xl = arg(4)
+  -- src/core/gcra.c: the theoretical arrival time, tat' = max(tat, now) +
+  -- cost * T, allowed iff tat' <= now + tau; a set puts it at now + fill * T.
+  local u_s, f_s
+  if cur then
+    u_s, f_s = string.match(cur, '^%d:(%d+):(%d%d?%d?)$')
+    if not u_s or string.sub(cur, 1, 1) ~= alg then
+      corrupt('bucket state')
+    end
+  end
+  if op == 'r' then
+    return {now_s, cur or '', 0}
+  end
+  if op ~= 'h' and op ~= 's' then
+    fail('TGARG bucket op')
+  end
+  local x = num(4) -- cost * T or fill * T, ns
+  local tau = 0 -- (not "op == 'h' and num(5) or 0": num may answer nil)
+  if op == 'h' then
+    tau = num(5)
+  end
+  local u, f = 0, 0
+  if cur then
+    u, f = tonumber(u_s), tonumber(f_s)
+  end
+  if now and x and tau and u < F and u - now < 4000000000000 then
+    -- fast: the debt d = tat - now < 4e15 ns, x and tau < 2^52 ns
+    local d2 = x
+    if op == 'h' then
+      if u >= now then
+        d2 = (u - now) * 1000 + f + x
+      end
+      if d2 > tau then
+        return {now_s, cur or '', 0} -- denied: nothing changes
+      end
+    end
+    local q, r = split1000(d2) -- tat' = now * 1000 + d2 ns
+    redis.call('SET', key, alg .. string.format(':%d:%d', now + q, r), 'PX',
+      math.floor(d2 / 1000000) + slack)
+    return {now_s, cur or '', 1}
+  end
+  -- exact: limbs, in ns
+  local nh, nl = now_limbs()
   local zh, zl = mul1000(nh, nl)
+  local ah, al = 0, 0
+  if cur then
+    local uh, ul = parse(u_s)
+    -- a TAT is at most TG_NOW_MAX_US in ns + TG_TOLERANCE_MAX_NS = 1.3e19
+    if not uh or cmp(uh, ul, 1300000, 0) > 0 then
+      corrupt('bucket state out of range')
+    end
+    ah, al = mul1000(uh, ul)
+    ah, al = add(ah, al, 0, f)
+    if not ah or cmp(ah, al, 1300000000, 0) > 0 then
+      corrupt('bucket state out of range')
+    end
+  end
+  local xh, xl = arg(4)
   local th, tl
   if op == 'h' then
-    -- tat' = max(tat, now) + cost * T, allowed iff tat' <= now + tau
     local uh, ul = arg(5)
     if cmp(ah, al, zh, zl) > 0 then
       th, tl = add(ah, al, xh, xl)
@@ -358,20 +367,225 @@ if alg == '3' or alg == '4' then
     end
     local mh, ml = add(zh, zl, uh, ul)
     if not th or not mh or cmp(th, tl, mh, ml) > 0 then
-      return old -- denied: nothing changes
+      return {now_s, cur or '', 0}
     end
-  elseif op == 's' then
-    th, tl = add(zh, zl, xh, xl) -- tat = now + fill * T
+  else
+    th, tl = add(zh, zl, xh, xl)
     if not th then
       fail('TGARG bucket set')
     end
-  else
-    fail('TGARG bucket op')
   end
-  redis.call('SET', key, '1' .. alg .. fmt(th, tl) .. fmt(0, 0), 'PX',
-    ttl(th, tl, zh, zl, 1000000))
-  old[4] = 1
-  return old
+  local qh, ql, r = divmod1000(th, tl)
+  local dh, dl = sub(th, tl, zh, zl)
+  redis.call('SET', key, alg .. ':' .. fmt(qh, ql) .. ':' .. string.format('%d', r),
+    'PX', math.floor((dh * B + dl) / 1000000) + slack)
+  return {now_s, cur or '', 1}
 end
 
-fail('TGARG algorithm')
+if alg ~= '2' then
+  fail('TGARG algorithm')
+end
+
+-- The sliding log (src/core/sliding.c): prune the expired head, decide,
+-- append or merge, with the sum kept in the head so a decision reads only
+-- what it prunes, the newest entry, and what a denied call waits for.
+if op ~= 'h' then
+  fail('TGARG sliding op')
+end
+local cap = tonumber(ARGV[7])
+if not cap or cap < 1 then
+  fail('TGARG sliding cap')
+end
+local s = cur or '200000000000000000000'
+local n = (#s - 21) / 40
+if string.sub(s, 1, 1) ~= '2' or n < 0 or n ~= math.floor(n) then
+  corrupt('sliding log of ' .. #s .. ' bytes')
+end
+
+-- Writes the log back (or deletes it when empty) with its TTL: newest + period
+-- - now, in us, as a double (approximate is enough: see slack).
+local function store(sum_s, body, left, until_us)
+  if left > 0 then
+    redis.call('SET', key, '2' .. sum_s .. body, 'PX',
+      math.floor(until_us / 1000) + slack)
+  else
+    redis.call('DEL', key)
+  end
+end
+
+-- fast: every number below 2^52; nil when one is not (then the exact path
+-- runs the call from the start: nothing has been written yet)
+local function fast()
+  local cost, limit, period = num(4), num(5), num(6)
+  local sum = tonumber(string.sub(s, 2, 21))
+  if not (now and cost and limit and period and sum and sum < F) then
+    return nil
+  end
+  local function entry(i) -- t, cost of the i-th oldest entry, or nil
+    local off = 22 + 40 * i
+    local t = tonumber(string.sub(s, off, off + 19))
+    local c = tonumber(string.sub(s, off + 20, off + 39))
+    if not t or not c or t < 0 or c < 0 or t ~= math.floor(t) or
+        c ~= math.floor(c) then
+      corrupt('sliding entry ' .. i)
+    end
+    if t >= F or c >= F then
+      return nil
+    end
+    return t, c
+  end
+  local k = 0
+  while k < n do -- expired: t + period <= now
+    local t, c = entry(k)
+    if not t then
+      return nil
+    end
+    if t + period > now then
+      break
+    end
+    sum = sum >= c and sum - c or 0
+    k = k + 1
+  end
+  local left = n - k
+  local allowed = cost <= limit and sum + cost <= limit
+  local wait = ''
+  if not allowed and cost <= limit then
+    local need, acc = sum - (limit - cost), 0
+    for i = k, n - 1 do
+      local t, c = entry(i)
+      if not t then
+        return nil
+      end
+      acc = acc + c
+      if acc >= need then
+        wait = string.format('%d', t)
+        break
+      end
+    end
+  end
+  local lt, lc
+  if left > 0 then
+    lt, lc = entry(n - 1)
+    if not lt then
+      return nil
+    end
+  end
+  local sum_s = string.format('%d', sum)
+  local body = string.sub(s, 22 + 40 * k)
+  if allowed and cost > 0 then
+    if left > 0 and (lt >= now or left >= cap) then
+      if now > lt then
+        lt = now
+      end
+      body = string.sub(body, 1, 40 * (left - 1)) ..
+        string.format('%020d%020d', lt, lc + cost)
+    else
+      lt = now
+      body = body .. string.format('%020d%020d', now, cost)
+      left = left + 1
+    end
+    store(string.format('%020d', sum + cost), body, left, lt + period - now)
+  elseif k > 0 then
+    store(string.format('%020d', sum), body, left, left > 0 and lt + period - now)
+  end
+  return {now_s, sum_s, allowed and 1 or 0, left,
+    left > 0 and string.format('%d', lt) or '', wait}
+end
+
+local reply = fast()
+if reply then
+  return reply
+end
+
+-- exact: limbs
+local nh, nl = now_limbs()
+local ch, cl = arg(4)
+local mh, ml = arg(5)
+local ph, pl = arg(6)
+local sh, sl = parse(string.sub(s, 2, 21))
+if not sh then
+  corrupt('sliding sum')
+end
+local function entry(i) -- the i-th oldest entry: t, cost as limbs
+  local off = 22 + 40 * i
+  local th, tl = parse(string.sub(s, off, off + 19))
+  local eh, el = parse(string.sub(s, off + 20, off + 39))
+  -- times are at most TG_NOW_MAX_US = 9e15
+  if not th or not eh or cmp(th, tl, 900000, 0) > 0 then
+    corrupt('sliding entry ' .. i)
+  end
+  return th, tl, eh, el
+end
+local k = 0
+while k < n do -- expired: t + period <= now
+  local th, tl, eh, el = entry(k)
+  local xh, xl = add(th, tl, ph, pl)
+  if not xh or cmp(xh, xl, nh, nl) > 0 then
+    break
+  end
+  if cmp(sh, sl, eh, el) >= 0 then
+    sh, sl = sub(sh, sl, eh, el)
+  else
+    sh, sl = 0, 0
+  end
+  k = k + 1
+end
+local sum = fmt(sh, sl)
+local left = n - k
+local body = string.sub(s, 22 + 40 * k)
+local allowed = false
+local th, tl = add(sh, sl, ch, cl)
+if th and cmp(th, tl, mh, ml) <= 0 then
+  allowed = true
+end
+local changed = k > 0
+local lh, ll
+if left > 0 then
+  lh, ll = entry(n - 1)
+end
+if allowed and (ch > 0 or cl > 0) then
+  sh, sl = th, tl
+  if left > 0 and (cmp(lh, ll, nh, nl) >= 0 or left >= cap) then
+    local _, _, eh, el = entry(n - 1)
+    if cmp(nh, nl, lh, ll) > 0 then
+      lh, ll = nh, nl
+    end
+    eh, el = add(eh, el, ch, cl)
+    body = string.sub(body, 1, 40 * (left - 1)) .. fmt(lh, ll, true) ..
+      fmt(eh, el, true)
+  else
+    lh, ll = nh, nl
+    body = body .. fmt(nh, nl, true) .. fmt(ch, cl, true)
+    left = left + 1
+  end
+  changed = true
+end
+local newest = ''
+if left > 0 then
+  newest = fmt(lh, ll)
+end
+if changed then
+  local until_us = 0
+  if left > 0 then
+    local wh, wl = add(lh, ll, ph, pl)
+    local dh, dl = sub(wh, wl, nh, nl)
+    until_us = dh * B + dl
+  end
+  store(fmt(sh, sl, true), body, left, until_us)
+end
+local wait = ''
+if not allowed and cmp(ch, cl, mh, ml) <= 0 then
+  local dh, dl = sub(mh, ml, ch, cl)
+  local gh, gl = parse(sum)
+  local qh, ql = sub(gh, gl, dh, dl)
+  local ah, al = 0, 0
+  for i = k, n - 1 do
+    local eth, etl, eh, el = entry(i)
+    ah, al = add(ah, al, eh, el)
+    if not ah or cmp(ah, al, qh, ql) >= 0 then
+      wait = fmt(eth, etl)
+      break
+    end
+  end
+end
+return {now_s, sum, allowed and 1 or 0, left, newest, wait}
