@@ -243,7 +243,11 @@ typedef enum tg_policy {
  * key_older_than_ms; the background thread runs one every clean_period_ms;
  * tg_clean() runs one by hand. When the table is full, a new key first
  * reclaims fresh keys near the insert cursor, whatever their age, without
- * calling before_clean. */
+ * calling before_clean: it scans at most 4096 slots from a cursor that moves
+ * on with each attempt, so in a table larger than that a new key can get
+ * TG_EFULL while decayed keys remain elsewhere (the next attempts scan
+ * further; a cleaning pass reclaims them all). The scan is bounded so that
+ * a stream of new keys cannot make each refusal cost O(capacity). */
 
 /* One expired entry handed to before_clean. The key bytes are valid only for
  * the duration of the call. */
@@ -438,22 +442,26 @@ TG_EXTERN void tg_config_init(tg_config *cfg);
 /* ---- Limiter ---------------------------------------------------------------
  * The limiter handle. Its state lives in the built-in memory store (a
  * concurrent hash table of fixed capacity owned by the limiter) unless a
- * custom store is configured.
+ * shared-memory segment, a Redis server or a custom store is configured.
  *
  * THREAD SAFETY: every operation may be called from any number of threads at
  * once on the same limiter. With the memory store, decisions on existing keys
  * are lock-free (one 16-byte compare-and-swap; a sliding log takes a per-key
- * lock); creating and reclaiming keys take a table lock. With a custom store,
- * thread safety is that of its callbacks. tg_limiter_new and
+ * lock); creating and reclaiming keys take a table lock. With the Redis
+ * store, each call holds one pooled connection for its round trip. With a
+ * custom store, thread safety is that of its callbacks. tg_limiter_new and
  * tg_limiter_destroy must not race with other calls on the same limiter. */
 typedef struct tg_limiter tg_limiter;
 
 /* Creates a limiter from *cfg (copied; NULL means all defaults) and stores it
- * in *out; starts the cleaning thread if clean_period_ms > 0 (memory store).
- * Returns TG_EINVAL for a bad algorithm, policy, sliding_max_entries,
- * capacity or long_keys, or a custom store without its three callbacks;
- * TG_ENOMEM or TG_ESTORE if memory or the thread cannot be had (*out is then
- * NULL). */
+ * in *out; starts the cleaning thread if clean_period_ms > 0 (memory and shm
+ * stores). Returns TG_EINVAL for a bad algorithm, policy,
+ * sliding_max_entries, capacity or long_keys, a custom store without its
+ * three callbacks, more than one of custom_store, shm_name and redis, or a
+ * bad tg_redis_config (pool_size, port, prefix, a username without a
+ * password); TG_ENOTSUP for redis in a build without hiredis; TG_ENOMEM or
+ * TG_ESTORE if memory or the thread cannot be had (*out is then NULL). A
+ * Redis limiter does not connect here: see "Redis store" above. */
 TG_EXTERN int tg_limiter_new(tg_limiter **out, const tg_config *cfg);
 /* Stops the cleaning thread (waiting for a pass in progress), frees the
  * limiter and all key state it owns. NULL is a harmless no-op. */
@@ -472,9 +480,12 @@ TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
  * the later window it has seen (retry_after_ms may then exceed the period);
  * a bucket measures its fill from the later time, so it can look fuller
  * than its burst and deny even a peek until time catches up; a sliding log
- * has already dropped entries that expired by the later time. A key the
- * memory store has reclaimed is evaluated no earlier than the moment its
- * reclaimed state expired.
+ * has already dropped entries that expired by the later time. Once the
+ * memory (or shm) store has reclaimed a key, any key it does not hold,
+ * reclaimed or never seen, is evaluated no earlier than the latest moment at
+ * which a reclaimed state expired (so a clock stepping back cannot revive a
+ * reclaimed count as fresh). The Redis store keeps a state until its TTL,
+ * counted on the server's clock.
  *
  * Supported operations per algorithm (others are TG_ENOTSUP):
  *
@@ -569,12 +580,13 @@ TG_EXTERN int tg_expires_at_at(tg_limiter *lim, uint64_t now_us,
 TG_EXTERN int tg_reset(tg_limiter *lim, const void *key, size_t key_len);
 
 /* Number of keys the memory store currently holds (fresh keys are counted
- * until they are reclaimed); 0 for a custom store. */
+ * until they are reclaimed); 0 for a custom or Redis store (they cannot
+ * tell). */
 TG_EXTERN size_t tg_key_count(const tg_limiter *lim);
 
 /* Bytes of memory the store has reserved for key state (the whole table,
  * including its virtual reservation for long keys and logs); 0 for a custom
- * store. */
+ * or Redis store. */
 TG_EXTERN size_t tg_store_bytes(const tg_limiter *lim);
 
 /* Removes the name of a shared-memory segment: new limiters can no longer
@@ -587,7 +599,7 @@ TG_EXTERN int tg_shm_unlink(const char *name);
  * for at least key_older_than_ms are handed to before_clean and reclaimed.
  * *removed (may be NULL) receives how many were reclaimed. If another pass is
  * running it returns 0 at once with nothing removed. TG_ENOTSUP for a custom
- * store (it expires keys by their TTL). */
+ * or Redis store (they expire keys by their TTL). */
 TG_EXTERN int tg_clean(tg_limiter *lim, size_t *removed);
 TG_EXTERN int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed);
 
