@@ -32,6 +32,7 @@ static int port;
 static int reps = 5;
 static double rep_s = 0.5;
 static const char *filter = "";
+static const char *placement = "default"; /* "cpu0" when --pinned */
 
 static double now_s(void) {
   struct timespec ts;
@@ -68,8 +69,8 @@ typedef struct work {
 
 static void *run_work(void *arg) {
   work *w = arg;
-  static const tg_quota q = {.limit = 1000000000, .period_ms = 1000,
-                             .burst = 1000000000};
+  static const tg_quota q = {
+      .limit = 1000000000, .period_ms = 1000, .burst = 1000000000};
   redisContext *c = NULL;
   if (w->kind == 0) {
     c = redisConnect("127.0.0.1", port);
@@ -274,12 +275,13 @@ int main(int argc, char **argv) {
       rep_s = atof(argv[++i]);
     } else if (strcmp(argv[i], "--filter") == 0 && i + 1 < argc) {
       filter = argv[++i];
+    } else if (strcmp(argv[i], "--pinned") == 0) {
+      placement = "cpu0"; /* redis_bench.sh --pin: everything on CPU 0 */
     } else if (strcmp(argv[i], "--port") == 0 && i + 1 < argc) {
       port = atoi(argv[++i]);
     } else {
-      fprintf(stderr,
-              "usage: redis_bench [--port N] [--quick] [--reps N] "
-              "[--time S] [--filter TEXT]\n");
+      fprintf(stderr, "usage: redis_bench [--port N] [--quick] [--reps N] "
+                      "[--time S] [--filter TEXT]\n");
       return 2;
     }
   }
@@ -290,8 +292,9 @@ int main(int argc, char **argv) {
   }
   for (int i = 0; i < NKEYS; i++)
     snprintf(keys[i], sizeof keys[i], "user:%09d", i);
-  printf("# tollgate %s redis bench: port %d, median of %d reps of %.2f s\n",
-         tg_version_string(), port, reps, rep_s);
+  printf("# tollgate %s redis bench: port %d, median of %d reps of %.2f s, "
+         "placement=%s\n",
+         tg_version_string(), port, reps, rep_s, placement);
   double rb1[16];
   for (int r = 0; r < reps; r++)
     rb1[r] = redis_benchmark(1, 1);
