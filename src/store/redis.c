@@ -118,17 +118,17 @@ static void push_u64(args *a, uint64_t v) {
 /* The Redis key of a call: prefix ":{" key "}:" algorithm. */
 static size_t make_name(const redis_store *s, char *out, const void *key,
                         size_t key_len) {
-  size_t n = 0;
-  memcpy(out, s->prefix, s->prefix_len);
-  n += s->prefix_len;
-  memcpy(out + n, ":{", 2);
-  n += 2;
+  size_t n = s->prefix_len;
+  memcpy(out, s->prefix, n);
+  out[n++] = ':';
+  out[n++] = '{';
   memcpy(out + n, key, key_len);
   n += key_len;
-  memcpy(out + n, "}:", 2);
-  n += 2;
-  memcpy(out + n, SUFFIX[s->alg], 2);
-  return n + 2;
+  out[n++] = '}';
+  out[n++] = ':';
+  out[n++] = SUFFIX[s->alg][0];
+  out[n++] = SUFFIX[s->alg][1];
+  return n;
 }
 
 /* The script's op letter for a call (see redis.lua): only calls that may
@@ -353,7 +353,8 @@ static int flush(redisContext *ctx) {
     if (n < 0) {
       int err = errno;
       ctx->err = REDIS_ERR_IO;
-      snprintf(ctx->errstr, sizeof ctx->errstr, "send failed (errno %d)", err);
+      (void)snprintf(ctx->errstr, sizeof ctx->errstr, "send failed (errno %d)",
+                     err);
       return err;
     }
     off += (size_t)n;
@@ -412,10 +413,12 @@ static int command(conn *k, int argc, const char **argv, const size_t *len,
 /* A command whose reply must not be an error (AUTH, SELECT, SCRIPT LOAD). */
 static int command_ok(conn *k, int argc, const char **argv, const size_t *len,
                       redisReply **out) {
-  redisReply *r;
+  redisReply *r = NULL;
   int rc = command(k, argc, argv, len, &r);
   if (rc != TG_OK)
     return rc;
+  if (!r)
+    return TG_ESTORE; /* not reached: command() answers OK with a reply */
   if (r->type == REDIS_REPLY_ERROR) {
     freeReplyObject(r);
     return TG_ESTORE;
@@ -612,76 +615,86 @@ static void pipeline(conn *k, args *a, const size_t *idx, size_t n,
   }
 }
 
+/* Up to BATCH_CHUNK calls in one pipelined round trip on one connection. */
+static void batch_chunk(redis_store *s, const tg__call *calls, size_t m,
+                        tg__outcome *o, int *rc) {
+  args *a = malloc(m * sizeof *a);
+  redisReply **replies = calloc(m, sizeof *replies);
+  size_t *idx = malloc(m * sizeof *idx);
+  size_t *retry = malloc(m * sizeof *retry);
+  if (!a || !replies || !idx || !retry) {
+    for (size_t i = 0; i < m; i++)
+      rc[i] = TG_ENOMEM;
+    goto out;
+  }
+  for (size_t i = 0; i < m; i++) {
+    build_args(s, &calls[i], &a[i]);
+    idx[i] = i;
+    rc[i] = TG_OK;
+  }
+  conn *k = acquire(s);
+  int orc = conn_open(s, k);
+  if (orc != TG_OK) {
+    for (size_t i = 0; i < m; i++)
+      rc[i] = orc;
+  } else {
+    size_t nretry = 0;
+    pipeline(k, a, idx, m, replies, rc, retry, &nretry);
+    if (nretry > 0) {
+      /* NOSCRIPT: those calls did not run; load the script and send them
+       * once more (idx[] is free now: it takes what fails again) */
+      orc = k->ctx ? load_script(k) : TG_ECONNECT;
+      size_t again = 0;
+      if (orc == TG_OK) {
+        pipeline(k, a, retry, nretry, replies, rc, idx, &again);
+        for (size_t i = 0; i < again; i++)
+          rc[idx[i]] = TG_ESTORE;
+      } else {
+        for (size_t i = 0; i < nretry; i++)
+          rc[retry[i]] = orc;
+      }
+    }
+  }
+  pthread_mutex_unlock(&k->mu);
+  for (size_t i = 0; i < m; i++) {
+    if (replies[i]) {
+      if (rc[i] == TG_OK)
+        rc[i] = outcome(&calls[i], replies[i], &o[i]);
+      freeReplyObject(replies[i]);
+    } else if (rc[i] == TG_OK) {
+      rc[i] = TG_ESTORE; /* no reply and no failure recorded */
+    }
+  }
+out:
+  free(a);
+  free(replies);
+  free(idx);
+  free(retry);
+}
+
 static void redis_exec_batch(tg__store *base, const tg__call *calls, size_t n,
                              tg__outcome *o, int *rcs) {
   redis_store *s = (redis_store *)base;
   for (size_t off = 0; off < n; off += BATCH_CHUNK) {
-    size_t m = n - off < BATCH_CHUNK ? n - off : BATCH_CHUNK;
-    args *a = malloc(m * sizeof *a);
-    redisReply **replies = calloc(m, sizeof *replies);
-    size_t *idx = malloc(m * sizeof *idx);
-    size_t *retry = malloc(m * sizeof *retry);
-    int *rc = rcs + off;
-    if (!a || !replies || !idx || !retry) {
-      for (size_t i = 0; i < m; i++)
-        rc[i] = TG_ENOMEM;
-    } else {
-      for (size_t i = 0; i < m; i++) {
-        build_args(s, &calls[off + i], &a[i]);
-        idx[i] = i;
-        rc[i] = TG_OK;
-      }
-      conn *k = acquire(s);
-      int orc = conn_open(s, k);
-      if (orc != TG_OK) {
-        for (size_t i = 0; i < m; i++)
-          rc[i] = orc;
-      } else {
-        size_t nretry = 0;
-        pipeline(k, a, idx, m, replies, rc, retry, &nretry);
-        if (nretry > 0) {
-          /* NOSCRIPT: those calls did not run; load the script and send
-           * them once more (idx[] is free now: it takes what fails again) */
-          orc = k->ctx ? load_script(k) : TG_ECONNECT;
-          size_t again = 0;
-          if (orc == TG_OK) {
-            pipeline(k, a, retry, nretry, replies, rc, idx, &again);
-            for (size_t i = 0; i < again; i++)
-              rc[idx[i]] = TG_ESTORE;
-          } else {
-            for (size_t i = 0; i < nretry; i++)
-              rc[retry[i]] = orc;
-          }
-        }
-      }
-      pthread_mutex_unlock(&k->mu);
-      for (size_t i = 0; i < m; i++) {
-        if (replies[i]) {
-          if (rc[i] == TG_OK)
-            rc[i] = outcome(&calls[off + i], replies[i], &o[off + i]);
-          freeReplyObject(replies[i]);
-        } else if (rc[i] == TG_OK) {
-          rc[i] = TG_ESTORE; /* no reply and no failure recorded */
-        }
-      }
-    }
-    free(a);
-    free(replies);
-    free(idx);
-    free(retry);
+    size_t m = n - off;
+    if (m > BATCH_CHUNK)
+      m = BATCH_CHUNK;
+    batch_chunk(s, calls + off, m, o + off, rcs + off);
   }
 }
 
 static int redis_reset(tg__store *base, const void *key, size_t key_len) {
   redis_store *s = (redis_store *)base;
   char name[NAME_MAX_BYTES];
-  const char *argv[] = {"DEL", name};
-  size_t len[] = {3, make_name(s, name, key, key_len)};
+  size_t name_len = make_name(s, name, key, key_len);
   conn *k = acquire(s);
   int rc = conn_open(s, k);
   redisReply *r = NULL;
-  if (rc == TG_OK)
+  if (rc == TG_OK) {
+    const char *argv[] = {"DEL", name};
+    size_t len[] = {3, name_len};
     rc = command(k, 2, argv, len, &r);
+  }
   pthread_mutex_unlock(&k->mu);
   if (rc == TG_OK) {
     if (r->type == REDIS_REPLY_ERROR)
