@@ -471,22 +471,28 @@ local function fast()
     end
   end
   local sum_s = string.format('%d', sum)
-  local body = string.sub(s, 22 + 40 * k)
+  -- the new value is built with one concatenation (a log at its cap is tens
+  -- of KB: every copy counts)
   if allowed and cost > 0 then
+    local keep, e = n -- entries kept: from k up to keep - 1
     if left > 0 and (lt >= now or left >= cap) then
       if now > lt then
         lt = now
       end
-      body = string.sub(body, 1, 40 * (left - 1)) ..
-        string.format('%020d%020d', lt, lc + cost)
+      keep, e = n - 1, string.format('%020d%020d', lt, lc + cost)
     else
-      lt = now
-      body = body .. string.format('%020d%020d', now, cost)
+      lt, e = now, string.format('%020d%020d', now, cost)
       left = left + 1
     end
-    store(string.format('%020d', sum + cost), body, left, lt + period - now)
+    redis.call('SET', key, '2' .. string.format('%020d', sum + cost) ..
+      string.sub(s, 22 + 40 * k, 21 + 40 * keep) .. e, 'PX',
+      math.floor((lt + period - now) / 1000) + slack)
+  elseif k > 0 and left > 0 then
+    redis.call('SET', key, '2' .. string.format('%020d', sum) ..
+      string.sub(s, 22 + 40 * k), 'PX',
+      math.floor((lt + period - now) / 1000) + slack)
   elseif k > 0 then
-    store(string.format('%020d', sum), body, left, left > 0 and lt + period - now)
+    redis.call('DEL', key)
   end
   return {now_s, sum_s, allowed and 1 or 0, left,
     left > 0 and string.format('%d', lt) or '', wait}
