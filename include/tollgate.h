@@ -329,13 +329,16 @@ typedef struct tg_custom_store {
  * history and for tests); the TTLs the server gives keys then count from
  * your now, so it should follow the server's clock.
  *
- * Every key gets a TTL equal to the time until its state is fresh again (up
- * to 2 ms more), so idle keys vanish by themselves: tg_clean() is TG_ENOTSUP,
- * before_clean is never called and tg_key_count() is 0. Redis key names are
- * key_prefix ":{" key "}:" and the algorithm's short name (fw, pk, sw, tb,
- * lb): the key bytes are a Redis Cluster hash tag, so everything one call
- * touches is in one slot, and limiters with different algorithms never share
- * state. Keys are binary-safe (NUL, "{" and "}" included).
+ * Every key gets a TTL equal to the time until its state is fresh again
+ * (plus 2 ms, or 1 s with a now you gave), so idle keys vanish by
+ * themselves: tg_clean() is TG_ENOTSUP, before_clean is never called and
+ * tg_key_count() is 0. A sliding log's TTL follows the period of the call
+ * that last wrote it: use one quota per key (as everywhere). Redis key names
+ * are key_prefix ":{" key "}:" and the algorithm's short name (fw, pk, sw,
+ * tb, lb), so limiters with different algorithms never share state. A call
+ * touches one key, so it is always in one Cluster slot; the slot is the key
+ * bytes' own (the hash tag) unless the key contains "}", where Redis ends
+ * the tag. Keys are binary-safe (NUL, "{" and "}" included).
  *
  * Values are the limiter's state as decimal text (documented in
  * src/store/redis.lua); a value that is not one of ours (another program's
@@ -350,8 +353,16 @@ typedef struct tg_custom_store {
  * connection is not tried again for reconnect_backoff_ms, and calls that pick
  * it return TG_ECONNECT at once. A call is never retried after its command
  * was sent (it may have been counted), except after NOSCRIPT, which means
- * the script did not run. Clusters: one node (or a cluster proxy) is
- * addressed; the hash tags make the key names cluster-ready. */
+ * the script did not run (in a batch, the calls that met NOSCRIPT are sent
+ * again after the rest). Clusters: one node (or a cluster proxy) is
+ * addressed; the hash tags make the key names cluster-ready. Tested with
+ * Redis 7.0; the script asks Redis 3.2-6 to replicate its effects, which
+ * they need for a script that reads TIME and then writes.
+ *
+ * fork(): a connection opened before a fork is not used by the child (each
+ * call checks the process id and the child opens its own), so a limiter may
+ * be created before forking workers, as long as no thread is inside a
+ * tollgate call at the moment of the fork. */
 typedef struct tg_redis_config {
   const char *host;              /* default "127.0.0.1"; unused when
                                     unix_path is set */

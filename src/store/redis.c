@@ -33,6 +33,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #define POOL_MAX 1024u
 #define PREFIX_MAX 128u
@@ -49,6 +50,8 @@ static const char SUFFIX[TG_ALGORITHM_COUNT][3] = {"fw", "pk", "sw", "tb",
 typedef struct conn {
   pthread_mutex_t mu;   /* held by the one thread using the connection */
   redisContext *ctx;    /* NULL: closed (never opened, or failed) */
+  pid_t pid;            /* the process that opened ctx: a child of fork()
+                           must not share the parent's socket */
   uint64_t retry_at_ms; /* CLOCK_MONOTONIC ms before which it is not reopened */
   char sha[41];         /* the script's SHA1, as SCRIPT LOAD answered it */
 } conn;
@@ -219,7 +222,8 @@ static bool is_empty(const redisReply *r) {
 
 /* An error reply as a status code. NOSCRIPT never gets here. */
 static int reply_error(const redisReply *r) {
-  if (starts(r->str, "TGCORRUPT") || starts(r->str, "WRONGTYPE"))
+  /* anywhere in the text: Redis versions before 7 prefix script errors */
+  if (r->str && (strstr(r->str, "TGCORRUPT") || strstr(r->str, "WRONGTYPE")))
     return TG_ECORRUPT;
   return TG_ESTORE; /* OOM, BUSY, READONLY, LOADING, NOAUTH, TGARG... */
 }
@@ -289,15 +293,19 @@ static int outcome_state(const tg__call *c, const redisReply *r,
   if (rc != TG_OK)
     return rc;
   tg__state st = {0, 0};
-  if (!is_empty(r->element[1]) && !parse_state(c->alg, r->element[1], &st))
+  bool absent = is_empty(r->element[1]);
+  if (!absent && !parse_state(c->alg, r->element[1], &st))
     return TG_ECORRUPT; /* the script checked it: not reached */
   if (!tg__state_plausible(c->alg, &st))
     return TG_ECORRUPT;
   bool changed;
   rc = tg__state_step(&cc, &st, o, &changed);
-  /* the script made the same transition; a disagreement is a bug, and the
-   * caller must not be told "allowed" for a call the server did not count */
-  if (changed != (r->element[2]->integer == 1))
+  /* The script made the same transition (and, like the memory store, did
+   * not create a key for a state that is fresh already). A disagreement is a
+   * bug: report a store failure rather than an answer the server's state
+   * does not back. */
+  bool wrote = changed && !(absent && tg__state_fresh(c->alg, &st, cc.now_us));
+  if (wrote != (r->element[2]->integer == 1))
     return TG_ESTORE;
   return rc;
 }
@@ -479,6 +487,13 @@ static int handshake(const redis_store *s, conn *k) {
 
 /* Makes sure k is open; k->mu is held. */
 static int conn_open(const redis_store *s, conn *k) {
+  pid_t pid = getpid();
+  if (k->ctx && k->pid != pid) {
+    /* opened before a fork(): the socket is shared with the other process,
+     * whose replies this one could read. Close our copy and open anew. */
+    conn_close(k);
+    k->retry_at_ms = 0;
+  }
   if (k->ctx)
     return TG_OK;
   if (mono_ms() < k->retry_at_ms)
@@ -502,6 +517,7 @@ static int conn_open(const redis_store *s, conn *k) {
     redisFree(ctx);
   } else {
     k->ctx = ctx;
+    k->pid = pid;
     rc = handshake(s, k);
   }
   if (rc != TG_OK) {
@@ -511,15 +527,29 @@ static int conn_open(const redis_store *s, conn *k) {
   return rc;
 }
 
-/* Takes a connection: the first free one from a rotating start, else waits
- * for the one at the start. Returns it locked. */
+/* Takes a connection: the first free one from a rotating start that is
+ * open or may be opened now (not resting after a failed connect), else any
+ * free one, else waits for the one at the start. Returns it locked. */
 static conn *acquire(redis_store *s) {
   size_t start = (size_t)(tg__fetch_add(&s->next, 1) % s->nconns);
+  uint64_t now = mono_ms();
+  conn *resting = NULL; /* a free one in backoff, kept locked */
   for (size_t i = 0; i < s->nconns; i++) {
     conn *k = &s->conns[(start + i) % s->nconns];
-    if (pthread_mutex_trylock(&k->mu) == 0)
+    if (pthread_mutex_trylock(&k->mu) != 0)
+      continue;
+    if (k->ctx || now >= k->retry_at_ms) {
+      if (resting)
+        pthread_mutex_unlock(&resting->mu);
       return k;
+    }
+    if (resting)
+      pthread_mutex_unlock(&k->mu);
+    else
+      resting = k;
   }
+  if (resting)
+    return resting;
   conn *k = &s->conns[start];
   pthread_mutex_lock(&k->mu);
   return k;
@@ -569,9 +599,9 @@ static int redis_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
 /* Sends the calls idx[0..n) pipelined on k and reads their replies into
  * replies[]; a NOSCRIPT reply's index goes to *retry. On an I/O failure the
  * calls whose replies were not read get its code in rcs[]. */
-static void pipeline(conn *k, args *a, const size_t *idx, size_t n,
-                     redisReply **replies, int *rcs, size_t *retry,
-                     size_t *nretry) {
+static int pipeline(conn *k, args *a, const size_t *idx, size_t n,
+                    redisReply **replies, int *rcs, size_t *retry,
+                    size_t *nretry) {
   size_t sent = 0;
   for (; sent < n; sent++) {
     args *x = &a[idx[sent]];
@@ -586,8 +616,9 @@ static void pipeline(conn *k, args *a, const size_t *idx, size_t n,
     conn_close(k);
     for (size_t i = 0; i < n; i++)
       rcs[idx[i]] = i < sent ? rc : TG_ENOMEM;
-    return;
+    return rc;
   }
+  int failed = TG_OK;
   for (size_t i = 0; i < n; i++) {
     if (i >= sent) {
       rcs[idx[i]] = TG_ENOMEM;
@@ -599,10 +630,10 @@ static void pipeline(conn *k, args *a, const size_t *idx, size_t n,
     void *r = NULL;
     errno = 0;
     if (redisGetReply(k->ctx, &r) != REDIS_OK || !r) {
-      int rc = ctx_error(k->ctx, errno);
+      failed = ctx_error(k->ctx, errno);
       conn_close(k);
       for (size_t j = i; j < sent; j++)
-        rcs[idx[j]] = rc;
+        rcs[idx[j]] = failed;
       continue;
     }
     redisReply *rr = r;
@@ -613,6 +644,7 @@ static void pipeline(conn *k, args *a, const size_t *idx, size_t n,
     }
     replies[idx[i]] = rr;
   }
+  return failed;
 }
 
 /* Up to BATCH_CHUNK calls in one pipelined round trip on one connection. */
@@ -639,11 +671,12 @@ static void batch_chunk(redis_store *s, const tg__call *calls, size_t m,
       rc[i] = orc;
   } else {
     size_t nretry = 0;
-    pipeline(k, a, idx, m, replies, rc, retry, &nretry);
+    int failed = pipeline(k, a, idx, m, replies, rc, retry, &nretry);
     if (nretry > 0) {
       /* NOSCRIPT: those calls did not run; load the script and send them
-       * once more (idx[] is free now: it takes what fails again) */
-      orc = k->ctx ? load_script(k) : TG_ECONNECT;
+       * once more, after the rest (idx[] is free now: it takes what fails
+       * again). If the connection failed meanwhile, they get its code. */
+      orc = k->ctx ? load_script(k) : failed;
       size_t again = 0;
       if (orc == TG_OK) {
         pipeline(k, a, retry, nretry, replies, rc, idx, &again);

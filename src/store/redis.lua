@@ -177,6 +177,12 @@ end
 
 -- ---- the call ----
 
+-- Redis 3.2 to 6 replicate a script that reads TIME and then writes only
+-- when it replicates its effects, not itself (Redis 7 always does).
+if redis.replicate_commands then
+  redis.replicate_commands()
+end
+
 local key, op, alg = KEYS[1], ARGV[1], ARGV[2]
 local slack, now, now_s
 if ARGV[3] == '' then
@@ -206,7 +212,7 @@ if alg == '0' or alg == '1' then
   local a_s, b_s
   if cur then
     a_s, b_s = string.match(cur, '^%d:(%d+):(%d+)$')
-    if not a_s or string.sub(cur, 1, 1) ~= alg then
+    if not a_s or string.sub(cur, 1, 1) ~= alg or #a_s > 20 or #b_s > 20 then
       corrupt('window state')
     end
   end
@@ -248,6 +254,11 @@ if alg == '0' or alg == '1' then
       e, b = now + pms * 1000, 0
     end
     local c = op == 'w' and b + v or v
+    if not cur and c == 0 and alg == '0' then
+      -- set(0) on an absent key: the state is fresh, and the memory store
+      -- does not create a key for a fresh state either
+      return {now_s, '', 0}
+    end
     redis.call('SET', key, alg .. string.format(':%d:%d', e, c), 'PX',
       math.floor((e - now) / 1000) + slack)
     return {now_s, cur or '', 1}
@@ -293,6 +304,9 @@ if alg == '0' or alg == '1' then
       return {now_s, cur or '', 0} -- past 2^64 - 1: TG_EOVERFLOW, no write
     end
   end
+  if not cur and ch == 0 and cl == 0 and alg == '0' then
+    return {now_s, '', 0} -- fresh: not created (as on the fast path)
+  end
   local dh, dl = sub(eh, el, nh, nl)
   redis.call('SET', key, alg .. ':' .. fmt(eh, el) .. ':' .. fmt(ch, cl), 'PX',
     math.floor((dh * B + dl) / 1000) + slack)
@@ -305,7 +319,7 @@ if alg == '3' or alg == '4' then
   local u_s, f_s
   if cur then
     u_s, f_s = string.match(cur, '^%d:(%d+):(%d%d?%d?)$')
-    if not u_s or string.sub(cur, 1, 1) ~= alg then
+    if not u_s or string.sub(cur, 1, 1) ~= alg or #u_s > 20 then
       corrupt('bucket state')
     end
   end
@@ -334,6 +348,11 @@ if alg == '3' or alg == '4' then
       if d2 > tau then
         return {now_s, cur or '', 0} -- denied: nothing changes
       end
+    end
+    if not cur and d2 == 0 then
+      -- a set to full (token) or empty (leaky) on an absent key: fresh, so
+      -- not created, as in the memory store
+      return {now_s, '', 0}
     end
     local q, r = split1000(d2) -- tat' = now * 1000 + d2 ns
     redis.call('SET', key, alg .. string.format(':%d:%d', now + q, r), 'PX',
@@ -374,6 +393,9 @@ if alg == '3' or alg == '4' then
     if not th then
       fail('TGARG bucket set')
     end
+  end
+  if not cur and cmp(th, tl, zh, zl) == 0 then
+    return {now_s, '', 0} -- fresh: not created (as on the fast path)
   end
   local qh, ql, r = divmod1000(th, tl)
   local dh, dl = sub(th, tl, zh, zl)
@@ -417,18 +439,21 @@ end
 -- runs the call from the start: nothing has been written yet)
 local function fast()
   local cost, limit, period = num(4), num(5), num(6)
-  local sum = tonumber(string.sub(s, 2, 21))
-  if not (now and cost and limit and period and sum and sum < F) then
+  local sum_f = string.sub(s, 2, 21)
+  if string.find(sum_f, '%D') then
+    corrupt('sliding sum')
+  end
+  local sum = tonumber(sum_f)
+  if not (now and cost and limit and period and sum < F) then
     return nil
   end
   local function entry(i) -- t, cost of the i-th oldest entry, or nil
     local off = 22 + 40 * i
-    local t = tonumber(string.sub(s, off, off + 19))
-    local c = tonumber(string.sub(s, off + 20, off + 39))
-    if not t or not c or t < 0 or c < 0 or t ~= math.floor(t) or
-        c ~= math.floor(c) then
-      corrupt('sliding entry ' .. i)
+    local t_f, c_f = string.sub(s, off, off + 19), string.sub(s, off + 20, off + 39)
+    if string.find(t_f, '%D') or string.find(c_f, '%D') then
+      corrupt('sliding entry ' .. i) -- tonumber would take " 1", "1e3"...
     end
+    local t, c = tonumber(t_f), tonumber(c_f)
     if t >= F or c >= F then
       return nil
     end
