@@ -17,6 +17,8 @@ static void usage(FILE *f) {
           "  serve     answer rate-limit decisions over the Redis protocol\n"
           "            (redis-cli -p 6380 TG.HIT user:42 sliding_window 10 "
           "60000)\n"
+          "  simulate  replay a traffic pattern through every algorithm on a\n"
+          "            simulated clock; print a table, draw an SVG timeline\n"
           "  demo      replay photo uploads (3 per minute per user) through\n"
           "            every algorithm, printing each decision\n"
           "  bench     run the benchmark suite (tollgate_bench)\n"
@@ -34,6 +36,8 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (strcmp(cmd, "serve") == 0)
     return cmd_serve(argc - 2, argv + 2);
+  if (strcmp(cmd, "simulate") == 0)
+    return cmd_simulate(argc - 2, argv + 2);
   if (strcmp(cmd, "demo") == 0)
     return cmd_demo(argc - 2, argv + 2);
   if (strcmp(cmd, "bench") == 0)
