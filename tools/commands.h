@@ -34,7 +34,9 @@ typedef struct serve_stats {
   uint64_t connections_rejected; /* refused: max_clients reached */
   uint64_t connections_dropped;  /* closed by the server: protocol errors,
                                     oversized requests, timeouts */
-  uint64_t buffer_bytes;         /* bytes held in connection buffers now */
+  uint64_t buffer_bytes;         /* bytes of buffers for clients (the shared
+                                    ones included), as of the last timeout
+                                    sweep: at most a second old */
 } serve_stats;
 
 /* Everything the commands need. The caller creates the limiters and owns
