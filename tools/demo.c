@@ -164,6 +164,10 @@ int cmd_demo(int argc, char **argv) {
   const char *only = NULL;
   for (int i = 0; i < argc; i++) {
     const char *bad = NULL;
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      usage(stdout);
+      return 0;
+    }
     if (strncmp(argv[i], "--algorithm=", 12) == 0)
       only = argv[i] + 12;
     else if (strcmp(argv[i], "--algorithm") != 0)

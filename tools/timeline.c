@@ -42,7 +42,7 @@ static double x_of(uint64_t t_us, uint64_t duration) {
  * bars behind it do not hide it. */
 static void caption(FILE *f, double y, const char *text) {
   svg_rect(f, MARGIN_L + 1, y + 1, 5.6 * (double)strlen(text) + 6, 13, "white",
-           0.85);
+           0.7);
   svg_text(f, MARGIN_L + 4, y + 11, "start", 10, "normal", "%s", text);
 }
 

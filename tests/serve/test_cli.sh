@@ -17,6 +17,7 @@ xml_ok() { python3 -c 'import sys, xml.etree.ElementTree as E; E.parse(sys.argv[
 demo=$("$TOLLGATE" demo)
 check "demo: the fixed window lets 6 through in a minute, the log 3" \
   has "$demo" "^fixed_window  *15  *2  *6  *3$"
+check "demo --help" has "$("$TOLLGATE" demo --help)" "^usage: tollgate demo"
 check "demo: one algorithm" \
   eq "$("$TOLLGATE" demo --algorithm token_bucket | grep -c '^== ')" "2"
 
