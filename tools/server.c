@@ -677,6 +677,7 @@ int server_run(const server_config *cfg, cmd_ctx *ctx) {
       fprintf(stderr, "tollgate serve: epoll_wait: %s\n", strerror(errno));
       break;
     }
+    bool signalled = false;
     for (int i = 0; i < n; i++) {
       item *it = events[i].data.ptr;
       if (it->kind == ITEM_CONN) {
@@ -687,15 +688,18 @@ int server_run(const server_config *cfg, cmd_ctx *ctx) {
         char buf[64];
         while (read(it->fd, buf, sizeof buf) > 0)
           ;
-        if (s.shutting_down) { /* a second signal: stop now */
-          while (s.conns)
-            conn_close(&s, s.conns, false);
-        } else {
-          fprintf(stderr, "tollgate serve: signal %d, shutting down\n",
-                  (int)last_signal);
-          begin_shutdown(&s);
-        }
+        signalled = true;
       }
+    }
+    /* only now: shutting down closes connections that later events of this
+     * batch may point to */
+    if (signalled && s.shutting_down) { /* a second signal: stop now */
+      while (s.conns)
+        conn_close(&s, s.conns, false);
+    } else if (signalled) {
+      fprintf(stderr, "tollgate serve: signal %d, shutting down\n",
+              (int)last_signal);
+      begin_shutdown(&s);
     }
     if (s.now_ms >= next_sweep) {
       sweep(&s);
