@@ -1,0 +1,495 @@
+/*
+ * test_commands.c - the command set of `tollgate serve` (tools/commands.c),
+ * driven without a network: each request goes straight to cmd_execute with
+ * a time the test chooses, so every field of every reply is checked
+ * exactly, byte for byte where the bytes matter. What the server adds on top
+ * (sockets, pipelining, hostile clients, real client libraries) is tested by
+ * the scripts in tests/serve/.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "tollgate.h"
+
+/* 2025-01-01 00:00:00 UTC, a multiple of every period used here (ms). */
+#define T0_MS UINT64_C(1735689600000)
+#define AT(ms) ((T0_MS + (ms)) * UINT64_C(1000))
+
+static cmd_ctx ctx;
+static outbuf out;
+static char reply[1 << 16];
+static cmd_after after;
+
+static void make_ctx(cmd_ctx *c, uint64_t capacity, tg_policy policy) {
+  memset(c, 0, sizeof *c);
+  c->policy = policy;
+  c->store = "memory";
+  c->tcp_port = 6380;
+  c->max_clients = 10;
+  c->start_us = AT(0);
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_config cfg;
+    tg_config_init(&cfg);
+    cfg.algorithm = (tg_algorithm)a;
+    cfg.capacity = capacity;
+    cfg.clean_period_ms = 0;
+    cfg.on_failure = policy;
+    assert_int_equal(tg_limiter_new(&c->lim[a], &cfg), TG_OK);
+  }
+}
+
+static void free_ctx(cmd_ctx *c) {
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+    tg_limiter_destroy(c->lim[a]);
+  memset(c, 0, sizeof *c);
+}
+
+static int setup(void **state) {
+  (void)state;
+  make_ctx(&ctx, 1024, TG_POLICY_FAIL_OPEN);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  free_ctx(&ctx);
+  out_free(&out);
+  return 0;
+}
+
+/* Runs argv[0..argc) on c at now_us; returns the reply as a C string. */
+static const char *run_argv(cmd_ctx *c, uint64_t now_us, const resp_arg *argv,
+                            size_t argc) {
+  out.len = 0;
+  after = cmd_execute(c, argv, argc, now_us, 42, &out);
+  assert_false(out.failed);
+  assert_true(out.len < sizeof reply);
+  memcpy(reply, out.data, out.len);
+  reply[out.len] = '\0';
+  return reply;
+}
+
+/* Runs a request written as one line of space-separated words. */
+static const char *run_on(cmd_ctx *c, uint64_t now_us, const char *line) {
+  static char copy[4096];
+  resp_arg argv[RESP_MAX_ARGS];
+  size_t argc = 0;
+  snprintf(copy, sizeof copy, "%s", line);
+  for (char *p = strtok(copy, " "); p && argc < RESP_MAX_ARGS;
+       p = strtok(NULL, " ")) {
+    argv[argc].ptr = p;
+    argv[argc].len = strlen(p);
+    argc++;
+  }
+  return run_argv(c, now_us, argv, argc);
+}
+#define RUN(now, line) run_on(&ctx, now, line)
+
+/* Reads an array of integers ("*6\r\n:1\r\n...") into v; returns how many,
+ * or fails the test if the reply is anything else. */
+static size_t ints(const char *r, int64_t *v, size_t cap) {
+  char *end;
+  if (r[0] != '*')
+    fail_msg("not an array: %s", r);
+  size_t n = (size_t)strtoul(r + 1, &end, 10);
+  assert_true(n <= cap);
+  r = end + 2;
+  for (size_t i = 0; i < n; i++) {
+    if (r[0] != ':')
+      fail_msg("element %zu is not an integer: %s", i, r);
+    v[i] = strtoll(r + 1, &end, 10);
+    assert_memory_equal(end, "\r\n", 2);
+    r = end + 2;
+  }
+  assert_int_equal(*r, '\0');
+  return n;
+}
+
+/* Checks a TG.HIT reply field by field. */
+static void assert_hit(const char *r, int64_t allowed, int64_t count,
+                       int64_t remaining, int64_t retry, int64_t reset,
+                       int64_t degraded) {
+  int64_t v[6];
+  if (ints(r, v, 6) != 6)
+    fail_msg("not 6 fields: %s", r);
+  const int64_t want[6] = {allowed, count, remaining, retry, reset, degraded};
+  static const char *const names[6] = {"allowed",        "count",
+                                       "remaining",      "retry_after_ms",
+                                       "reset_after_ms", "degraded"};
+  for (int i = 0; i < 6; i++)
+    if (v[i] != want[i])
+      fail_msg("%s: got %" PRId64 ", want %" PRId64, names[i], v[i], want[i]);
+}
+
+static void assert_starts(const char *r, const char *prefix) {
+  if (strncmp(r, prefix, strlen(prefix)) != 0)
+    fail_msg("reply '%s' does not start with '%s'", r, prefix);
+}
+
+/* ---- TG.HIT ---- */
+
+static void hit_answers_every_field(void **state) {
+  (void)state;
+  const char *h = "TG.HIT user:1 sliding_window 3 60000";
+  assert_hit(RUN(AT(0), h), 1, 1, 2, 0, 60000, 0);
+  assert_hit(RUN(AT(1000), h), 1, 2, 1, 0, 60000, 0);
+  assert_hit(RUN(AT(2000), h), 1, 3, 0, 0, 60000, 0);
+  /* denied: until the oldest entry leaves; fresh when the newest does */
+  assert_hit(RUN(AT(3000), h), 0, 3, 0, 57000, 59000, 0);
+  assert_hit(RUN(AT(60000), h), 1, 3, 0, 0, 60000, 0);
+  assert_int_equal(after, CMD_KEEP);
+}
+
+static void hit_options_in_any_order_and_case(void **state) {
+  (void)state;
+  /* a full bucket of 20 tokens, a call of cost 2 */
+  assert_hit(RUN(AT(0), "tg.hit tb TOKEN_BUCKET 10 1000 cost 2 BURST 20"), 1,
+             18, 18, 0, 200, 0);
+  assert_hit(RUN(AT(0), "TG.HIT tb token_bucket 10 1000 BURST 20 COST 18"), 1,
+             0, 0, 0, 2000, 0);
+  /* empty: one token back after 100 ms */
+  assert_hit(RUN(AT(0), "Tg.Hit tb Token_Bucket 10 1000 BURST 20"), 0, 0, 0,
+             100, 2000, 0);
+  /* a peek changes nothing */
+  assert_hit(RUN(AT(100), "TG.HIT tb token_bucket 10 1000 BURST 20 COST 0"), 1,
+             1, 1, 0, 1900, 0);
+}
+
+static void never_is_minus_one(void **state) {
+  (void)state;
+  /* cost above the limit can never pass: retry_after_ms is TG_NEVER */
+  int64_t v[6];
+  ints(RUN(AT(0), "TG.HIT big fixed_window 3 60000 COST 5"), v, 6);
+  assert_int_equal(v[0], 0);
+  assert_int_equal(v[3], -1);
+  ints(RUN(AT(0), "TG.HIT big token_bucket 3 60000 COST 5"), v, 6);
+  assert_int_equal(v[3], -1);
+}
+
+static void fixed_window_counts_denied_calls(void **state) {
+  (void)state;
+  const char *h = "TG.HIT fw fixed_window 2 60000";
+  assert_hit(RUN(AT(10000), h), 1, 1, 1, 0, 50000, 0);
+  assert_hit(RUN(AT(10000), h), 1, 2, 0, 0, 50000, 0);
+  assert_hit(RUN(AT(20000), h), 0, 3, 0, 40000, 40000, 0);
+  assert_hit(RUN(AT(60000), h), 1, 1, 1, 0, 60000, 0); /* next window */
+}
+
+static void arguments_are_checked(void **state) {
+  (void)state;
+  static const struct {
+    const char *line, *reply; /* reply: a prefix of the expected reply */
+  } cases[] = {
+      {"TG.HIT k nope 3 1000", "-ERR unknown algorithm 'nope'"},
+      {"TG.HIT k fixed_window x 1000",
+       "-ERR value is not an integer or out of range\r\n"},
+      {"TG.HIT k fixed_window -1 1000", "-ERR value is not an integer"},
+      {"TG.HIT k fixed_window +1 1000", "-ERR value is not an integer"},
+      {"TG.HIT k fixed_window 9223372036854775808 1000",
+       "-ERR value is not an integer"},
+      {"TG.HIT k fixed_window 3 1000 COST 99999999999999999999",
+       "-ERR value is not an integer"},
+      {"TG.HIT k fixed_window 3",
+       "-ERR wrong number of arguments for 'tg.hit' command\r\n"},
+      {"TG.HIT k fixed_window 3 1000 COST 1 BURST 1 COST",
+       "-ERR wrong number of arguments for 'tg.hit' command\r\n"},
+      {"TG.HIT k fixed_window 3 1000 BURST", "-ERR syntax error\r\n"},
+      {"TG.HIT k fixed_window 3 1000 FOO 1", "-ERR syntax error\r\n"},
+      {"TG.INC k fixed_window 3 1000 BURST 1", "-ERR syntax error\r\n"},
+      {"TG.GET k fixed_window 3 1000 COST 1", "-ERR syntax error\r\n"},
+      {"TG.SET k token_bucket 3 1000",
+       "-ERR wrong number of arguments for 'tg.set' command\r\n"},
+      {"TG.SET k token_bucket 3 1000 x", "-ERR value is not an integer"},
+      {"TG.RESET k nope", "-ERR unknown algorithm 'nope'"},
+      {"TG.RESET", "-ERR wrong number of arguments for 'tg.reset' command"},
+      /* statuses of the library, named by tg_err_name */
+      {"TG.HIT k fixed_window 0 1000",
+       "-TG_EQUOTA invalid quota (limit 0, period 0 or out of range)\r\n"},
+      {"TG.HIT k fixed_window 3 0", "-TG_EQUOTA "},
+      {"TG.HIT k fixed_window 3 1000000000001", "-TG_EQUOTA "},
+      {"TG.INC k sliding_window 3 1000",
+       "-TG_ENOTSUP operation not supported by this algorithm\r\n"},
+      {"TG.SET k sliding_window 3 1000 1", "-TG_ENOTSUP "},
+      {"TG.SET k token_bucket 3 1000 4", "-TG_ERANGE "},
+      {"NOPE", "-ERR unknown command 'NOPE'\r\n"},
+      {"PING a b", "-ERR wrong number of arguments for 'ping' command\r\n"},
+      {"ECHO", "-ERR wrong number of arguments for 'echo' command\r\n"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint64_t errors = ctx.stats.error_replies;
+    const char *r = RUN(AT(0), cases[i].line);
+    if (strncmp(r, cases[i].reply, strlen(cases[i].reply)) != 0)
+      fail_msg("'%s': got '%s', want '%s...'", cases[i].line, r,
+               cases[i].reply);
+    assert_int_equal(ctx.stats.error_replies, errors + 1);
+  }
+  /* the largest value accepted */
+  assert_starts(RUN(AT(0), "TG.HIT k fixed_window 9223372036854775807 1000"),
+                "*6\r\n:1\r\n");
+}
+
+static void keys_are_bytes(void **state) {
+  (void)state;
+  char longkey[TG_KEY_MAX + 1];
+  memset(longkey, 'k', sizeof longkey);
+  resp_arg argv[] = {{"TG.HIT", 6},
+                     {longkey, TG_KEY_MAX + 1},
+                     {"fixed_window", 12},
+                     {"1", 1},
+                     {"60000", 5}};
+  assert_starts(run_argv(&ctx, AT(0), argv, 5), "-TG_EKEY ");
+  argv[1].len = 0;
+  assert_starts(run_argv(&ctx, AT(0), argv, 5), "-TG_EKEY ");
+  argv[1].len = TG_KEY_MAX;
+  assert_hit(run_argv(&ctx, AT(0), argv, 5), 1, 1, 0, 0, 60000, 0);
+  /* NUL, CR and LF are key bytes like any other */
+  argv[1] = (resp_arg){"b\0\r\n", 4};
+  assert_hit(run_argv(&ctx, AT(0), argv, 5), 1, 1, 0, 0, 60000, 0);
+  argv[1] = (resp_arg){"b", 1};
+  assert_hit(run_argv(&ctx, AT(0), argv, 5), 1, 1, 0, 0, 60000, 0);
+  assert_hit(run_argv(&ctx, AT(0), argv, 5), 0, 2, 0, 60000, 60000, 0);
+}
+
+/* ---- the other operations ---- */
+
+static void inc_get_set_expiresat_reset(void **state) {
+  (void)state;
+  assert_string_equal(RUN(AT(0), "TG.INC c fixed_window 10 60000 COST 4"),
+                      ":4\r\n");
+  assert_string_equal(RUN(AT(0), "TG.INC c fixed_window 10 60000"), ":5\r\n");
+  assert_string_equal(RUN(AT(1), "TG.GET c fixed_window 10 60000"), ":5\r\n");
+  assert_string_equal(RUN(AT(1), "TG.SET c fixed_window 10 60000 7"),
+                      "+OK\r\n");
+  assert_string_equal(RUN(AT(2), "TG.GET c fixed_window 10 60000"), ":7\r\n");
+  assert_string_equal(RUN(AT(2), "TG.EXPIRESAT c fixed_window 10 60000"),
+                      ":1735689660000\r\n");
+  assert_string_equal(RUN(AT(2), "TG.RESET c fixed_window"), "+OK\r\n");
+  assert_string_equal(RUN(AT(2), "TG.GET c fixed_window 10 60000"), ":0\r\n");
+  assert_string_equal(RUN(AT(2), "TG.EXPIRESAT c fixed_window 10 60000"),
+                      ":0\r\n");
+
+  /* buckets: an unknown token bucket is full; refill is continuous */
+  const char *get = "TG.GET b token_bucket 10 1000 BURST 20";
+  assert_string_equal(RUN(AT(0), get), ":20\r\n");
+  assert_string_equal(RUN(AT(0), "TG.SET b token_bucket 10 1000 5 BURST 20"),
+                      "+OK\r\n");
+  assert_string_equal(RUN(AT(0), get), ":5\r\n");
+  assert_string_equal(RUN(AT(500), get), ":10\r\n");
+  assert_string_equal(
+      RUN(AT(500), "TG.EXPIRESAT b token_bucket 10 1000 BURST 20"),
+      ":1735689601500\r\n");
+
+  /* TG.RESET without an algorithm forgets the key everywhere */
+  RUN(AT(0), "TG.HIT both fixed_window 10 60000");
+  RUN(AT(0), "TG.HIT both leaky_bucket 10 60000");
+  assert_string_equal(RUN(AT(0), "TG.GET both leaky_bucket 10 60000"),
+                      ":1\r\n");
+  assert_string_equal(RUN(AT(0), "TG.RESET both"), "+OK\r\n");
+  assert_string_equal(RUN(AT(0), "TG.GET both fixed_window 10 60000"),
+                      ":0\r\n");
+  assert_string_equal(RUN(AT(0), "TG.GET both leaky_bucket 10 60000"),
+                      ":0\r\n");
+}
+
+static void algorithms_keep_separate_state(void **state) {
+  (void)state;
+  RUN(AT(0), "TG.HIT same fixed_window 1 60000");
+  assert_hit(RUN(AT(0), "TG.HIT same fixed_window_per_key 1 60000"), 1, 1, 0, 0,
+             60000, 0);
+  assert_hit(RUN(AT(0), "TG.HIT same fixed_window 1 60000"), 0, 2, 0, 60000,
+             60000, 0);
+}
+
+/* ---- store failures ---- */
+
+static void a_full_store_answers_by_the_policy(void **state) {
+  (void)state;
+  static const tg_policy policies[] = {TG_POLICY_FAIL_OPEN,
+                                       TG_POLICY_FAIL_CLOSED, TG_POLICY_ERROR};
+  for (size_t p = 0; p < 3; p++) {
+    cmd_ctx small;
+    make_ctx(&small, 4, policies[p]);
+    const char *r = NULL;
+    char line[64];
+    int i;
+    /* live keys fill the table; a new one then cannot be stored */
+    for (i = 0; i < 100000; i++) {
+      snprintf(line, sizeof line, "TG.HIT k%d fixed_window 5 60000", i);
+      r = run_on(&small, AT(0), line);
+      if (r[0] == '-' || strcmp(r + strlen(r) - 4, ":1\r\n") == 0)
+        break; /* an error, or degraded = 1 */
+    }
+    assert_true(i < 100000);
+    if (policies[p] == TG_POLICY_ERROR) {
+      assert_string_equal(r, "-TG_EFULL store is full\r\n");
+      assert_int_equal(small.stats.degraded, 0);
+    } else if (policies[p] == TG_POLICY_FAIL_OPEN) {
+      assert_hit(r, 1, 0, 0, 0, 0, 1);
+      assert_int_equal(small.stats.degraded, 1);
+    } else {
+      int64_t v[6];
+      ints(r, v, 6);
+      assert_int_equal(v[0], 0);     /* closed */
+      assert_int_equal(v[3], 60000); /* retry after one period */
+      assert_int_equal(v[5], 1);
+      assert_int_equal(small.stats.degraded, 1);
+    }
+    free_ctx(&small);
+  }
+}
+
+/* ---- what clients expect of a Redis server ---- */
+
+static void connection_commands(void **state) {
+  (void)state;
+  assert_string_equal(RUN(AT(0), "PING"), "+PONG\r\n");
+  assert_string_equal(RUN(AT(0), "ping hello"), "$5\r\nhello\r\n");
+  assert_string_equal(RUN(AT(0), "ECHO hi"), "$2\r\nhi\r\n");
+  assert_string_equal(RUN(AT(0), "SELECT 0"), "+OK\r\n");
+  assert_starts(RUN(AT(0), "SELECT 1"), "-ERR DB index is out of range");
+  assert_string_equal(RUN(AT(0), "CLIENT ID"), ":42\r\n");
+  assert_string_equal(RUN(AT(0), "CLIENT SETNAME app"), "+OK\r\n");
+  assert_string_equal(RUN(AT(0), "CLIENT SETINFO LIB-NAME x"), "+OK\r\n");
+  assert_string_equal(RUN(AT(0), "CLIENT GETNAME"), "$-1\r\n");
+  assert_starts(RUN(AT(0), "CLIENT KILL x"), "-ERR ");
+  assert_string_equal(RUN(AT(0), "CONFIG GET save"),
+                      "*2\r\n$4\r\nsave\r\n$0\r\n\r\n");
+  assert_string_equal(RUN(AT(0), "CONFIG GET appendonly"),
+                      "*2\r\n$10\r\nappendonly\r\n$2\r\nno\r\n");
+  assert_string_equal(RUN(AT(0), "CONFIG GET maxmemory"), "*0\r\n");
+  assert_starts(RUN(AT(0), "CONFIG SET save x"), "-ERR ");
+  assert_int_equal(after, CMD_KEEP);
+  assert_string_equal(RUN(AT(0), "QUIT"), "+OK\r\n");
+  assert_int_equal(after, CMD_CLOSE);
+}
+
+static void hello_speaks_resp2_only(void **state) {
+  (void)state;
+  const char *r = RUN(AT(0), "HELLO");
+  assert_starts(r, "*14\r\n$6\r\nserver\r\n$8\r\ntollgate\r\n");
+  assert_non_null(strstr(r, "$5\r\nproto\r\n:2\r\n$2\r\nid\r\n:42\r\n"));
+  assert_starts(RUN(AT(0), "HELLO 2 SETNAME app"), "*14\r\n");
+  assert_string_equal(RUN(AT(0), "HELLO 3"),
+                      "-NOPROTO this protocol version is not supported\r\n");
+  assert_starts(RUN(AT(0), "HELLO x"), "-ERR ");
+  assert_starts(RUN(AT(0), "HELLO 2 AUTH a b"), "-ERR ");
+}
+
+static void command_describes_the_commands(void **state) {
+  (void)state;
+  const char *r = RUN(AT(0), "COMMAND COUNT");
+  long n = strtol(r + 1, NULL, 10);
+  assert_true(n >= 16);
+  char head[16];
+  snprintf(head, sizeof head, "*%ld\r\n*10\r\n", n);
+  assert_starts(RUN(AT(0), "COMMAND"), head);
+  r = RUN(AT(0), "COMMAND INFO tg.hit nope");
+  assert_starts(r, "*2\r\n*10\r\n$6\r\ntg.hit\r\n:-5\r\n*2\r\n+write\r\n"
+                   "+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n");
+  assert_string_equal(r + strlen(r) - 5, "$-1\r\n");
+  assert_string_equal(RUN(AT(0), "COMMAND DOCS"), "*0\r\n");
+}
+
+static void info_reports_counters(void **state) {
+  (void)state;
+  cmd_ctx c;
+  make_ctx(&c, 1024, TG_POLICY_FAIL_OPEN);
+  run_on(&c, AT(0), "TG.HIT a sliding_window 1 60000");
+  run_on(&c, AT(0), "TG.HIT a sliding_window 1 60000");
+  run_on(&c, AT(0), "TG.HIT b token_bucket 1 60000");
+  run_on(&c, AT(0), "TG.HIT a nope 1 60000");
+  c.stats.clients = 3;
+  const char *r = run_on(&c, AT(5000), "INFO");
+  assert_starts(r, "$");
+  static const char *const want[] = {"# Server\r\n",
+                                     "store:memory\r\n",
+                                     "tcp_port:6380\r\n",
+                                     "uptime_in_seconds:5\r\n",
+                                     "connected_clients:3\r\n",
+                                     "maxclients:10\r\n",
+                                     "store_bytes:",
+                                     "total_commands_processed:4\r\n",
+                                     "total_error_replies:1\r\n",
+                                     "decisions_allowed:2\r\n",
+                                     "decisions_denied:1\r\n",
+                                     "decisions_degraded:0\r\n",
+                                     "keys:2\r\n",
+                                     "keys_sliding_window:1\r\n",
+                                     "keys_token_bucket:1\r\n",
+                                     "keys_fixed_window:0\r\n"};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    if (!strstr(r, want[i]))
+      fail_msg("INFO lacks '%s':\n%s", want[i], r);
+  /* the bulk's length is right */
+  char *end;
+  long len = strtol(r + 1, &end, 10);
+  assert_int_equal((size_t)len, strlen(end + 2) - 2);
+  /* sections */
+  r = run_on(&c, AT(5000), "INFO stats");
+  assert_non_null(strstr(r, "# Stats\r\n"));
+  assert_null(strstr(r, "# Server"));
+  assert_string_equal(run_on(&c, AT(5000), "INFO nosuch"), "$0\r\n\r\n");
+  assert_string_equal(run_on(&c, AT(5000), "DBSIZE"), ":2\r\n");
+  free_ctx(&c);
+}
+
+static void error_replies_stay_one_line(void **state) {
+  (void)state;
+  /* a command name carrying CR LF must not split the reply in two */
+  resp_arg argv[] = {{"A\r\n+OK", 6}};
+  const char *r = run_argv(&ctx, AT(0), argv, 1);
+  assert_string_equal(r, "-ERR unknown command 'A  +OK'\r\n");
+  /* long client bytes are cut */
+  char name[300];
+  memset(name, 'x', sizeof name);
+  argv[0] = (resp_arg){name, sizeof name};
+  r = run_argv(&ctx, AT(0), argv, 1);
+  assert_true(strlen(r) < 200);
+  assert_non_null(strstr(r, "...'\r\n"));
+}
+
+static void integers_saturate(void **state) {
+  (void)state;
+  outbuf o = {0};
+  out_uint(&o, UINT64_MAX);
+  out_int(&o, INT64_MIN);
+  out_int(&o, -1);
+  out_uint(&o, 0);
+  out_array(&o, 3);
+  out_null(&o);
+  out_raw(&o, "", 1);
+  assert_string_equal(o.data, ":9223372036854775807\r\n:-9223372036854775808"
+                              "\r\n:-1\r\n:0\r\n*3\r\n$-1\r\n");
+  out_free(&o);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(hit_answers_every_field),
+      cmocka_unit_test(hit_options_in_any_order_and_case),
+      cmocka_unit_test(never_is_minus_one),
+      cmocka_unit_test(fixed_window_counts_denied_calls),
+      cmocka_unit_test(arguments_are_checked),
+      cmocka_unit_test(keys_are_bytes),
+      cmocka_unit_test(inc_get_set_expiresat_reset),
+      cmocka_unit_test(algorithms_keep_separate_state),
+      cmocka_unit_test(a_full_store_answers_by_the_policy),
+      cmocka_unit_test(connection_commands),
+      cmocka_unit_test(hello_speaks_resp2_only),
+      cmocka_unit_test(command_describes_the_commands),
+      cmocka_unit_test(info_reports_counters),
+      cmocka_unit_test(error_replies_stay_one_line),
+      cmocka_unit_test(integers_saturate),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,718 @@
+/*
+ * server.c - the event loop of `tollgate serve` (see server.h).
+ *
+ * One thread, one epoll set, level-triggered, every socket non-blocking.
+ * Each turn of the loop reads the clocks once (realtime for the limiters,
+ * monotonic for timeouts), then for each ready connection reads what has
+ * arrived, runs every whole request in it (pipelining) and sends all their
+ * replies with one write.
+ *
+ * Memory is bounded per connection and idle connections hold none: bytes
+ * are read into one shared buffer and replies written into one shared
+ * buffer; a connection gets buffers of its own only for what is left over
+ * (the first part of a request still arriving, replies the socket would not
+ * take yet), and gives them back once they are empty. A request is at most
+ * RESP_MAX_REQUEST bytes; once SERVER_OUT_HIGH bytes of replies are waiting
+ * the server stops reading that connection until the client reads them.
+ *
+ * Misbehaviour costs only the misbehaving connection: a malformed request
+ * (unknown command, bad argument) gets an error reply; garbage framing or an
+ * oversized request gets a protocol error and the connection is closed; a
+ * request that stays incomplete for request_timeout_ms (slow loris) and a
+ * connection idle for idle_timeout_ms are closed by a sweep that runs a few
+ * times a second. No client can make the loop wait: nothing blocks.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_EVENTS 256
+#define ACCEPTS_PER_TURN 256
+#define IN_MIN_CAP 4096u
+#define SWEEP_MAX_MS 1000u
+
+enum { ITEM_LISTENER, ITEM_CONN, ITEM_SIGNAL };
+
+/* What an epoll event points to: the first member of every watched thing. */
+typedef struct item {
+  int kind; /* ITEM_* */
+  int fd;
+} item;
+
+typedef struct conn {
+  item it;
+  uint64_t id;               /* CLIENT ID / HELLO's id */
+  char *in;                  /* unparsed bytes, NULL when there are none */
+  size_t in_len, in_cap;     /* bytes held / allocated */
+  outbuf out;                /* replies not yet sent, from out_sent on */
+  size_t out_sent;           /* bytes of out already sent */
+  uint64_t last_active_ms;   /* monotonic: last byte read or written */
+  uint64_t partial_since_ms; /* monotonic: when the incomplete request at
+                                the front of `in` began; 0: none */
+  bool closing;              /* read no more; close once out is sent */
+  bool held;                 /* whole requests wait in `in`: replies hit
+                                SERVER_OUT_HIGH before they could run */
+  uint32_t events;           /* epoll interest registered now */
+  struct conn *prev, *next;  /* every open connection */
+} conn;
+
+typedef struct server {
+  const server_config *cfg;
+  cmd_ctx *ctx;
+  int ep;
+  item tcp, unix_sock, sig;
+  int sig_write_fd;
+  int spare_fd; /* kept open to refuse a connection when out of fds */
+  conn *conns;
+  char *scratch; /* RESP_MAX_REQUEST bytes: where reads land first */
+  outbuf sout;   /* where replies are written first */
+  resp_request req;
+  uint64_t now_us, now_ms; /* realtime us, monotonic ms: read once a turn */
+  uint64_t next_id;
+  bool shutting_down;
+  uint64_t shutdown_deadline_ms;
+} server;
+
+/* ---- signals ---- */
+
+static volatile sig_atomic_t signal_fd = -1;
+static volatile sig_atomic_t last_signal;
+
+static void on_signal(int sig) {
+  int saved = errno;
+  last_signal = sig;
+  if (signal_fd >= 0) {
+    char b = 1;
+    ssize_t r = write(signal_fd, &b, 1);
+    (void)r; /* a full pipe already says "wake up" */
+  }
+  errno = saved;
+}
+
+/* ---- small helpers ---- */
+
+static uint64_t clock_us(clockid_t id) {
+  struct timespec ts;
+  clock_gettime(id, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void read_clocks(server *s) {
+  s->now_us = clock_us(CLOCK_REALTIME);
+  s->now_ms = clock_us(CLOCK_MONOTONIC) / 1000u;
+}
+
+static int set_nonblocking(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+    return -1;
+  return fcntl(fd, F_SETFD, FD_CLOEXEC);
+}
+
+static int watch(server *s, item *it, uint32_t events, int op) {
+  struct epoll_event ev = {.events = events, .data.ptr = it};
+  return epoll_ctl(s->ep, op, it->fd, &ev);
+}
+
+static size_t pending_out(const conn *c) { return c->out.len - c->out_sent; }
+
+/* ---- connections ---- */
+
+static void conn_close(server *s, conn *c, bool dropped) {
+  epoll_ctl(s->ep, EPOLL_CTL_DEL, c->it.fd, NULL);
+  close(c->it.fd);
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    s->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  free(c->in);
+  out_free(&c->out);
+  free(c);
+  s->ctx->stats.clients--;
+  if (dropped)
+    s->ctx->stats.connections_dropped++;
+}
+
+/* Registers the interest the connection's state calls for: input while it
+ * may run more requests, output while replies wait or while it holds
+ * requests back (writability is then the cue to run them). */
+static void conn_interest(server *s, conn *c) {
+  size_t pend = pending_out(c);
+  uint32_t want = 0;
+  if (!c->closing && !c->held && pend < SERVER_OUT_HIGH)
+    want |= EPOLLIN;
+  if (pend || (c->held && !c->closing))
+    want |= EPOLLOUT;
+  if (want != c->events) {
+    watch(s, &c->it, want, EPOLL_CTL_MOD);
+    c->events = want;
+  }
+}
+
+/* Runs the whole requests at the front of buf[0..len), appending replies to
+ * o (the shared buffer). Returns the bytes consumed. Stops at an incomplete
+ * request, when the connection is to be closed, or once SERVER_OUT_HIGH
+ * bytes of replies wait (c->held is then set). */
+static size_t run_requests(server *s, conn *c, const char *buf, size_t len,
+                           outbuf *o) {
+  size_t pos = 0;
+  bool partial = false;
+  c->held = false;
+  while (!c->closing && pos < len) {
+    if (pending_out(c) + o->len >= SERVER_OUT_HIGH) {
+      c->held = true;
+      break;
+    }
+    resp_status st = resp_parse(buf + pos, len - pos, &s->req);
+    if (st == RESP_INCOMPLETE) {
+      partial = true;
+      break;
+    }
+    if (st != RESP_OK) {
+      out_error(o, "ERR", s->req.error);
+      s->ctx->stats.error_replies++;
+      s->ctx->stats.connections_dropped++;
+      c->closing = true;
+      return len;
+    }
+    pos += s->req.used;
+    if (s->req.argc > 0 && cmd_execute(s->ctx, s->req.argv, s->req.argc,
+                                       s->now_us, c->id, o) == CMD_CLOSE)
+      c->closing = true;
+  }
+  /* the slow-loris clock: runs while the front request is incomplete, from
+   * when it began (the moment the request before it ended) */
+  if (!partial)
+    c->partial_since_ms = 0;
+  else if (pos > 0 || c->partial_since_ms == 0)
+    c->partial_since_ms = s->now_ms;
+  return pos;
+}
+
+/* Sends what the connection has waiting. Returns -1 if the connection is
+ * gone (it is then closed), else 0. */
+static int conn_flush(server *s, conn *c) {
+  while (pending_out(c)) {
+    ssize_t n = write(c->it.fd, c->out.data + c->out_sent, pending_out(c));
+    if (n > 0) {
+      c->out_sent += (size_t)n;
+      c->last_active_ms = s->now_ms;
+      continue;
+    }
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      break;
+    conn_close(s, c, false); /* the peer is gone */
+    return -1;
+  }
+  if (!pending_out(c)) {
+    out_free(&c->out); /* an idle connection holds no buffer */
+    c->out_sent = 0;
+    if (c->closing) {
+      conn_close(s, c, false);
+      return -1;
+    }
+  }
+  conn_interest(s, c);
+  return 0;
+}
+
+/* Sends the shared reply buffer's content for c, keeping what the socket
+ * would not take in c's own buffer, then whatever else c has waiting.
+ * Returns -1 if c was closed. */
+static int send_shared(server *s, conn *c) {
+  outbuf *o = &s->sout;
+  bool failed = o->failed;
+  size_t len = o->len, off = 0;
+  o->len = 0;
+  o->failed = false;
+  if (failed) { /* half a reply must never be sent */
+    conn_close(s, c, true);
+    return -1;
+  }
+  if (pending_out(c) == 0) {
+    while (off < len) {
+      ssize_t n = write(c->it.fd, o->data + off, len - off);
+      if (n > 0) {
+        off += (size_t)n;
+        c->last_active_ms = s->now_ms;
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        break;
+      } else {
+        conn_close(s, c, false);
+        return -1;
+      }
+    }
+  }
+  if (off < len) {
+    out_raw(&c->out, o->data + off, len - off);
+    if (c->out.failed) {
+      conn_close(s, c, true);
+      return -1;
+    }
+  }
+  return conn_flush(s, c);
+}
+
+/* Keeps buf[0..len) (len > 0) as the connection's unparsed input. */
+static int keep_input(conn *c, const char *buf, size_t len) {
+  if (len > c->in_cap) {
+    size_t cap = IN_MIN_CAP;
+    while (cap < len)
+      cap *= 2;
+    char *p = malloc(cap);
+    if (!p)
+      return -1;
+    memcpy(p, buf, len);
+    free(c->in);
+    c->in = p;
+    c->in_cap = cap;
+  } else {
+    memmove(c->in, buf, len);
+  }
+  c->in_len = len;
+  return 0;
+}
+
+/* Runs the requests in the connection's own input buffer, then sends the
+ * replies. Returns -1 if c was closed. */
+static int conn_process(server *s, conn *c) {
+  size_t used = run_requests(s, c, c->in, c->in_len, &s->sout);
+  c->in_len -= used;
+  if (c->in_len == 0 || c->closing) {
+    free(c->in);
+    c->in = NULL;
+    c->in_len = c->in_cap = 0;
+  } else if (used > 0) {
+    memmove(c->in, c->in + used, c->in_len);
+  }
+  return send_shared(s, c);
+}
+
+/* Reads what has arrived and runs it. Returns -1 if c was closed. */
+static int conn_readable(server *s, conn *c) {
+  bool own = c->in_len > 0;
+  char *dst = s->scratch;
+  size_t room = RESP_MAX_REQUEST;
+  if (own) {
+    if (c->in_cap - c->in_len < IN_MIN_CAP && c->in_cap < RESP_MAX_REQUEST) {
+      size_t cap =
+          c->in_cap * 2 > RESP_MAX_REQUEST ? RESP_MAX_REQUEST : c->in_cap * 2;
+      char *p = realloc(c->in, cap);
+      if (!p) {
+        conn_close(s, c, true);
+        return -1;
+      }
+      c->in = p;
+      c->in_cap = cap;
+    }
+    dst = c->in + c->in_len;
+    room = c->in_cap - c->in_len;
+    if (room == 0) /* cannot happen: the parser refuses such a request */
+      return conn_flush(s, c);
+  }
+  ssize_t n = read(c->it.fd, dst, room);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    return 0;
+  if (n < 0) {
+    conn_close(s, c, false);
+    return -1;
+  }
+  if (n == 0) { /* the client is done sending: answer what it sent, close */
+    c->closing = true;
+    return conn_flush(s, c);
+  }
+  c->last_active_ms = s->now_ms;
+  if (own) {
+    c->in_len += (size_t)n;
+    return conn_process(s, c);
+  }
+  size_t len = (size_t)n;
+  size_t used = run_requests(s, c, s->scratch, len, &s->sout);
+  if (used < len && !c->closing &&
+      keep_input(c, s->scratch + used, len - used) != 0) {
+    s->sout.len = 0;
+    conn_close(s, c, true);
+    return -1;
+  }
+  return send_shared(s, c);
+}
+
+static void conn_event(server *s, conn *c, uint32_t events) {
+  /* EPOLLHUP: both directions are shut (a half-close is EPOLLIN + EOF), so
+   * no reply can reach the client any more */
+  if (events & (EPOLLHUP | EPOLLERR)) {
+    conn_close(s, c, false);
+    return;
+  }
+  if ((events & EPOLLIN) && !c->closing && !c->held) {
+    if (conn_readable(s, c) != 0)
+      return;
+  }
+  if (events & EPOLLOUT) {
+    if (conn_flush(s, c) != 0)
+      return;
+    /* replies drained below the mark: run the requests held back */
+    if (c->held && pending_out(c) < SERVER_OUT_HIGH)
+      conn_process(s, c);
+  }
+}
+
+/* ---- accepting ---- */
+
+static void refuse(int fd) {
+  static const char msg[] = "-ERR max number of clients reached\r\n";
+  ssize_t r = write(fd, msg, sizeof msg - 1);
+  (void)r; /* best effort: the connection is closed either way */
+  close(fd);
+}
+
+static void on_accept(server *s, item *l) {
+  for (int i = 0; i < ACCEPTS_PER_TURN; i++) {
+    int fd = accept(l->fd, NULL, NULL);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED)
+        continue;
+      if ((errno == EMFILE || errno == ENFILE) && s->spare_fd >= 0) {
+        /* out of descriptors: free the spare one to refuse this client
+         * politely instead of leaving it in the backlog forever */
+        close(s->spare_fd);
+        fd = accept(l->fd, NULL, NULL);
+        if (fd >= 0) {
+          refuse(fd);
+          s->ctx->stats.connections_rejected++;
+        }
+        s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      }
+      return; /* EAGAIN: the backlog is empty */
+    }
+    if (s->ctx->stats.clients >= s->cfg->max_clients || s->shutting_down) {
+      refuse(fd);
+      s->ctx->stats.connections_rejected++;
+      continue;
+    }
+    conn *c = calloc(1, sizeof *c);
+    if (!c || set_nonblocking(fd) != 0) {
+      free(c);
+      close(fd);
+      s->ctx->stats.connections_rejected++;
+      continue;
+    }
+    if (l == &s->tcp) {
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
+    c->it.kind = ITEM_CONN;
+    c->it.fd = fd;
+    c->id = ++s->next_id;
+    c->last_active_ms = s->now_ms;
+    c->events = EPOLLIN;
+    if (watch(s, &c->it, EPOLLIN, EPOLL_CTL_ADD) != 0) {
+      free(c);
+      close(fd);
+      s->ctx->stats.connections_rejected++;
+      continue;
+    }
+    c->next = s->conns;
+    if (s->conns)
+      s->conns->prev = c;
+    s->conns = c;
+    s->ctx->stats.clients++;
+    s->ctx->stats.connections_received++;
+  }
+}
+
+/* ---- timeouts and shutdown ---- */
+
+static uint64_t sweep_interval_ms(const server_config *cfg) {
+  uint64_t iv = SWEEP_MAX_MS;
+  if (cfg->idle_timeout_ms && cfg->idle_timeout_ms / 4 < iv)
+    iv = cfg->idle_timeout_ms / 4;
+  if (cfg->request_timeout_ms && cfg->request_timeout_ms / 4 < iv)
+    iv = cfg->request_timeout_ms / 4;
+  return iv < 10 ? 10 : iv;
+}
+
+/* Closes connections past a timeout; recounts buffer memory for INFO. */
+static void sweep(server *s) {
+  const server_config *cfg = s->cfg;
+  uint64_t bytes = s->sout.cap + RESP_MAX_REQUEST;
+  conn *next;
+  for (conn *c = s->conns; c; c = next) {
+    next = c->next;
+    bool slow = cfg->request_timeout_ms && c->partial_since_ms &&
+                s->now_ms - c->partial_since_ms >= cfg->request_timeout_ms;
+    bool idle = cfg->idle_timeout_ms &&
+                s->now_ms - c->last_active_ms >= cfg->idle_timeout_ms;
+    if (slow || idle)
+      conn_close(s, c, true);
+    else
+      bytes += c->in_cap + c->out.cap;
+  }
+  s->ctx->stats.buffer_bytes = bytes;
+}
+
+static void close_listener(server *s, item *l) {
+  if (l->fd < 0)
+    return;
+  epoll_ctl(s->ep, EPOLL_CTL_DEL, l->fd, NULL);
+  close(l->fd);
+  l->fd = -1;
+}
+
+/* Stops accepting and reading; replies already computed go on being sent
+ * until they are or the grace period ends. */
+static void begin_shutdown(server *s) {
+  s->shutting_down = true;
+  s->shutdown_deadline_ms = s->now_ms + s->cfg->shutdown_grace_ms;
+  close_listener(s, &s->tcp);
+  close_listener(s, &s->unix_sock);
+  if (s->cfg->unix_path)
+    unlink(s->cfg->unix_path);
+  conn *next;
+  for (conn *c = s->conns; c; c = next) {
+    next = c->next;
+    c->closing = true;
+    conn_flush(s, c);
+  }
+}
+
+/* ---- listening ---- */
+
+static int listen_tcp(server *s) {
+  const server_config *cfg = s->cfg;
+  char port[16];
+  snprintf(port, sizeof port, "%d", cfg->port);
+  struct addrinfo hints = {0}, *res = NULL;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV;
+  int rc = getaddrinfo(cfg->bind_addr, port, &hints, &res);
+  if (rc != 0) {
+    fprintf(stderr, "tollgate serve: bad address '%s': %s\n", cfg->bind_addr,
+            gai_strerror(rc));
+    return -1;
+  }
+  int fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
+  int one = 1;
+  if (fd < 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      bind(fd, res->ai_addr, res->ai_addrlen) != 0 ||
+      listen(fd, SOMAXCONN) != 0 || set_nonblocking(fd) != 0) {
+    fprintf(stderr, "tollgate serve: cannot listen on %s port %d: %s\n",
+            cfg->bind_addr, cfg->port, strerror(errno));
+    if (fd >= 0)
+      close(fd);
+    freeaddrinfo(res);
+    return -1;
+  }
+  freeaddrinfo(res);
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+    s->ctx->tcp_port =
+        ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                       : ((struct sockaddr_in *)&ss)->sin_port);
+  s->tcp.kind = ITEM_LISTENER;
+  s->tcp.fd = fd;
+  return watch(s, &s->tcp, EPOLLIN, EPOLL_CTL_ADD);
+}
+
+static int listen_unix(server *s) {
+  const char *path = s->cfg->unix_path;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof sa.sun_path) {
+    fprintf(stderr, "tollgate serve: unix socket path too long: %s\n", path);
+    return -1;
+  }
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  struct stat st;
+  if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+    unlink(path); /* a socket left by a server that died */
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+      listen(fd, SOMAXCONN) != 0 || set_nonblocking(fd) != 0) {
+    fprintf(stderr, "tollgate serve: cannot listen on %s: %s\n", path,
+            strerror(errno));
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  s->unix_sock.kind = ITEM_LISTENER;
+  s->unix_sock.fd = fd;
+  return watch(s, &s->unix_sock, EPOLLIN, EPOLL_CTL_ADD);
+}
+
+/* Lets the process hold max_clients descriptors if the hard limit allows. */
+static void raise_fd_limit(uint64_t max_clients) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+    return;
+  rlim_t want = (rlim_t)max_clients + 64;
+  if (rl.rlim_cur >= want)
+    return;
+  rl.rlim_cur =
+      (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want) ? rl.rlim_max : want;
+  if (setrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < want)
+    fprintf(stderr,
+            "tollgate serve: warning: the descriptor limit (%llu) is below "
+            "max clients + 64; clients beyond it are refused\n",
+            (unsigned long long)rl.rlim_cur);
+}
+
+static int setup(server *s) {
+  s->ep = epoll_create1(EPOLL_CLOEXEC);
+  s->scratch = malloc(RESP_MAX_REQUEST);
+  if (s->ep < 0 || !s->scratch) {
+    fprintf(stderr, "tollgate serve: %s\n", strerror(errno));
+    return -1;
+  }
+  int p[2];
+  if (pipe(p) != 0 || set_nonblocking(p[0]) != 0 ||
+      set_nonblocking(p[1]) != 0) {
+    fprintf(stderr, "tollgate serve: pipe: %s\n", strerror(errno));
+    return -1;
+  }
+  s->sig.kind = ITEM_SIGNAL;
+  s->sig.fd = p[0];
+  s->sig_write_fd = p[1];
+  if (watch(s, &s->sig, EPOLLIN, EPOLL_CTL_ADD) != 0)
+    return -1;
+  signal_fd = p[1];
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  sa.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &sa, NULL);
+
+  raise_fd_limit(s->cfg->max_clients);
+  s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (s->cfg->port >= 0 && listen_tcp(s) != 0)
+    return -1;
+  if (s->cfg->unix_path && listen_unix(s) != 0)
+    return -1;
+  return 0;
+}
+
+static void teardown(server *s) {
+  while (s->conns)
+    conn_close(s, s->conns, false);
+  bool had_unix = s->unix_sock.fd >= 0;
+  close_listener(s, &s->tcp);
+  close_listener(s, &s->unix_sock);
+  if (had_unix)
+    unlink(s->cfg->unix_path);
+  signal_fd = -1;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = SIG_DFL;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  if (s->sig.fd >= 0)
+    close(s->sig.fd);
+  if (s->sig_write_fd >= 0)
+    close(s->sig_write_fd);
+  if (s->spare_fd >= 0)
+    close(s->spare_fd);
+  if (s->ep >= 0)
+    close(s->ep);
+  free(s->scratch);
+  out_free(&s->sout);
+}
+
+int server_run(const server_config *cfg, cmd_ctx *ctx) {
+  server s = {
+      .cfg = cfg, .ctx = ctx, .ep = -1, .sig_write_fd = -1, .spare_fd = -1};
+  s.tcp.fd = s.unix_sock.fd = s.sig.fd = -1;
+  ctx->tcp_port = -1;
+  ctx->unix_path = cfg->unix_path;
+  ctx->max_clients = cfg->max_clients;
+  read_clocks(&s);
+  ctx->start_us = s.now_us;
+  if (setup(&s) != 0) {
+    teardown(&s);
+    return 1;
+  }
+  if (s.tcp.fd >= 0)
+    printf("tollgate serve: listening on %s port %d\n", cfg->bind_addr,
+           ctx->tcp_port);
+  if (s.unix_sock.fd >= 0)
+    printf("tollgate serve: listening on unix socket %s\n", cfg->unix_path);
+  printf("tollgate serve: ready\n");
+  fflush(stdout);
+
+  uint64_t iv = sweep_interval_ms(cfg);
+  uint64_t next_sweep = s.now_ms + iv;
+  struct epoll_event events[MAX_EVENTS];
+  while (!(s.shutting_down && !s.conns)) {
+    int timeout = next_sweep > s.now_ms ? (int)(next_sweep - s.now_ms) : 0;
+    int n = epoll_wait(s.ep, events, MAX_EVENTS, timeout);
+    read_clocks(&s);
+    if (n < 0 && errno != EINTR) {
+      fprintf(stderr, "tollgate serve: epoll_wait: %s\n", strerror(errno));
+      break;
+    }
+    bool signalled = false;
+    for (int i = 0; i < n; i++) {
+      item *it = events[i].data.ptr;
+      if (it->kind == ITEM_CONN) {
+        conn_event(&s, (conn *)it, events[i].events);
+      } else if (it->kind == ITEM_LISTENER) {
+        on_accept(&s, it);
+      } else {
+        char buf[64];
+        while (read(it->fd, buf, sizeof buf) > 0)
+          ;
+        signalled = true;
+      }
+    }
+    /* only now: shutting down closes connections that later events of this
+     * batch may point to */
+    if (signalled && s.shutting_down) { /* a second signal: stop now */
+      while (s.conns)
+        conn_close(&s, s.conns, false);
+    } else if (signalled) {
+      fprintf(stderr, "tollgate serve: signal %d, shutting down\n",
+              (int)last_signal);
+      begin_shutdown(&s);
+    }
+    if (s.now_ms >= next_sweep) {
+      sweep(&s);
+      next_sweep = s.now_ms + iv;
+    }
+    if (s.shutting_down && s.now_ms >= s.shutdown_deadline_ms)
+      while (s.conns)
+        conn_close(&s, s.conns, false);
+  }
+  fprintf(stderr,
+          "tollgate serve: stopped after %" PRIu64 " connections and %" PRIu64
+          " commands\n",
+          ctx->stats.connections_received, ctx->stats.commands);
+  teardown(&s);
+  return 0;
+}

@@ -1,0 +1,255 @@
+/*
+ * simulate.c - the traffic patterns and their replay (see simulate.h).
+ *
+ * "Worst admitted in any period-long interval" is the number that tells the
+ * algorithms apart: a sliding log never lets it pass the limit, a fixed
+ * window lets it reach twice the limit across a boundary, a bucket lets it
+ * reach burst + limit. It is computed per key, from the admitted requests
+ * only, with two pointers over each key's requests in time order.
+ */
+#include "simulate.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 2025-01-01 00:00:00 UTC in ms: the simulated clock starts at the first
+ * multiple of the period from here on. */
+#define SIM_BASE_MS UINT64_C(1735689600000)
+
+static const char *const NAMES[SIM_PATTERN_COUNT] = {"steady", "bursty",
+                                                     "boundary", "many_keys"};
+static const char *const ABOUT[SIM_PATTERN_COUNT] = {
+    "one key, requests evenly spaced at twice the allowed rate",
+    "one key, every 2 periods a burst of 2 x limit requests within 1/10 of "
+    "a period",
+    "one key, every 2 periods limit requests just before a fixed-window "
+    "boundary and limit just after it",
+    "many keys, random arrivals at 1.5 x the allowed rate per key",
+};
+
+const char *sim_pattern_name(sim_pattern p) {
+  return (unsigned)p < SIM_PATTERN_COUNT ? NAMES[p] : "unknown";
+}
+
+const char *sim_pattern_about(sim_pattern p) {
+  return (unsigned)p < SIM_PATTERN_COUNT ? ABOUT[p] : "unknown";
+}
+
+int sim_parse_pattern(const char *name, sim_pattern *p) {
+  for (int i = 0; i < SIM_PATTERN_COUNT; i++)
+    if (strcmp(name, NAMES[i]) == 0) {
+      *p = (sim_pattern)i;
+      return 0;
+    }
+  return -1;
+}
+
+/* splitmix64: reproducible from the seed. */
+static uint64_t rng_next(uint64_t *s) {
+  uint64_t z = (*s += UINT64_C(0x9e3779b97f4a7c15));
+  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+  return z ^ (z >> 31);
+}
+
+static int by_time(const void *a, const void *b) {
+  const sim_event *x = a, *y = b;
+  if (x->t_us != y->t_us)
+    return x->t_us < y->t_us ? -1 : 1;
+  return x->key < y->key ? -1 : x->key > y->key;
+}
+
+/* Appends n requests for key 0 evenly spread over [start, start + span). */
+static void spread(sim_event *ev, size_t *at, uint64_t n, uint64_t start,
+                   uint64_t span) {
+  for (uint64_t i = 0; i < n; i++) {
+    ev[*at].t_us = start + (span * i) / n;
+    ev[*at].key = 0;
+    (*at)++;
+  }
+}
+
+/* How many requests the pattern sends, to size the array. */
+static uint64_t count_events(const sim_params *p, uint64_t limit) {
+  uint64_t periods = p->periods;
+  switch (p->pattern) {
+  case SIM_STEADY:
+    return periods * 2 * limit;
+  case SIM_BURSTY:
+    return ((periods + 1) / 2) * 2 * limit;
+  case SIM_BOUNDARY:
+    return (periods / 2) * 2 * limit;
+  case SIM_MANY_KEYS:
+    return periods * limit * p->keys + periods * limit * p->keys / 2;
+  }
+  return 0;
+}
+
+int sim_generate(const sim_params *p, sim_traffic *out) {
+  memset(out, 0, sizeof *out);
+  const tg_quota *q = &p->quota;
+  if (q->limit == 0 || q->period_ms == 0 || q->period_ms > TG_PERIOD_MAX_MS)
+    return TG_EQUOTA;
+  if (p->periods == 0 || (unsigned)p->pattern >= SIM_PATTERN_COUNT ||
+      (p->pattern == SIM_MANY_KEYS && p->keys == 0) ||
+      (p->pattern == SIM_BOUNDARY && p->periods < 2))
+    return TG_EINVAL;
+  /* bound every product below before computing it */
+  if (q->limit > SIM_MAX_EVENTS || p->periods > SIM_MAX_EVENTS ||
+      p->keys > SIM_MAX_EVENTS ||
+      q->period_ms > (TG_NOW_MAX_US / 1000u - SIM_BASE_MS) / 4 / p->periods)
+    return TG_EINVAL;
+  uint64_t keys = p->pattern == SIM_MANY_KEYS ? p->keys : 1;
+  if (q->limit * p->periods > SIM_MAX_EVENTS ||
+      q->limit * p->periods * keys > SIM_MAX_EVENTS)
+    return TG_EINVAL;
+  uint64_t n = count_events(p, q->limit);
+  if (n > SIM_MAX_EVENTS)
+    return TG_EINVAL;
+  uint64_t period = q->period_ms * 1000u; /* us */
+  uint64_t duration = period * p->periods;
+  sim_event *ev = malloc((size_t)(n ? n : 1) * sizeof *ev);
+  if (!ev)
+    return TG_ENOMEM;
+  size_t at = 0;
+  switch (p->pattern) {
+  case SIM_STEADY:
+    spread(ev, &at, n, 0, duration);
+    break;
+  case SIM_BURSTY:
+    for (uint64_t k = 0; k < p->periods; k += 2)
+      spread(ev, &at, 2 * q->limit, k * period + period / 2, period / 10);
+    break;
+  case SIM_BOUNDARY:
+    for (uint64_t k = 0; k + 1 < p->periods; k += 2) {
+      uint64_t edge = (k + 1) * period; /* a fixed-window boundary */
+      spread(ev, &at, q->limit, edge - period / 20, period / 20);
+      spread(ev, &at, q->limit, edge, period / 20);
+    }
+    break;
+  case SIM_MANY_KEYS: {
+    /* n arrivals at uniformly random times (a Poisson process, given n) */
+    uint64_t seed = p->seed;
+    for (uint64_t i = 0; i < n; i++) {
+      ev[at].t_us = rng_next(&seed) % duration;
+      ev[at].key = (uint32_t)(rng_next(&seed) % keys);
+      at++;
+    }
+    qsort(ev, at, sizeof *ev, by_time);
+    break;
+  }
+  }
+  out->ev = ev;
+  out->n = at;
+  out->duration_us = duration;
+  out->keys = (uint32_t)keys;
+  out->t0_us =
+      ((SIM_BASE_MS + q->period_ms - 1) / q->period_ms) * q->period_ms * 1000u;
+  return TG_OK;
+}
+
+void sim_traffic_free(sim_traffic *t) {
+  free(t->ev);
+  memset(t, 0, sizeof *t);
+}
+
+/* Fills r->worst, worst_key and worst_start_us from r->allowed. */
+static int find_worst(const sim_params *p, const sim_traffic *t, sim_run *r) {
+  /* the admitted requests grouped by key, each group in time order: a
+   * counting sort by key keeps the time order within a key */
+  size_t *start = calloc((size_t)t->keys + 1, sizeof *start);
+  size_t *order =
+      malloc((r->admitted ? (size_t)r->admitted : 1) * sizeof *order);
+  if (!start || !order) {
+    free(start);
+    free(order);
+    return TG_ENOMEM;
+  }
+  for (size_t i = 0; i < t->n; i++)
+    if (r->allowed[i])
+      start[t->ev[i].key + 1]++;
+  for (uint32_t k = 0; k < t->keys; k++)
+    start[k + 1] += start[k];
+  size_t *fill = calloc((size_t)t->keys, sizeof *fill);
+  if (!fill) {
+    free(start);
+    free(order);
+    return TG_ENOMEM;
+  }
+  for (size_t i = 0; i < t->n; i++)
+    if (r->allowed[i]) {
+      uint32_t k = t->ev[i].key;
+      order[start[k] + fill[k]++] = i;
+    }
+  uint64_t period = p->quota.period_ms * 1000u;
+  r->worst = 0;
+  r->worst_key = 0;
+  r->worst_start_us = 0;
+  for (uint32_t k = 0; k < t->keys; k++) {
+    size_t lo = start[k];
+    for (size_t hi = start[k]; hi < start[k + 1]; hi++) {
+      uint64_t th = t->ev[order[hi]].t_us;
+      while (th - t->ev[order[lo]].t_us >= period)
+        lo++;
+      uint64_t count = (uint64_t)(hi - lo + 1);
+      if (count > r->worst) {
+        r->worst = count;
+        r->worst_key = k;
+        r->worst_start_us = t->ev[order[lo]].t_us;
+      }
+    }
+  }
+  free(start);
+  free(order);
+  free(fill);
+  return TG_OK;
+}
+
+int sim_replay(const sim_params *p, const sim_traffic *t, tg_algorithm alg,
+               sim_run *out) {
+  memset(out, 0, sizeof *out);
+  out->alg = alg;
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = alg;
+  cfg.clean_period_ms = 0; /* the replay is the only user: no thread */
+  cfg.capacity = t->keys < 512 ? 1024 : (uint64_t)t->keys * 2;
+  tg_limiter *lim;
+  int rc = tg_limiter_new(&lim, &cfg);
+  if (rc != TG_OK)
+    return rc;
+  out->allowed = malloc(t->n ? t->n : 1);
+  if (!out->allowed) {
+    tg_limiter_destroy(lim);
+    return TG_ENOMEM;
+  }
+  for (size_t i = 0; i < t->n; i++) {
+    char key[16];
+    int len = snprintf(key, sizeof key, "k%" PRIu32, t->ev[i].key);
+    tg_result r;
+    rc = tg_hit_at(lim, t->t0_us + t->ev[i].t_us, key, (size_t)len, &p->quota,
+                   1, &r);
+    if (rc != TG_OK) {
+      tg_limiter_destroy(lim);
+      sim_run_free(out);
+      return rc;
+    }
+    out->allowed[i] = r.allowed ? 1 : 0;
+    if (r.allowed)
+      out->admitted++;
+    else
+      out->denied++;
+  }
+  tg_limiter_destroy(lim);
+  rc = find_worst(p, t, out);
+  if (rc != TG_OK)
+    sim_run_free(out);
+  return rc;
+}
+
+void sim_run_free(sim_run *r) {
+  free(r->allowed);
+  r->allowed = NULL;
+}
