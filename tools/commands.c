@@ -176,7 +176,10 @@ static void cmd_hit(const call *c) {
   if (parse_tg(c, 0, OPT_BURST | OPT_COST, &t) != 0)
     return;
   tg_result r;
-  int rc = tg_hit_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.cost, &r);
+  int rc =
+      c->ctx->store_time
+          ? tg_hit(t.lim, t.key, t.key_len, &t.q, t.cost, &r)
+          : tg_hit_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.cost, &r);
   if (rc != TG_OK && !(r.degraded && c->ctx->policy != TG_POLICY_ERROR)) {
     err_tg(c->out, rc);
     return;
@@ -206,7 +209,10 @@ static void cmd_inc(const call *c) {
   if (parse_tg(c, 0, OPT_COST, &t) != 0)
     return;
   uint64_t count;
-  int rc = tg_inc_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.cost, &count);
+  int rc =
+      c->ctx->store_time
+          ? tg_inc(t.lim, t.key, t.key_len, &t.q, t.cost, &count)
+          : tg_inc_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.cost, &count);
   if (rc != TG_OK)
     err_tg(c->out, rc);
   else
@@ -218,7 +224,9 @@ static void cmd_get(const call *c) {
   if (parse_tg(c, 0, OPT_BURST, &t) != 0)
     return;
   uint64_t v;
-  int rc = tg_get_at(t.lim, c->now_us, t.key, t.key_len, &t.q, &v);
+  int rc = c->ctx->store_time
+               ? tg_get(t.lim, t.key, t.key_len, &t.q, &v)
+               : tg_get_at(t.lim, c->now_us, t.key, t.key_len, &t.q, &v);
   if (rc != TG_OK)
     err_tg(c->out, rc);
   else
@@ -229,7 +237,9 @@ static void cmd_set(const call *c) {
   tg_args t;
   if (parse_tg(c, 1, OPT_BURST, &t) != 0)
     return;
-  int rc = tg_set_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.value);
+  int rc = c->ctx->store_time
+               ? tg_set(t.lim, t.key, t.key_len, &t.q, t.value)
+               : tg_set_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.value);
   if (rc != TG_OK)
     err_tg(c->out, rc);
   else
@@ -241,7 +251,10 @@ static void cmd_expiresat(const call *c) {
   if (parse_tg(c, 0, OPT_BURST, &t) != 0)
     return;
   uint64_t at;
-  int rc = tg_expires_at_at(t.lim, c->now_us, t.key, t.key_len, &t.q, &at);
+  int rc =
+      c->ctx->store_time
+          ? tg_expires_at(t.lim, t.key, t.key_len, &t.q, &at)
+          : tg_expires_at_at(t.lim, c->now_us, t.key, t.key_len, &t.q, &at);
   if (rc != TG_OK)
     err_tg(c->out, rc);
   else

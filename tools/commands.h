@@ -18,6 +18,8 @@
 #include "resp.h"
 #include "tollgate.h"
 
+#include <stdbool.h>
+
 #include <stdint.h>
 
 /* Counters INFO reports. The command layer keeps the first block; the server
@@ -47,6 +49,8 @@ typedef struct cmd_ctx {
                             store failure is an error reply, otherwise the
                             policy's answer with degraded = 1 */
   const char *store;     /* for INFO, e.g. "memory" or "shm:/name" */
+  bool store_time;       /* decide on the store's clock (the Redis store:
+                            the Redis server's TIME), not the loop turn's */
   int tcp_port;          /* for INFO; -1 when not listening on TCP */
   const char *unix_path; /* for INFO; NULL when none */
   uint64_t max_clients;  /* for INFO */

@@ -7,7 +7,9 @@
  * live in the embedded memory store by default, or with --shm NAME in five
  * shared-memory segments NAME.fixed_window ... NAME.leaky_bucket, which any
  * other process on the host (another `tollgate serve`, a program linking
- * libtollgate with shm_name set) can attach to and share the limits of.
+ * libtollgate with shm_name set) can attach to and share the limits of, or
+ * with --redis in a Redis server, shared with every tollgate (library or
+ * server) on any host that uses the same server and key prefix.
  */
 #include "cli.h"
 #include "commands.h"
@@ -23,15 +25,17 @@
 /* Where the limiters keep their state. */
 typedef enum store_kind {
   STORE_MEMORY, /* the embedded table, private to this process */
-  STORE_SHM     /* named shared-memory segments, see the top of the file */
-  /* STORE_REDIS goes here once the Redis store exists (issue 4): an option
-   * naming the server, and its fields set in make_limiters below. */
+  STORE_SHM,    /* named shared-memory segments, see the top of the file */
+  STORE_REDIS   /* a Redis server (--redis HOST:PORT or --redis-unix PATH) */
 } store_kind;
 
 typedef struct serve_opts {
   server_config srv;
   store_kind store;
-  const char *shm;   /* segment name prefix, "/name" */
+  const char *shm;       /* segment name prefix, "/name" */
+  tg_redis_config redis; /* --redis*: host, port or socket, prefix, db; the
+                            password comes from TOLLGATE_REDIS_PASSWORD */
+  char redis_host[256];
   uint64_t capacity; /* keys per algorithm */
   tg_policy policy;
 } serve_opts;
@@ -66,6 +70,15 @@ static void usage(FILE *f) {
       "  --shm NAME              keep the limits in shared memory segments\n"
       "                          NAME.<algorithm> (NAME like /myapp), shared\n"
       "                          with every process that opens them\n"
+      "  --redis HOST:PORT       keep the limits in a Redis server (numeric\n"
+      "                          or named host), shared by every tollgate "
+      "that\n"
+      "                          uses it; decisions use its clock (TIME), one\n"
+      "                          round trip each. Password: environment\n"
+      "                          variable TOLLGATE_REDIS_PASSWORD\n"
+      "  --redis-unix PATH       the same over a unix socket\n"
+      "  --redis-prefix P        Redis key prefix (default tg)\n"
+      "  --redis-db N            SELECTed database (default 0)\n"
       "  --capacity N            keys per algorithm (default 65536)\n"
       "  --on-failure POLICY     open (default), closed or error: the answer\n"
       "                          when the store cannot decide (e.g. full)\n"
@@ -122,6 +135,33 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         return -1;
       o->store = STORE_SHM;
       o->shm = val;
+    } else if (OPT("--redis")) {
+      const char *colon = r < 0 ? NULL : strrchr(val, ':');
+      if (!colon || colon == val ||
+          (size_t)(colon - val) >= sizeof o->redis_host ||
+          opt_u64("serve", "--redis port", colon + 1, 1, 65535, &v) != 0) {
+        fprintf(stderr, "tollgate serve: --redis wants HOST:PORT\n");
+        return -1;
+      }
+      memcpy(o->redis_host, val, (size_t)(colon - val));
+      o->redis_host[colon - val] = '\0';
+      o->redis.host = o->redis_host;
+      o->redis.port = (int)v;
+      o->redis.unix_path = NULL;
+      o->store = STORE_REDIS;
+    } else if (OPT("--redis-unix")) {
+      if (r < 0)
+        return -1;
+      o->redis.unix_path = val;
+      o->store = STORE_REDIS;
+    } else if (OPT("--redis-prefix")) {
+      if (r < 0)
+        return -1;
+      o->redis.key_prefix = val;
+    } else if (OPT("--redis-db")) {
+      if (r < 0 || opt_u64("serve", "--redis-db", val, 0, 1000000, &v) != 0)
+        return -1;
+      o->redis.db = (int)v;
     } else if (OPT("--capacity")) {
       if (r < 0 || opt_u64("serve", "--capacity", val, 1, UINT64_C(1) << 40,
                            &o->capacity) != 0)
@@ -158,6 +198,15 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
     }
 #undef OPT
   }
+  if (o->shm && (o->redis_host[0] || o->redis.unix_path)) {
+    fprintf(stderr, "tollgate serve: --shm and --redis exclude each other\n");
+    return -1;
+  }
+  if (o->store == STORE_REDIS && !tg_redis_available()) {
+    fprintf(stderr, "tollgate serve: this build has no Redis store (rebuild "
+                    "with hiredis: apt-get install libhiredis-dev)\n");
+    return -1;
+  }
   if (o->srv.port < 0 && !o->srv.unix_path) {
     fprintf(stderr, "tollgate serve: --no-tcp needs --unix PATH\n");
     return -1;
@@ -183,6 +232,10 @@ static int make_limiters(const serve_opts *o, tg_limiter *lim[]) {
                tg_algorithm_name((tg_algorithm)a));
       cfg.shm_name = name;
       break;
+    case STORE_REDIS:
+      /* one connection per limiter: the server is one thread */
+      cfg.redis = &o->redis;
+      break;
     }
     int rc = tg_limiter_new(&lim[a], &cfg);
     if (rc != TG_OK) {
@@ -207,9 +260,15 @@ int cmd_serve(int argc, char **argv) {
               .request_timeout_ms = 10000,
               .shutdown_grace_ms = 2000},
       .store = STORE_MEMORY,
+      .shm = NULL,
       .capacity = 65536,
       .policy = TG_POLICY_FAIL_OPEN,
   };
+  tg_redis_config_init(&o.redis);
+  o.redis.pool_size = 1; /* the server is one thread */
+  o.redis.password = getenv("TOLLGATE_REDIS_PASSWORD");
+  if (o.redis.password && !*o.redis.password)
+    o.redis.password = NULL;
   if (parse_args(argc, argv, &o) != 0) {
     fprintf(stderr, "(tollgate serve --help lists the options)\n");
     return 2;
@@ -217,12 +276,19 @@ int cmd_serve(int argc, char **argv) {
   cmd_ctx ctx;
   memset(&ctx, 0, sizeof ctx);
   ctx.policy = o.policy;
-  char store[256];
+  char store[512];
   if (o.store == STORE_SHM)
     snprintf(store, sizeof store, "shm:%s.<algorithm>", o.shm);
+  else if (o.store == STORE_REDIS && o.redis.unix_path)
+    snprintf(store, sizeof store, "redis:unix:%s db %d prefix %s",
+             o.redis.unix_path, o.redis.db, o.redis.key_prefix);
+  else if (o.store == STORE_REDIS)
+    snprintf(store, sizeof store, "redis:%s:%d db %d prefix %s", o.redis.host,
+             o.redis.port, o.redis.db, o.redis.key_prefix);
   else
     snprintf(store, sizeof store, "memory");
   ctx.store = store;
+  ctx.store_time = o.store == STORE_REDIS;
   if (make_limiters(&o, ctx.lim) != 0)
     return 1;
   int rc = server_run(&o.srv, &ctx);
