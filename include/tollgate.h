@@ -247,7 +247,9 @@ typedef enum tg_policy {
  * on with each attempt, so in a table larger than that a new key can get
  * TG_EFULL while decayed keys remain elsewhere (the next attempts scan
  * further; a cleaning pass reclaims them all). The scan is bounded so that
- * a stream of new keys cannot make each refusal cost O(capacity). */
+ * a stream of new keys cannot make each refusal cost O(capacity), but it is
+ * still work under the table lock (about 36 us measured for a refusal in a
+ * full 65536-key table): give capacity room above the keys live at once. */
 
 /* One expired entry handed to before_clean. The key bytes are valid only for
  * the duration of the call. */
