@@ -94,15 +94,7 @@ static bool starts(const char *s, const char *prefix) {
   return s && strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
-static char *dup_or_null(const char *s) {
-  if (!s)
-    return NULL;
-  size_t n = strlen(s) + 1;
-  char *d = malloc(n);
-  if (d)
-    memcpy(d, s, n);
-  return d;
-}
+static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
 /* ---- arguments ---- */
 
@@ -202,18 +194,28 @@ static void build_args(const redis_store *s, const tg__call *c, args *a) {
 
 /* ---- replies ---- */
 
-/* A u64 from a reply string of 1..20 digits. */
-static bool parse_u64(const redisReply *r, uint64_t *out) {
-  if (r->type != REDIS_REPLY_STRING || r->len == 0 || r->len > 20)
-    return false;
+/* Parses a decimal u64 of 1..20 digits from [*p, end) up to a byte that is
+ * not a digit; advances *p. */
+static bool scan_u64(const char **p, const char *end, uint64_t *out) {
+  const char *q = *p;
   uint64_t v = 0;
-  for (size_t i = 0; i < r->len; i++) {
-    unsigned d = (unsigned)(unsigned char)r->str[i] - '0';
-    if (d > 9 || !tg__mul(v, 10, &v) || !tg__add(v, d, &v))
+  while (q < end && *q >= '0' && *q <= '9') {
+    if (!tg__mul(v, 10, &v) || !tg__add(v, (uint64_t)(*q - '0'), &v))
       return false;
+    q++;
   }
+  if (q == *p || q - *p > 20)
+    return false;
+  *p = q;
   *out = v;
   return true;
+}
+
+/* A u64 from a reply string of 1..20 digits and nothing else. */
+static bool parse_u64(const redisReply *r, uint64_t *out) {
+  const char *p = r->str;
+  return r->type == REDIS_REPLY_STRING && scan_u64(&p, r->str + r->len, out) &&
+         p == r->str + r->len;
 }
 
 static bool is_empty(const redisReply *r) {
@@ -243,23 +245,6 @@ static int call_at(const tg__call *c, const redisReply *now_r, tg__call *cc) {
     return TG_ESTORE;
   }
   return TG_OK;
-}
-
-/* Parses a decimal u64 of 1..20 digits from [*p, end) up to a byte that is
- * not a digit; advances *p. */
-static bool scan_u64(const char **p, const char *end, uint64_t *out) {
-  const char *q = *p;
-  uint64_t v = 0;
-  while (q < end && *q >= '0' && *q <= '9') {
-    if (!tg__mul(v, 10, &v) || !tg__add(v, (uint64_t)(*q - '0'), &v))
-      return false;
-    q++;
-  }
-  if (q == *p || q - *p > 20)
-    return false;
-  *p = q;
-  *out = v;
-  return true;
 }
 
 /* The stored value of a window or bucket key (see redis.lua): "A:X:Y" with
