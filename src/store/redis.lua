@@ -88,16 +88,28 @@ local function fmt(h, l, wide)
   return string.format('%d%010d', h, l)
 end
 
--- An integer x < 2^53 as limbs (the division is corrected, not trusted).
-local function limbs(x)
-  local h = math.floor(x / B)
-  local l = x - h * B
-  if l < 0 then
-    h, l = h - 1, l + B
-  elseif l >= B then
-    h, l = h + 1, l - B
+-- Integers x < 2^53 and d > 0 as q, r with x = d q + r, 0 <= r < d: the
+-- quotient of doubles is corrected, not trusted.
+local function divmod(x, d)
+  local q = math.floor(x / d)
+  local r = x - q * d
+  if r < 0 then
+    q, r = q - 1, r + d
+  elseif r >= d then
+    q, r = q + 1, r - d
   end
-  return h, l
+  return q, r
+end
+
+-- An integer x < 2^53 as limbs.
+local function limbs(x)
+  return divmod(x, B)
+end
+
+-- The end, in ms, of the epoch window of now_ms (<= 9e15) for a period of
+-- pms ms: (floor(now_ms / pms) + 1) * pms, exact below 2^53.
+local function epoch_end_ms(now_ms, pms)
+  return (divmod(now_ms, pms) + 1) * pms
 end
 
 local function cmp(ah, al, bh, bl)
@@ -143,18 +155,6 @@ local function divmod1000(h, l)
   local q = math.floor(l / 1000) -- exact: l < 1e10
   local hq = math.floor(h / 1000)
   return hq, (h - hq * 1000) * 10000000 + q, l - q * 1000
-end
-
--- An integer x < 2^53 as q, r with x = 1000 q + r (checked, not trusted).
-local function split1000(x)
-  local q = math.floor(x / 1000)
-  local r = x - q * 1000
-  if r < 0 then
-    q, r = q - 1, r + 1000
-  elseif r >= 1000 then
-    q, r = q + 1, r - 1000
-  end
-  return q, r
 end
 
 local function arg(i)
@@ -234,15 +234,7 @@ if alg == '0' or alg == '1' then
     -- fast: every sum below is of two values under 2^52
     local e -- end of the window written, us
     if alg == '0' then
-      -- epoch windows: end = (floor(now_ms / period_ms) + 1) * period_ms
-      local now_ms = split1000(now)
-      local q = math.floor(now_ms / pms)
-      if q * pms > now_ms then
-        q = q - 1
-      elseif (q + 1) * pms <= now_ms then
-        q = q + 1
-      end
-      e = (q + 1) * pms * 1000
+      e = epoch_end_ms(divmod(now, 1000), pms) * 1000
       if cur and a >= e then
         e = a -- the stored window is current (or later)
       else
@@ -279,13 +271,7 @@ if alg == '0' or alg == '1' then
   local eh, el
   if alg == '0' then
     local now_ms = nh * 10000000 + math.floor(nl / 1000) -- <= 9e15
-    local q = math.floor(now_ms / pms)
-    if q * pms > now_ms then
-      q = q - 1
-    elseif (q + 1) * pms <= now_ms then
-      q = q + 1
-    end
-    eh, el = mul1000(limbs((q + 1) * pms))
+    eh, el = mul1000(limbs(epoch_end_ms(now_ms, pms)))
     if cur and cmp(ah, al, eh, el) >= 0 then
       eh, el = ah, al
     else
@@ -354,7 +340,7 @@ if alg == '3' or alg == '4' then
       -- not created, as in the memory store
       return {now_s, '', 0}
     end
-    local q, r = split1000(d2) -- tat' = now * 1000 + d2 ns
+    local q, r = divmod(d2, 1000) -- tat' = now * 1000 + d2 ns
     redis.call('SET', key, alg .. string.format(':%d:%d', now + q, r), 'PX',
       math.floor(d2 / 1000000) + slack)
     return {now_s, cur or '', 1}
