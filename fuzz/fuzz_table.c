@@ -155,7 +155,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 2)
     return 0;
   tg_algorithm alg = (tg_algorithm)(data[0] % TG_ALGORITHM_COUNT);
-  tg__table_params p = {alg, CAP, LONG_KEYS, LOG_ENTRIES, true};
+  tg__table_params p = {alg, CAP, LONG_KEYS, LOG_ENTRIES, true, 2000};
   size_t bytes = tg__table_bytes(&p);
   void *mem = NULL;
   if (bytes == 0 || posix_memalign(&mem, 64, bytes) != 0)

@@ -442,6 +442,11 @@ typedef struct tg_config {
                                     combined with custom_store. */
   unsigned shm_mode;            /* permissions of a segment this limiter creates
                                     (default 0600: only the same user may attach) */
+  uint32_t lock_timeout_ms;     /* shared memory: the longest an operation
+                                    waits for a lock another process holds
+                                    (a table or sliding-log lock), in ms,
+                                    default 2000; then it answers TG_EBUSY.
+                                    0 means try once and never wait. */
   const tg_redis_config *redis; /* NULL (default): not Redis. Else the
                             Redis store with these settings (copied, strings
                             included, during tg_limiter_new). Cannot be

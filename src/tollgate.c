@@ -56,6 +56,8 @@ const char *tg_algorithm_name(tg_algorithm alg) {
 #define CAPACITY_LIMIT (UINT64_C(1) << 40)
 #define CLEAN_PERIOD_DEFAULT_MS 60000u
 #define KEY_OLDER_THAN_DEFAULT_MS UINT64_C(86400000)
+#define LOCK_TIMEOUT_DEFAULT_MS 2000u
+#define LOCK_TIMEOUT_LIMIT_MS 3600000u
 
 void tg_config_init(tg_config *cfg) {
   if (!cfg)
@@ -74,6 +76,7 @@ void tg_config_init(tg_config *cfg) {
   cfg->custom_store = NULL;
   cfg->shm_name = NULL;
   cfg->shm_mode = 0600;
+  cfg->lock_timeout_ms = LOCK_TIMEOUT_DEFAULT_MS;
   cfg->redis = NULL;
 }
 
@@ -108,6 +111,8 @@ static bool config_valid(const tg_config *cfg) {
     return false;
   if (cfg->shm_mode & ~0777u)
     return false;
+  if (cfg->lock_timeout_ms > LOCK_TIMEOUT_LIMIT_MS)
+    return false;
   if (cfg->custom_store &&
       (!cfg->custom_store->lock_and_get || !cfg->custom_store->set_and_unlock ||
        !cfg->custom_store->unlock))
@@ -139,9 +144,12 @@ static int store_new(tg_limiter *lim) {
     return tg__custom_store_new(&lim->store, &lim->custom, cfg->algorithm,
                                 cfg->sliding_max_entries);
   }
-  tg__table_params p = {cfg->algorithm, cfg->capacity,
+  tg__table_params p = {cfg->algorithm,
+                        cfg->capacity,
                         cfg->long_keys ? cfg->long_keys : cfg->capacity,
-                        cfg->sliding_max_entries, false};
+                        cfg->sliding_max_entries,
+                        false,
+                        cfg->lock_timeout_ms};
   if (cfg->shm_name && !shm_name_ok(cfg->shm_name))
     return TG_EINVAL;
   if (cfg->shm_name)

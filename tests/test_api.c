@@ -111,6 +111,7 @@ static void config_init_sets_the_documented_defaults(void **state) {
   assert_null(cfg.custom_store);
   assert_null(cfg.shm_name);
   assert_int_equal(cfg.shm_mode, 0600);
+  assert_int_equal(cfg.lock_timeout_ms, 2000);
   assert_null(cfg.redis);
 }
 
@@ -158,6 +159,20 @@ static void limiter_new_rejects_a_bad_config(void **state) {
   ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
   cfg.on_failure = (tg_policy)-1;
   ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+
+  /* a lock wait of more than an hour is a mistake, not a bound */
+  tg_config_init(&cfg);
+  cfg.lock_timeout_ms = 3600001;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  cfg.lock_timeout_ms = UINT32_MAX;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  cfg.lock_timeout_ms = 0; /* try once: valid */
+  cfg.clean_period_ms = 0;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_OK);
+  tg_limiter_destroy(lim);
+  cfg.lock_timeout_ms = 3600000;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_OK);
+  tg_limiter_destroy(lim);
 
   tg_config_init(&cfg);
   cfg.algorithm = TG_SLIDING_WINDOW;

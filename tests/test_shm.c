@@ -243,9 +243,12 @@ static void shm_config(tg_config *cfg, const char *name, tg_algorithm alg,
 }
 
 static tg__table_params params_of(const tg_config *cfg) {
-  tg__table_params p = {cfg->algorithm, cfg->capacity,
+  tg__table_params p = {cfg->algorithm,
+                        cfg->capacity,
                         cfg->long_keys ? cfg->long_keys : cfg->capacity,
-                        cfg->sliding_max_entries, true};
+                        cfg->sliding_max_entries,
+                        true,
+                        cfg->lock_timeout_ms};
   return p;
 }
 

@@ -122,7 +122,7 @@ static tg_config seg_config(tg_algorithm alg) {
 }
 
 static tg__table_params seg_params(tg_algorithm alg) {
-  tg__table_params p = {alg, CAP, LONG_KEYS, LOG_ENTRIES, true};
+  tg__table_params p = {alg, CAP, LONG_KEYS, LOG_ENTRIES, true, 2000};
   return p;
 }
 

@@ -178,14 +178,11 @@ static void read_pair(tg_algorithm alg, tg__pair *p, uint64_t *w0,
 
 /* ---- locks ---- */
 
-/* How long a process waits for a lock of a shared table before answering
- * TG_EBUSY: a live process holding one that long is stuck, and a corrupt
- * segment must not hang its readers. */
-#define SHARED_LOCK_TIMEOUT_S 2
-
 /* Takes m. Returns TG_OK, TG_OK with *died set when the previous owner died
  * holding it (robust mutexes: the caller repairs what it guards), TG_EBUSY
- * on timeout, TG_ESTORE otherwise. */
+ * when a shared table's lock is still held after the limiter's
+ * lock_timeout_ms (a live process holding one that long is stuck, and a
+ * corrupt segment must not hang its readers), TG_ESTORE otherwise. */
 static int lock2(const tg__table *t, pthread_mutex_t *m, bool *died) {
   int rc;
   if (died)
@@ -195,7 +192,9 @@ static int lock2(const tg__table *t, pthread_mutex_t *m, bool *died) {
      * taking the lock and a third takes it on the fast path, the kernel
      * wakes nobody else (seen with plain glibc), and a single long wait
      * would sleep through a free lock. */
-    for (int slice = 0; slice < SHARED_LOCK_TIMEOUT_S * 100; slice++) {
+    rc = pthread_mutex_trylock(m);
+    for (uint32_t waited = 0; rc == EBUSY && waited < t->g.lock_timeout_ms;
+         waited += 10) {
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);
       ts.tv_nsec += 10000000;
@@ -204,9 +203,11 @@ static int lock2(const tg__table *t, pthread_mutex_t *m, bool *died) {
         ts.tv_nsec -= 1000000000;
       }
       rc = pthread_mutex_timedlock(m, &ts);
-      if (rc != ETIMEDOUT)
-        break;
+      if (rc == ETIMEDOUT)
+        rc = EBUSY;
     }
+    if (rc == EBUSY)
+      rc = ETIMEDOUT;
   } else {
     rc = pthread_mutex_lock(m);
   }
@@ -996,6 +997,7 @@ int tg__table_init(tg__table *t, void *mem, const tg__table_params *p) {
    * recognisable by its missing magic */
   tg__store_release(&h->magic, TG__TABLE_MAGIC);
   attach_view(t, mem);
+  t->g.lock_timeout_ms = p->lock_timeout_ms;
   return TG_OK;
 }
 
@@ -1008,8 +1010,9 @@ int tg__table_attach(tg__table *t, void *mem, size_t size,
       h->algorithm >= TG_ALGORITHM_COUNT)
     return TG_ECORRUPT;
   /* the layout must be exactly the one its own parameters give */
-  tg__table_params hp = {(tg_algorithm)h->algorithm, h->capacity, h->nchunks,
-                         h->log_entries, true};
+  tg__table_params hp = {
+      (tg_algorithm)h->algorithm, h->capacity, h->nchunks, h->log_entries, true,
+      p->lock_timeout_ms};
   layout l;
   if (!plan(&hp, &l) || l.nslots != h->nslots || l.nlogs != h->nlogs ||
       l.block_bytes != h->log_block_bytes || l.ctrl_off != h->ctrl_off ||
@@ -1020,6 +1023,7 @@ int tg__table_attach(tg__table *t, void *mem, size_t size,
       hp.long_keys != p->long_keys || hp.log_entries != p->log_entries)
     return TG_EMISMATCH;
   attach_view(t, mem);
+  t->g.lock_timeout_ms = p->lock_timeout_ms;
   return TG_OK;
 }
 

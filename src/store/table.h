@@ -102,10 +102,12 @@ typedef struct tg__table_hdr {
 /* Parameters of a new table. */
 typedef struct tg__table_params {
   tg_algorithm algorithm;
-  uint64_t capacity;    /* most keys held at once, >= 1 */
-  uint64_t long_keys;   /* most keys longer than TG__INLINE_KEY at once */
-  uint32_t log_entries; /* sliding log cap per key */
-  bool shared;          /* process-shared robust mutexes */
+  uint64_t capacity;        /* most keys held at once, >= 1 */
+  uint64_t long_keys;       /* most keys longer than TG__INLINE_KEY at once */
+  uint32_t log_entries;     /* sliding log cap per key */
+  bool shared;              /* process-shared robust mutexes */
+  uint32_t lock_timeout_ms; /* shared: longest wait for a lock, then
+                               TG_EBUSY (0: try once) */
 } tg__table_params;
 
 /* The table's geometry as this process validated it on attaching. */
@@ -114,6 +116,7 @@ typedef struct tg__geom {
   uint32_t log_entries, log_block_bytes;
   uint32_t algorithm;
   uint32_t shared;
+  uint32_t lock_timeout_ms; /* this process's bound, not the segment's */
 } tg__geom;
 
 /* A process's view of a table region. */
