@@ -122,14 +122,6 @@ bool tg__log_plausible(const tg__log *log);
  * can expose), and recomputes the sum. */
 void tg__log_repair(tg__log *log);
 
-/* True when `st` is equivalent to absent at now (a store may delete it). */
-bool tg__state_fresh(tg_algorithm alg, const tg__state *st, uint64_t now_us);
-
-/* Runs one call on a sliding log; may drop expired entries and append one.
- * *changed says whether the log was modified. */
-int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
-                 bool *changed);
-
 /* What a sliding-log call saw, all a result needs: the sum of live costs
  * before the call (after pruning), the newest entry after the call, and for a
  * denied call that may pass later, the entry it waits for (the oldest entries
@@ -144,6 +136,18 @@ typedef struct tg__log_view {
   uint64_t wait_us;   /* its time: the call may pass once it has expired */
 } tg__log_view;
 
+/* Runs one call on a sliding log: drops expired entries, decides, appends
+ * or merges an allowed cost, and fills *v with what it saw. *changed says
+ * whether the log was modified (pruning included). A store whose log lives
+ * elsewhere (the Redis module) returns *v to the client, which reports with
+ * tg__log_report as if it had stepped the log itself. */
+int tg__log_decide(const tg__call *c, tg__log *log, tg__log_view *v,
+                   bool *changed);
+
+/* tg__log_decide then tg__log_report: one call on a log held here. */
+int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
+                 bool *changed);
+
 /* True when a sliding-log hit of cost c->arg fits beside live costs sum. */
 bool tg__log_allows(const tg__call *c, uint64_t sum);
 
@@ -153,6 +157,47 @@ int tg__log_report(const tg__call *c, const tg__log_view *v, tg__outcome *o);
 
 /* Drops entries that have expired at now_us; returns how many were dropped. */
 uint32_t tg__log_prune(tg__log *log, uint64_t period_us, uint64_t now_us);
+
+/* ---- lifetime: when a state stops mattering (lifetime.c, sliding.c) ----
+ * Every store asks these rather than re-deriving them: the memory and shm
+ * table to reclaim keys, the custom store and Redis for TTLs. */
+
+/* True when `st` is equivalent to absent at now (a store may delete it). */
+bool tg__state_fresh(tg_algorithm alg, const tg__state *st, uint64_t now_us);
+
+/* The moment, us since the epoch, from which `st` is fresh at every now: a
+ * window's end, a bucket's TAT rounded up to the us. A fixed window with
+ * count 0 is fresh before it too, but a store that keeps such a state must
+ * keep it until then (a clock stepping back may find it current). */
+uint64_t tg__state_expiry_us(tg_algorithm alg, const tg__state *st);
+
+/* ms from now until `st` is fresh, rounded up; 0 when it is fresh already.
+ * The TTL a store that may drop fresh state gives it (the custom store). */
+uint64_t tg__state_ttl_ms(tg_algorithm alg, const tg__state *st,
+                          uint64_t now_us);
+
+/* When a log stops mattering, us: its newest entry plus period_us; 0 for an
+ * empty log (fresh already). */
+uint64_t tg__log_expiry_us(const tg__log *log, uint64_t period_us);
+
+/* ms from now until the log is fresh, rounded up; 0 when it is empty. */
+uint64_t tg__log_ttl_ms(const tg__log *log, uint64_t period_us,
+                        uint64_t now_us);
+
+/* Whether call c may change the key's state, so that a store must open the
+ * key for writing (and replicate what it writes). False means the step
+ * leaves the state as it found it, except that a sliding log may drop
+ * expired entries, which a read-only store may skip: they change no answer
+ * and no TTL. Which calls count is the table in tollgate.h plus the steps'
+ * refusals: a bucket cost or value above the burst, a log cost above the
+ * limit, and a window cost of 0, change nothing. */
+bool tg__call_writes(const tg__call *c);
+
+/* Whether a store must write the state a step produced: the step changed it,
+ * and it is not a fresh state where the key was absent (no store creates a
+ * key for a state equivalent to none). */
+bool tg__state_store_needed(tg_algorithm alg, bool was_absent, bool changed,
+                            const tg__state *st, uint64_t now_us);
 
 /* The per-family steps behind tg__state_step (window.c, gcra.c). */
 int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
