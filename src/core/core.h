@@ -99,6 +99,12 @@ int tg__quota_prepare(tg__quota *out, const tg_quota *q, tg_algorithm alg);
 /* True when `op` is defined for `alg` (the table in tollgate.h). */
 bool tg__op_supported(tg_algorithm alg, tg__op op);
 
+/* What every call is checked for before a store sees it, in the order
+ * tollgate.h documents: the key's length (TG_EKEY), the operation
+ * (TG_ENOTSUP), the quota (TG_EQUOTA; *prepared is filled on success). */
+int tg__call_check(tg_algorithm alg, tg__op op, size_t key_len,
+                   const tg_quota *q, tg__quota *prepared);
+
 /* Runs one call on fixed-size state. *st is read and, when *changed is set
  * true, replaced by the new state, which the store must then publish (or, for
  * a CAS store, publish only if the old state is still current and otherwise
@@ -185,12 +191,11 @@ uint64_t tg__log_ttl_ms(const tg__log *log, uint64_t period_us,
                         uint64_t now_us);
 
 /* Whether call c may change the key's state, so that a store must open the
- * key for writing (and replicate what it writes). False means the step
- * leaves the state as it found it, except that a sliding log may drop
- * expired entries, which a read-only store may skip: they change no answer
- * and no TTL. Which calls count is the table in tollgate.h plus the steps'
- * refusals: a bucket cost or value above the burst, a log cost above the
- * limit, and a window cost of 0, change nothing. */
+ * key for writing (and replicate what it writes); false means the step
+ * leaves the state exactly as it found it. Which calls count is the table
+ * in tollgate.h less the steps' refusals: a window cost of 0, a bucket cost
+ * or value above the burst change nothing. Every call on a sliding log may
+ * change it: it drops the entries expired under the call's period. */
 bool tg__call_writes(const tg__call *c);
 
 /* Whether a store must write the state a step produced: the step changed it,

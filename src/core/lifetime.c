@@ -54,8 +54,10 @@ bool tg__call_writes(const tg__call *c) {
     return (c->op == TG__OP_SET && arg <= c->q.burst) ||
            (c->op == TG__OP_HIT && arg > 0 && arg <= c->q.burst);
   case TG_SLIDING_WINDOW:
-    /* only a cost the limit can ever admit is appended */
-    return c->op == TG__OP_HIT && arg > 0 && arg <= c->q.limit;
+    /* every call drops the entries that expired under its period; that is
+     * a change of state, since a later call with a longer period (a key
+     * whose quota changed) would still count them */
+    return tg__op_supported(c->alg, c->op);
   }
   return false;
 }
