@@ -39,7 +39,6 @@
 #include "../src/core/core.h"
 #include "../src/store/redis_value.h"
 
-#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -90,8 +89,7 @@ static int reply_code(RedisModuleCtx *ctx, int rc, const char *detail) {
 
 static int reply_u64_string(RedisModuleCtx *ctx, uint64_t v) {
   char buf[24];
-  int n = snprintf(buf, sizeof buf, "%" PRIu64, v);
-  return RedisModule_ReplyWithStringBuffer(ctx, buf, (size_t)n);
+  return RedisModule_ReplyWithStringBuffer(ctx, buf, tg__u64_dec(buf, v));
 }
 
 /* ---- one call on one key ----
@@ -118,15 +116,11 @@ static long long expire_at_ms(const kcall *k, uint64_t expiry_us) {
   return (long long)tg__div_ceil(expiry_us, 1000);
 }
 
-/* Stores value[0..len) under the open key with an expiry, and replicates
- * it as SET key value PXAT at. */
-static int store_value(const kcall *k, RedisModuleKey *key, const char *value,
-                       size_t len, long long at_ms) {
-  size_t cur = 0;
-  if (RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_STRING)
-    (void)RedisModule_StringDMA(key, &cur, REDISMODULE_READ);
-  else
-    cur = SIZE_MAX; /* absent: Truncate creates it */
+/* Stores value[0..len) under the open key, whose value has cur bytes
+ * (SIZE_MAX: absent), with an expiry, and replicates it as SET key value
+ * PXAT at. */
+static int store_value(const kcall *k, RedisModuleKey *key, size_t cur,
+                       const char *value, size_t len, long long at_ms) {
   if (cur != len && RedisModule_StringTruncate(key, len) != REDISMODULE_OK)
     return TG_ESTORE;
   char *p = RedisModule_StringDMA(key, &cur, REDISMODULE_WRITE);
@@ -223,7 +217,7 @@ static int run_state(kcall *k, state_result *sr) {
         tg__state_store_needed(alg, v == NULL, changed, &st, k->c.now_us)) {
       char buf[TG__RV_STATE_MAX];
       size_t n = tg__rv_format_state(alg, &st, buf);
-      rc = store_value(k, key, buf, n,
+      rc = store_value(k, key, v ? len : SIZE_MAX, buf, n,
                        expire_at_ms(k, tg__state_expiry_us(alg, &st)));
       sr->wrote = rc == TG_OK;
     }
@@ -295,7 +289,7 @@ static int run_log(kcall *k, uint32_t cap, log_result *lr) {
         } else {
           tg__rv_format_log(&lg, out);
           rc = store_value(
-              k, key, out, olen,
+              k, key, v ? len : SIZE_MAX, out, olen,
               expire_at_ms(k, tg__log_expiry_us(&lg, k->c.q.period_us)));
         }
       }
@@ -498,7 +492,7 @@ static int step_command_any(RedisModuleCtx *ctx, RedisModuleString **argv,
   k.c.key = RedisModule_StringPtrLen(argv[1], &k.c.key_len);
   k.may_write = writable && tg__call_writes(&k.c);
   char now_s[24];
-  int now_len = snprintf(now_s, sizeof now_s, "%" PRIu64, k.c.now_us);
+  size_t now_len = tg__u64_dec(now_s, k.c.now_us);
   if (k.c.alg == TG_SLIDING_WINDOW) {
     log_result lr;
     rc = run_log(&k, (uint32_t)cap, &lr);
@@ -509,7 +503,7 @@ static int step_command_any(RedisModuleCtx *ctx, RedisModuleString **argv,
     if (lr.rc != TG_OK) /* not reached: the op was checked above */
       return reply_code(ctx, lr.rc, NULL);
     RedisModule_ReplyWithArray(ctx, 6);
-    RedisModule_ReplyWithStringBuffer(ctx, now_s, (size_t)now_len);
+    RedisModule_ReplyWithStringBuffer(ctx, now_s, now_len);
     reply_u64_string(ctx, lr.v.sum);
     RedisModule_ReplyWithLongLong(ctx, tg__log_allows(&k.c, lr.v.sum));
     RedisModule_ReplyWithLongLong(ctx, (long long)lr.left);
@@ -530,7 +524,7 @@ static int step_command_any(RedisModuleCtx *ctx, RedisModuleString **argv,
   if (rc != TG_OK)
     return reply_code(ctx, rc, NULL);
   RedisModule_ReplyWithArray(ctx, 3);
-  RedisModule_ReplyWithStringBuffer(ctx, now_s, (size_t)now_len);
+  RedisModule_ReplyWithStringBuffer(ctx, now_s, now_len);
   RedisModule_ReplyWithStringBuffer(ctx, sr.old, sr.old_len);
   RedisModule_ReplyWithLongLong(ctx, sr.wrote ? 1 : 0);
   return REDISMODULE_OK;

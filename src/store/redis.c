@@ -34,7 +34,6 @@
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <hiredis/sds.h>
-#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,8 +116,7 @@ static void push(args *a, const char *s, size_t len) {
 
 static void push_u64(args *a, uint64_t v) {
   char *b = a->num[a->nnum++];
-  int k = snprintf(b, sizeof a->num[0], "%" PRIu64, v);
-  push(a, b, (size_t)k);
+  push(a, b, tg__u64_dec(b, v));
 }
 
 /* The Redis key of a call: prefix ":{" key "}:" algorithm. */
@@ -237,11 +235,20 @@ static bool is_empty(const redisReply *r) {
   return r->type == REDIS_REPLY_STRING && r->len == 0;
 }
 
-/* An error reply as a status code. NOSCRIPT never gets here. */
+/* An error reply as a status code. NOSCRIPT never gets here. The module
+ * names a library status by its code's name ("TG_ETIME ..."): that code,
+ * when it is one a store may return. */
 static int reply_error(const redisReply *r) {
   /* anywhere in the text: Redis versions before 7 prefix script errors */
   if (r->str && (strstr(r->str, "TGCORRUPT") || strstr(r->str, "WRONGTYPE")))
     return TG_ECORRUPT;
+  static const int passed[] = {TG_ECORRUPT, TG_ETIME, TG_ENOMEM};
+  for (size_t i = 0; r->str && i < sizeof passed / sizeof passed[0]; i++) {
+    const char *name = tg_err_name(passed[i]);
+    size_t n = strlen(name);
+    if (strncmp(r->str, name, n) == 0 && (r->str[n] == ' ' || !r->str[n]))
+      return passed[i];
+  }
   return TG_ESTORE; /* OOM, BUSY, READONLY, LOADING, NOAUTH, TGARG... */
 }
 

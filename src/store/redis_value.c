@@ -48,8 +48,7 @@ bool tg__rv_parse_state(tg_algorithm alg, const char *s, size_t len,
   return true;
 }
 
-/* Decimal digits of v, no padding; returns the length. */
-static size_t put_u64(char *out, uint64_t v) {
+size_t tg__u64_dec(char *out, uint64_t v) {
   char tmp[20];
   size_t n = 0;
   do {
@@ -74,13 +73,13 @@ size_t tg__rv_format_state(tg_algorithm alg, const tg__state *st, char *out) {
   out[n++] = (char)('0' + alg);
   out[n++] = ':';
   if (is_bucket(alg)) {
-    n += put_u64(out + n, st->a / 1000);
+    n += tg__u64_dec(out + n, st->a / 1000);
     out[n++] = ':';
-    n += put_u64(out + n, st->a % 1000);
+    n += tg__u64_dec(out + n, st->a % 1000);
   } else {
-    n += put_u64(out + n, st->a);
+    n += tg__u64_dec(out + n, st->a);
     out[n++] = ':';
-    n += put_u64(out + n, st->b);
+    n += tg__u64_dec(out + n, st->b);
   }
   return n;
 }

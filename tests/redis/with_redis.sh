@@ -22,6 +22,7 @@ if [ "${1:-}" = --module ]; then
   module=${2:?--module needs the path of tollgate.so}
   shift 2
   [ -f "$module" ] || { echo "with_redis.sh: no module at $module" >&2; exit 1; }
+  module=$(cd "$(dirname "$module")" && pwd)/$(basename "$module") # the server chdirs
 fi
 if [ $# -eq 0 ]; then
   echo "usage: with_redis.sh [--module PATH] CMD [ARG...]" >&2
@@ -72,6 +73,8 @@ CONF
     sleep 0.05
   done
   [ -n "$started" ] && break
+  # a module that does not load will not load on another port either
+  grep -q "Can't load module" "$dir/redis.log" 2>/dev/null && break
   # the port was taken (or the server died): stop whatever started, retry
   [ -s "$pidfile" ] && kill -9 "$(cat "$pidfile")" 2>/dev/null || true
 done
