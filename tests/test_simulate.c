@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,6 +238,78 @@ static void bad_parameters_are_errors(void **state) {
   assert_string_equal(sim_pattern_name(SIM_MANY_KEYS), "many_keys");
 }
 
+/* A refusal says which limit was hit and with what values, so a user can
+ * fix the command line without reading the source. */
+static void a_refusal_names_the_limit_and_its_value(void **state) {
+  (void)state;
+  char why[256];
+  uint64_t n = 1;
+  sim_params p = {.pattern = SIM_BOUNDARY,
+                  .quota = {1000, 1000, 0},
+                  .periods = 100000,
+                  .keys = 1};
+  assert_int_equal(sim_check(&p, &n, why, sizeof why), TG_EINVAL);
+  assert_int_equal(n, 0);
+  assert_non_null(strstr(why, "100000000 requests")); /* what was asked */
+  char max[32];
+  snprintf(max, sizeof max, "%" PRIu64, SIM_MAX_EVENTS);
+  assert_non_null(strstr(why, max)); /* the limit's value */
+  assert_non_null(strstr(why, "--periods (100000)"));
+  p.periods = 10;
+  assert_int_equal(sim_check(&p, &n, why, sizeof why), TG_OK);
+  assert_int_equal(n, 10000); /* 5 attacks of 2 x limit */
+  assert_string_equal(why, "");
+  p.periods = 1;
+  assert_int_equal(sim_check(&p, NULL, why, sizeof why), TG_EINVAL);
+  assert_non_null(strstr(why, "--periods 2 or more"));
+  /* counts beyond 64 bits are refused, not wrapped into a small number */
+  p.pattern = SIM_MANY_KEYS;
+  p.periods = UINT64_MAX / 4;
+  p.quota.period_ms = 1;
+  p.keys = 1000000;
+  p.quota.limit = UINT64_MAX / 2;
+  assert_int_equal(sim_check(&p, &n, why, sizeof why), TG_EINVAL);
+  assert_int_equal(sim_check(&p, &n, NULL, 0), TG_EINVAL);
+}
+
+typedef struct seen {
+  int calls[TG_ALGORITHM_COUNT];
+  size_t last_done[TG_ALGORITHM_COUNT];
+  int out_of_order;
+} seen;
+
+static void note_progress(void *ctx, tg_algorithm alg, size_t done,
+                          size_t total) {
+  seen *s = ctx;
+  if (done > total || done < s->last_done[alg])
+    s->out_of_order++;
+  s->calls[alg]++;
+  s->last_done[alg] = done;
+}
+
+/* The progress callback hears from every algorithm, in order, ending at
+ * the total; a run without one is unaffected. */
+static void a_replay_reports_its_progress(void **state) {
+  (void)state;
+  seen s = {0};
+  sim_params p = {.pattern = SIM_STEADY,
+                  .quota = {100000, 1000, 0},
+                  .periods = 1,
+                  .keys = 1,
+                  .progress = note_progress,
+                  .progress_ctx = &s};
+  sim_traffic t;
+  sim_run r[TG_ALGORITHM_COUNT];
+  run_all(&p, &t, r);
+  assert_int_equal(t.n, 200000);
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    assert_int_equal(s.calls[a], 200000 / 65536 + 1); /* 3 steps, the end */
+    assert_int_equal(s.last_done[a], t.n);
+  }
+  assert_int_equal(s.out_of_order, 0);
+  free_all(&t, r);
+}
+
 /* Counts the occurrences of needle in hay. */
 static int count(const char *hay, const char *needle) {
   int n = 0;
@@ -292,6 +365,8 @@ int main(void) {
       cmocka_unit_test(steady_traffic_at_twice_the_rate),
       cmocka_unit_test(many_keys_is_reproducible),
       cmocka_unit_test(bad_parameters_are_errors),
+      cmocka_unit_test(a_refusal_names_the_limit_and_its_value),
+      cmocka_unit_test(a_replay_reports_its_progress),
       cmocka_unit_test(the_timeline_is_an_svg_with_every_algorithm),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
