@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -358,6 +359,99 @@ static void the_timeline_is_an_svg_with_every_algorithm(void **state) {
   free_all(&t, r);
 }
 
+/* A plot area of the timeline: the grey background every plot is drawn
+ * on (timeline.c fills each with #f4f4f4 before drawing data into it). */
+typedef struct box {
+  double x0, y0, x1, y1;
+} box;
+
+static bool overlap(box a, box b) {
+  return a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1;
+}
+
+/* The box a <text> line covers, estimated generously from its font size
+ * (glyphs at most 0.62 em wide, ascent 0.8 em, descent 0.25 em) and its
+ * anchor. Entities count as one character. */
+static box text_box(const char *line) {
+  double x, y, size;
+  char anchor[16];
+  assert_int_equal(sscanf(line,
+                          "<text x=\"%lf\" y=\"%lf\" text-anchor=\"%15[a-z]\" "
+                          "font-size=\"%lf\"",
+                          &x, &y, anchor, &size),
+                   4);
+  const char *body = strchr(line, '>') + 1;
+  const char *end = strstr(body, "</text>");
+  assert_non_null(end);
+  size_t chars = 0;
+  for (const char *c = body; c < end; c++) {
+    if (*c == '&')
+      c = strchr(c, ';');
+    chars++;
+  }
+  double w = 0.62 * size * (double)chars;
+  double left = strcmp(anchor, "start") == 0 ? x
+                : strcmp(anchor, "end") == 0 ? x - w
+                                             : x - w / 2;
+  return (box){left, y - 0.8 * size, left + w, y + 0.25 * size};
+}
+
+/* Captions, titles and axis labels sit beside the plots, never on them, so
+ * no pattern's data can be hidden by a label: checked on every pattern,
+ * including one with many keys (which adds a "busiest key" label). */
+static void no_label_covers_a_plot(void **state) {
+  (void)state;
+  for (int pat = 0; pat < SIM_PATTERN_COUNT; pat++) {
+    sim_params p = {.pattern = (sim_pattern)pat,
+                    .quota = {10, 1000, 0},
+                    .periods = 6,
+                    .keys = 100,
+                    .seed = 1};
+    sim_traffic t;
+    sim_run r[TG_ALGORITHM_COUNT];
+    run_all(&p, &t, r);
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    assert_int_equal(timeline_write(f, &p, &t, r, TG_ALGORITHM_COUNT), 0);
+    rewind(f);
+    box plots[64];
+    size_t nplots = 0, ntexts = 0;
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+      box b;
+      if (strncmp(line, "<rect ", 6) == 0 && strstr(line, "#f4f4f4")) {
+        double w, h;
+        assert_int_equal(sscanf(line,
+                                "<rect x=\"%lf\" y=\"%lf\" width=\"%lf\" "
+                                "height=\"%lf\"",
+                                &b.x0, &b.y0, &w, &h),
+                         4);
+        b.x1 = b.x0 + w;
+        b.y1 = b.y0 + h;
+        assert_true(nplots < sizeof plots / sizeof plots[0]);
+        plots[nplots++] = b;
+      }
+    }
+    assert_int_equal(nplots, 2 * TG_ALGORITHM_COUNT);
+    rewind(f);
+    while (fgets(line, sizeof line, f)) {
+      if (strncmp(line, "<text ", 6) != 0)
+        continue;
+      ntexts++;
+      box tb = text_box(line);
+      for (size_t i = 0; i < nplots; i++)
+        if (overlap(tb, plots[i])) {
+          print_error("pattern %s: label over a plot: %s",
+                      sim_pattern_name((sim_pattern)pat), line);
+          fail();
+        }
+    }
+    assert_true(ntexts > 4 * TG_ALGORITHM_COUNT);
+    fclose(f);
+    free_all(&t, r);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(boundary_attack_doubles_the_fixed_window),
@@ -368,6 +462,7 @@ int main(void) {
       cmocka_unit_test(a_refusal_names_the_limit_and_its_value),
       cmocka_unit_test(a_replay_reports_its_progress),
       cmocka_unit_test(the_timeline_is_an_svg_with_every_algorithm),
+      cmocka_unit_test(no_label_covers_a_plot),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
