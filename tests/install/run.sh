@@ -4,7 +4,7 @@
 # four ways: find_package with tollgate::tollgate and tollgate::tollgate_static
 # (consumer/CMakeLists.txt), and pkg-config with cc, shared and static. It also
 # checks the installed pkg-config file (version, prefix) and the installed
-# `tollgate` program. Registered by tests/install/CMakeLists.txt, which passes:
+# `tollgate` program, `tollgate bench` included. Registered by tests/install/CMakeLists.txt, which passes:
 #
 #   run.sh BUILD_DIR CMAKE_COMMAND GENERATOR C_COMPILER LIBDIR VERSION SANITIZE REDIS
 #
@@ -143,6 +143,19 @@ if [ -x "$prefix/bin/tollgate" ]; then
   *"$version"*) echo "install test: bin/tollgate: ok ($out)" ;;
   *) fail "installed tollgate version printed '$out', expected $version" ;;
   esac
+fi
+
+# 5. `tollgate bench` from the install: it must find the installed
+# tollgate_bench by itself (not the build tree's, not one on PATH).
+if [ -x "$prefix/bin/tollgate" ] && [ -x "$prefix/libexec/tollgate/tollgate_bench" ]; then
+  out=$(env -u TOLLGATE_BENCH PATH=/usr/bin:/bin "$prefix/bin/tollgate" bench --quick --filter name=clock_read_coarse 2>&1) ||
+    { echo "$out" >&2; fail "installed tollgate bench: status $?"; }
+  case $out in
+  *"name=clock_read_coarse"*) echo "install test: bin/tollgate bench: ok" ;;
+  *) echo "$out" >&2; fail "installed tollgate bench printed no clock_read_coarse line" ;;
+  esac
+elif [ -x "$prefix/bin/tollgate" ] && [ -d "$build_dir/bench" ]; then
+  fail "the build has the benchmarks but libexec/tollgate/tollgate_bench was not installed"
 fi
 
 echo "install test: all consumers built and ran against $prefix"
