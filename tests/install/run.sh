@@ -70,6 +70,15 @@ for f in "include/tollgate.h" "$libdir/libtollgate.a" "$libdir/libtollgate.so" \
   "$libdir/cmake/tollgate/tollgateConfigVersion.cmake"; do
   [ -e "$prefix/$f" ] || fail "not installed: $f"
 done
+# The soname follows the ABI policy: MAJOR.MINOR before 1.0, MAJOR after.
+if command -v readelf >/dev/null 2>&1; then
+  major=${version%%.*}
+  minor=${version#*.}
+  minor=${minor%%.*}
+  if [ "$major" = 0 ]; then want_soname="libtollgate.so.0.$minor"; else want_soname="libtollgate.so.$major"; fi
+  soname=$(readelf -d "$prefix/$libdir/libtollgate.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+  [ "$soname" = "$want_soname" ] || fail "libtollgate.so has soname '$soname', expected $want_soname"
+fi
 # The exported targets must not pin a library to where the build machine kept
 # it: a consumer elsewhere would fail to link (or link something else).
 if grep -nE '(^|[";( ])/[^";( ]*\.(so|a)(\.[0-9.]+)?([";)> ]|$)' "$prefix/$libdir/cmake/tollgate/"tollgateTargets*.cmake; then

@@ -129,6 +129,11 @@ check "--version is version" eq "$("$TOLLGATE" --version)" "$("$TOLLGATE" versio
 for c in serve simulate demo bench shm version help; do
   check "help lists $c" has "$("$TOLLGATE" help)" "^  $c "
 done
+# the README's command table lists exactly the program's commands
+readme="$(dirname "$0")/../../README.md"
+help_cmds=$("$TOLLGATE" help | sed -n 's/^  \([a-z][a-z]*\)  .*/\1/p' | sort)
+readme_cmds=$(sed -n 's/^| `tollgate \([a-z][a-z]*\).*/\1/p' "$readme" | sort -u)
+check "README's command table matches tollgate help" eq "$readme_cmds" "$help_cmds"
 check "--help is help" eq "$("$TOLLGATE" --help)" "$("$TOLLGATE" help)"
 check "serve --help" has "$("$TOLLGATE" serve --help)" "TG.HIT key algorithm"
 check "serve: an unknown option is bad usage" \
