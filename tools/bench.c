@@ -95,7 +95,7 @@ int cmd_bench(const char *argv0, int argc, char **argv) {
   }
   char dir[PATH_MAX], path[PATH_MAX + 64];
   if (self_dir(argv0, dir, sizeof dir) == 0) {
-    const char *rel[] = {"/tollgate_bench", "/" TG_BENCH_INSTALLED,
+    const char *rel[] = {"/tollgate_bench", ("/" TG_BENCH_INSTALLED),
                          "/../bench/tollgate_bench"};
     for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
       snprintf(path, sizeof path, "%s%s", dir, rel[i]);

@@ -52,8 +52,7 @@ int main(void) {
   tg_limiter_destroy(lim);
   /* Says whether the library linked has the Redis store: a static link of
    * one that has it only succeeds if the package brought hiredis along. */
-  printf("tollgate %s: %u allowed, %u denied, redis %s\n",
-         tg_version_string(), allowed, denied,
-         tg_redis_available() ? "yes" : "no");
+  printf("tollgate %s: %u allowed, %u denied, redis %s\n", tg_version_string(),
+         allowed, denied, tg_redis_available() ? "yes" : "no");
   return 0;
 }
