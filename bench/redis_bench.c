@@ -17,6 +17,7 @@
  * tollgate figure and its baseline measured alternately so drift hits both.
  * Nothing here is asserted: the CTest entry only checks that --quick runs.
  */
+#include "bench_stats.h"
 #include "tollgate.h"
 
 #include <hiredis/hiredis.h>
@@ -33,22 +34,6 @@ static int reps = 5;
 static double rep_s = 0.5;
 static const char *filter = "";
 static const char *placement = "default"; /* "cpu0" when --pinned */
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 #define NKEYS 100000
 static char keys[NKEYS][16];
@@ -80,9 +65,9 @@ static void *run_work(void *arg) {
     }
   }
   long i = (long)w->thread_no * 7919;
-  double end = now_s() + w->secs;
+  double end = bench_now_s() + w->secs;
   w->ops = 0;
-  while (now_s() < end) {
+  while (bench_now_s() < end) {
     for (int j = 0; j < 64; j++, i++) {
       const char *k = w->distinct ? keys[i % NKEYS] : keys[w->thread_no];
       if (w->kind == 0) {
@@ -94,11 +79,11 @@ static void *run_work(void *arg) {
         w->ops++;
       } else if (w->kind == 1) {
         tg_result res;
-        double t0 = w->lat ? now_s() : 0;
+        double t0 = w->lat ? bench_now_s() : 0;
         if (tg_hit(w->lim, k, strlen(k), &q, 1, &res) != TG_OK)
           w->errors++;
         if (w->lat && w->ops < w->lat_cap)
-          w->lat[w->ops] = (now_s() - t0) * 1e6;
+          w->lat[w->ops] = (bench_now_s() - t0) * 1e6;
         w->ops++;
       } else {
         tg_batch_item it[16];
@@ -207,12 +192,12 @@ static void sequential(tg_algorithm alg, int distinct) {
     hit[r] = measure(1, lim, distinct, 1, lat, 1 << 20, &n);
     incr[r] = measure(0, NULL, distinct, 1, NULL, 0, NULL);
     if (r == reps / 2 && n > 0) {
-      qsort(lat, (size_t)n, sizeof lat[0], cmp_double);
+      bench_sort(lat, (size_t)n);
       p50 = lat[n / 2];
       p99 = lat[n * 99 / 100];
     }
   }
-  double h = median(hit, reps), b = median(incr, reps);
+  double h = bench_median(hit, reps), b = bench_median(incr, reps);
   printf("%s ns_per_op=%.0f ops_per_s=%.0f p50_us=%.1f p99_us=%.1f "
          "baseline=incr(hiredis,same_keys) baseline_ns=%.0f ratio=%.2f "
          "target=ratio<=1.3 met=%s reps=%d stat=median\n",
@@ -234,7 +219,8 @@ static void two_threads(tg_algorithm alg) {
     one[r] = measure(1, lim, 1, 1, NULL, 0, NULL);
     rb[r] = redis_benchmark(2, 1);
   }
-  double h = median(hit, reps), b = median(rb, reps), o = median(one, reps);
+  double h = bench_median(hit, reps), b = bench_median(rb, reps),
+         o = bench_median(one, reps);
   printf("%s decisions_per_s=%.0f ns_per_op=%.0f throughput_x=%.2f "
          "baseline=redis_benchmark_incr(c=2,P=1) baseline_ops_per_s=%.0f "
          "ratio=%.2f reps=%d stat=median\n",
@@ -254,7 +240,7 @@ static void batch(tg_algorithm alg) {
     hit[r] = measure(2, lim, 1, 1, NULL, 0, NULL);
     rb[r] = redis_benchmark(1, 16);
   }
-  double h = median(hit, reps), b = median(rb, reps);
+  double h = bench_median(hit, reps), b = bench_median(rb, reps);
   printf("%s decisions_per_s=%.0f ns_per_decision=%.0f "
          "baseline=redis_benchmark_incr(c=1,P=16) baseline_ops_per_s=%.0f "
          "ratio=%.2f target=ratio>=0.5 met=%s reps=%d stat=median\n",
@@ -298,7 +284,7 @@ int main(int argc, char **argv) {
   double rb1[16];
   for (int r = 0; r < reps; r++)
     rb1[r] = redis_benchmark(1, 1);
-  double b1 = median(rb1, reps);
+  double b1 = bench_median(rb1, reps);
   printf("name=baseline_redis_benchmark_incr clients=1 pipeline=1 "
          "ops_per_s=%.0f ns_per_op=%.0f\n",
          b1, 1e9 / b1);

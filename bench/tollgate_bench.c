@@ -21,6 +21,7 @@
  * Targets are reported (target=, met=), never asserted: the exit status is 0,
  * or 1 if an API call failed, or 2 for a bad option or no memory.
  */
+#include "bench_stats.h"
 #include "siphash.h"
 #include "tollgate.h"
 
@@ -60,12 +61,6 @@ static struct {
 
 static int api_errors; /* tg_* calls that returned non-zero */
 static volatile uint64_t sink;
-
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
-}
 
 /* splitmix64: fixed seeds, so every run sees the same keys and sequences. */
 static uint64_t rng_next(uint64_t *s) {
@@ -107,7 +102,7 @@ typedef struct cpu_snap {
 } cpu_snap;
 
 static cpu_snap cpu_snap_take(void) {
-  cpu_snap c = {0, 0, mono_ns(), false};
+  cpu_snap c = {0, 0, bench_now_ns(), false};
   unsigned long long v[8] = {0};
   FILE *f = fopen("/proc/stat", "r");
   if (!f)
@@ -172,9 +167,9 @@ typedef struct worker {
 static void *worker_main(void *p) {
   worker *w = p;
   pthread_barrier_wait(w->bar);
-  w->t0 = mono_ns();
+  w->t0 = bench_now_ns();
   w->out = w->f(w->ctx, w->tid, w->n);
-  w->t1 = mono_ns();
+  w->t1 = bench_now_ns();
   return NULL;
 }
 
@@ -182,9 +177,9 @@ static void *worker_main(void *p) {
  * thread's start to the last one's end. */
 static uint64_t run_once(op_fn f, void *ctx, unsigned threads, uint64_t n) {
   if (threads == 1) {
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = bench_now_ns();
     sink += f(ctx, 0, n);
-    return mono_ns() - t0;
+    return bench_now_ns() - t0;
   }
   pthread_t th[MAX_THREADS];
   worker w[MAX_THREADS];
@@ -206,11 +201,6 @@ static uint64_t run_once(op_fn f, void *ctx, unsigned threads, uint64_t n) {
   }
   pthread_barrier_destroy(&bar);
   return t1 - t0;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
 }
 
 /* Calibrates n so one repetition lasts about min_s, then runs the
@@ -236,9 +226,9 @@ static figure measure_once(op_fn f, void *ctx, unsigned threads) {
     v[r] = (double)ns / (double)(n * threads);
   }
   cpu_snap c1 = cpu_snap_take();
-  qsort(v, (size_t)reps, sizeof v[0], cmp_double);
-  figure fig = {v[reps / 2],          v[0], n * threads, threads, total,
-                others_cpu(&c0, &c1), 1};
+  double med = bench_median(v, reps); /* sorts v: v[0] is the best */
+  figure fig = {med, v[0], n * threads, threads, total, others_cpu(&c0, &c1),
+                1};
   return fig;
 }
 
@@ -884,11 +874,11 @@ static figure measure_insert(tg_algorithm alg, uint32_t log_max,
       uint64_t rss0 = rss_bytes();
       tg_limiter *lim = new_limiter(alg, opt.capacity, log_max, 0);
       tg_result res;
-      uint64_t t0 = mono_ns();
+      uint64_t t0 = bench_now_ns();
       for (uint32_t i = 0; i < opt.nkeys; i++)
         note_rc(tg_hit_at(lim, T0_US, keys + (size_t)i * KEY_LEN, KEY_LEN,
                           &Q_BIG, 1, &res));
-      v[r] = (double)(mono_ns() - t0) / opt.nkeys;
+      v[r] = (double)(bench_now_ns() - t0) / opt.nkeys;
       uint64_t rss1 = rss_bytes();
       *rss_per_key = rss1 > rss0 ? (rss1 - rss0) / opt.nkeys : 0;
       if (tg_key_count(lim) != opt.nkeys) {
@@ -900,8 +890,7 @@ static figure measure_insert(tg_algorithm alg, uint32_t log_max,
     }
     cpu_snap c1 = cpu_snap_take();
     fi.others = others_cpu(&c0, &c1);
-    qsort(v, (size_t)opt.reps, sizeof v[0], cmp_double);
-    fi.med_ns = v[opt.reps / 2];
+    fi.med_ns = bench_median(v, opt.reps); /* sorts v: v[0] is the best */
     fi.min_ns = v[0];
     if (attempt == 1 || fi.others < best.others)
       best = fi;

@@ -11,8 +11,9 @@
  *                 TG_CUSTOM_OK or TG_CUSTOM_NOT_FOUND WITH THE LOCK HELD;
  *                 TG_CUSTOM_BUSY or TG_CUSTOM_ERROR with nothing held. A
  *                 state longer than cap is copied short and reported with
- *                 its true length (tollgate.h does not say; this makes
- *                 tollgate answer TG_ECORRUPT instead of reading a prefix).
+ *                 its true length, one of the two answers tollgate.h
+ *                 allows: tollgate then answers TG_ECORRUPT instead of
+ *                 reading a prefix.
  *   set_and_unlock / unlock
  *                 after every OK or NOT_FOUND tollgate calls exactly one of
  *                 them, for the same key, within the same tollgate call and

@@ -18,6 +18,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* The pair CAS below must be one inlined instruction: a libatomic call may
+ * fall back to a lock local to this process (see above). The compiler
+ * defines this macro exactly when it inlines 16-byte __sync operations. The
+ * build checks the same thing at configure time (CMakeLists.txt). */
+#ifndef __GCC_HAVE_SYNC_COMPARE_AND_SWAP_16
+#error "no inlined 16-byte compare-and-swap: on x86-64 add -mcx16"
+#endif
+
 __extension__ typedef unsigned __int128 tg__u128;
 
 static inline uint64_t tg__load_relaxed(const uint64_t *p) {
@@ -114,14 +122,5 @@ static inline void tg__fence_acquire(void) {
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
 }
 #endif
-
-/* Spin-wait hint. */
-static inline void tg__cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
 
 #endif /* TG_ATOMIC_H */

@@ -3,11 +3,11 @@
  * (test_fixed_window, test_per_key_window, test_sliding_window, test_buckets,
  * test_api).
  *
- * The acceptance tests are written from the contract (DESIGN.md section 2 and
- * include/tollgate.h), never from the implementation. Time is always driven by
- * hand: through the "_at" variants or through an injected clock. These helpers
- * keep each test a list of "at time t, call X, expect Y" lines; every check
- * reports the caller's file and line and names the field that differs.
+ * The acceptance tests are written from the contract (docs/DESIGN.md section 3
+ * and include/tollgate.h), never from the implementation. Time is always driven
+ * by hand: through the "_at" variants or through an injected clock. These
+ * helpers keep each test a list of "at time t, call X, expect Y" lines; every
+ * check reports the caller's file and line and names the field that differs.
  */
 #ifndef ACCEPT_HELPERS_H
 #define ACCEPT_HELPERS_H

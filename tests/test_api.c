@@ -652,7 +652,8 @@ static void time_is_checked(void **state) {
 }
 
 /* Windows: a count that would pass 2^64 - 1 is TG_EOVERFLOW (tg_inc says so;
- * DESIGN.md lists such arithmetic among invalid input, so a hit too). */
+ * docs/DESIGN.md section 3 lists such arithmetic among invalid input, so a hit
+ * too). */
 static void count_overflow_is_eoverflow(void **state) {
   (void)state;
   for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {

@@ -1,6 +1,6 @@
 /*
  * test_buckets.c - acceptance tests for TG_TOKEN_BUCKET and TG_LEAKY_BUCKET,
- * written from DESIGN.md sections 2-3 and include/tollgate.h.
+ * written from docs/DESIGN.md section 3 and include/tollgate.h.
  *
  * Both buckets are GCRA with emission interval T = ceil(period_ms * 10^6 /
  * limit) ns and tolerance burst * T (burst 0 = limit). A token bucket starts

@@ -1,6 +1,6 @@
 /*
  * test_fixed_window.c - acceptance tests for TG_FIXED_WINDOW, written from
- * DESIGN.md section 2 and include/tollgate.h: windows aligned to the Unix
+ * docs/DESIGN.md section 3 and include/tollgate.h: windows aligned to the Unix
  * epoch (window = floor(now_ms / period)), a call adds its cost and is allowed
  * while count <= limit, denied calls are still counted, retry_after_ms = end of
  * window - now (rounded up, in [1, period]), TG_NEVER when cost > limit.

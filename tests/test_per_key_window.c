@@ -1,7 +1,7 @@
 /*
  * test_per_key_window.c - acceptance tests for TG_FIXED_WINDOW_PER_KEY,
- * written from DESIGN.md section 2 and include/tollgate.h: a window opens at
- * the key's first hit and ends at that moment + period; it is active while
+ * written from docs/DESIGN.md section 3 and include/tollgate.h: a window opens
+ * at the key's first hit and ends at that moment + period; it is active while
  * end > now (strict); hits inside it do not move the end; the first hit after
  * it opens a fresh window at that moment; denied calls are counted; set
  * re-anchors the window to now; get/expires_at are 0 once it has ended.

@@ -2,7 +2,7 @@
  * test_property.c - randomized property tests: every algorithm is driven
  * through millions of random calls (random time steps, costs, keys, quotas
  * and operations) and every answer is compared with a brute-force reference
- * model written here from the contract (DESIGN.md sections 1-2 and
+ * model written here from the contract (docs/DESIGN.md section 3 and
  * tollgate.h) without looking at src/core. The models are deliberately built
  * differently from GCRA: the windows replay a per-key event history, the
  * sliding log keeps every admitted call and searches for the retry, and the

@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,6 +239,78 @@ static void bad_parameters_are_errors(void **state) {
   assert_string_equal(sim_pattern_name(SIM_MANY_KEYS), "many_keys");
 }
 
+/* A refusal says which limit was hit and with what values, so a user can
+ * fix the command line without reading the source. */
+static void a_refusal_names_the_limit_and_its_value(void **state) {
+  (void)state;
+  char why[256];
+  uint64_t n = 1;
+  sim_params p = {.pattern = SIM_BOUNDARY,
+                  .quota = {1000, 1000, 0},
+                  .periods = 100000,
+                  .keys = 1};
+  assert_int_equal(sim_check(&p, &n, why, sizeof why), TG_EINVAL);
+  assert_int_equal(n, 0);
+  assert_non_null(strstr(why, "100000000 requests")); /* what was asked */
+  char max[32];
+  snprintf(max, sizeof max, "%" PRIu64, SIM_MAX_EVENTS);
+  assert_non_null(strstr(why, max)); /* the limit's value */
+  assert_non_null(strstr(why, "--periods (100000)"));
+  p.periods = 10;
+  assert_int_equal(sim_check(&p, &n, why, sizeof why), TG_OK);
+  assert_int_equal(n, 10000); /* 5 attacks of 2 x limit */
+  assert_string_equal(why, "");
+  p.periods = 1;
+  assert_int_equal(sim_check(&p, NULL, why, sizeof why), TG_EINVAL);
+  assert_non_null(strstr(why, "--periods 2 or more"));
+  /* counts beyond 64 bits are refused, not wrapped into a small number */
+  p.pattern = SIM_MANY_KEYS;
+  p.periods = UINT64_MAX / 4;
+  p.quota.period_ms = 1;
+  p.keys = 1000000;
+  p.quota.limit = UINT64_MAX / 2;
+  assert_int_equal(sim_check(&p, &n, why, sizeof why), TG_EINVAL);
+  assert_int_equal(sim_check(&p, &n, NULL, 0), TG_EINVAL);
+}
+
+typedef struct seen {
+  int calls[TG_ALGORITHM_COUNT];
+  size_t last_done[TG_ALGORITHM_COUNT];
+  int out_of_order;
+} seen;
+
+static void note_progress(void *ctx, tg_algorithm alg, size_t done,
+                          size_t total) {
+  seen *s = ctx;
+  if (done > total || done < s->last_done[alg])
+    s->out_of_order++;
+  s->calls[alg]++;
+  s->last_done[alg] = done;
+}
+
+/* The progress callback hears from every algorithm, in order, ending at
+ * the total; a run without one is unaffected. */
+static void a_replay_reports_its_progress(void **state) {
+  (void)state;
+  seen s = {0};
+  sim_params p = {.pattern = SIM_STEADY,
+                  .quota = {100000, 1000, 0},
+                  .periods = 1,
+                  .keys = 1,
+                  .progress = note_progress,
+                  .progress_ctx = &s};
+  sim_traffic t;
+  sim_run r[TG_ALGORITHM_COUNT];
+  run_all(&p, &t, r);
+  assert_int_equal(t.n, 200000);
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    assert_int_equal(s.calls[a], 200000 / 65536 + 1); /* 3 steps, the end */
+    assert_int_equal(s.last_done[a], t.n);
+  }
+  assert_int_equal(s.out_of_order, 0);
+  free_all(&t, r);
+}
+
 /* Counts the occurrences of needle in hay. */
 static int count(const char *hay, const char *needle) {
   int n = 0;
@@ -285,6 +359,99 @@ static void the_timeline_is_an_svg_with_every_algorithm(void **state) {
   free_all(&t, r);
 }
 
+/* A plot area of the timeline: the grey background every plot is drawn
+ * on (timeline.c fills each with #f4f4f4 before drawing data into it). */
+typedef struct box {
+  double x0, y0, x1, y1;
+} box;
+
+static bool overlap(box a, box b) {
+  return a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1;
+}
+
+/* The box a <text> line covers, estimated generously from its font size
+ * (glyphs at most 0.62 em wide, ascent 0.8 em, descent 0.25 em) and its
+ * anchor. Entities count as one character. */
+static box text_box(const char *line) {
+  double x, y, size;
+  char anchor[16];
+  assert_int_equal(sscanf(line,
+                          "<text x=\"%lf\" y=\"%lf\" text-anchor=\"%15[a-z]\" "
+                          "font-size=\"%lf\"",
+                          &x, &y, anchor, &size),
+                   4);
+  const char *body = strchr(line, '>') + 1;
+  const char *end = strstr(body, "</text>");
+  assert_non_null(end);
+  size_t chars = 0;
+  for (const char *c = body; c < end; c++) {
+    if (*c == '&')
+      c = strchr(c, ';');
+    chars++;
+  }
+  double w = 0.62 * size * (double)chars;
+  double left = strcmp(anchor, "start") == 0 ? x
+                : strcmp(anchor, "end") == 0 ? x - w
+                                             : x - w / 2;
+  return (box){left, y - 0.8 * size, left + w, y + 0.25 * size};
+}
+
+/* Captions, titles and axis labels sit beside the plots, never on them, so
+ * no pattern's data can be hidden by a label: checked on every pattern,
+ * including one with many keys (which adds a "busiest key" label). */
+static void no_label_covers_a_plot(void **state) {
+  (void)state;
+  for (int pat = 0; pat < SIM_PATTERN_COUNT; pat++) {
+    sim_params p = {.pattern = (sim_pattern)pat,
+                    .quota = {10, 1000, 0},
+                    .periods = 6,
+                    .keys = 100,
+                    .seed = 1};
+    sim_traffic t;
+    sim_run r[TG_ALGORITHM_COUNT];
+    run_all(&p, &t, r);
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    assert_int_equal(timeline_write(f, &p, &t, r, TG_ALGORITHM_COUNT), 0);
+    rewind(f);
+    box plots[64];
+    size_t nplots = 0, ntexts = 0;
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+      box b;
+      if (strncmp(line, "<rect ", 6) == 0 && strstr(line, "#f4f4f4")) {
+        double w, h;
+        assert_int_equal(sscanf(line,
+                                "<rect x=\"%lf\" y=\"%lf\" width=\"%lf\" "
+                                "height=\"%lf\"",
+                                &b.x0, &b.y0, &w, &h),
+                         4);
+        b.x1 = b.x0 + w;
+        b.y1 = b.y0 + h;
+        assert_true(nplots < sizeof plots / sizeof plots[0]);
+        plots[nplots++] = b;
+      }
+    }
+    assert_int_equal(nplots, 2 * TG_ALGORITHM_COUNT);
+    rewind(f);
+    while (fgets(line, sizeof line, f)) {
+      if (strncmp(line, "<text ", 6) != 0)
+        continue;
+      ntexts++;
+      box tb = text_box(line);
+      for (size_t i = 0; i < nplots; i++)
+        if (overlap(tb, plots[i])) {
+          print_error("pattern %s: label over a plot: %s",
+                      sim_pattern_name((sim_pattern)pat), line);
+          fail();
+        }
+    }
+    assert_true(ntexts > 4 * TG_ALGORITHM_COUNT);
+    fclose(f);
+    free_all(&t, r);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(boundary_attack_doubles_the_fixed_window),
@@ -292,7 +459,10 @@ int main(void) {
       cmocka_unit_test(steady_traffic_at_twice_the_rate),
       cmocka_unit_test(many_keys_is_reproducible),
       cmocka_unit_test(bad_parameters_are_errors),
+      cmocka_unit_test(a_refusal_names_the_limit_and_its_value),
+      cmocka_unit_test(a_replay_reports_its_progress),
       cmocka_unit_test(the_timeline_is_an_svg_with_every_algorithm),
+      cmocka_unit_test(no_label_covers_a_plot),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,9 +1,9 @@
 /*
  * test_sliding_window.c - acceptance tests for TG_SLIDING_WINDOW, written from
- * DESIGN.md section 2 and include/tollgate.h: a log of allowed (time, cost)
- * entries; a call is allowed when the costs of entries younger than period
- * plus its cost <= limit, so no interval of length period admits more than
- * limit; denied calls are not recorded; retry_after_ms is the time until
+ * docs/DESIGN.md section 3 and include/tollgate.h: a log of allowed (time,
+ * cost) entries; a call is allowed when the costs of entries younger than
+ * period plus its cost <= limit, so no interval of length period admits more
+ * than limit; denied calls are not recorded; retry_after_ms is the time until
  * enough old entries expire; memory is capped by sliding_max_entries, whose
  * overflow merges into the newest entry (conservative, never permissive).
  */

@@ -5,8 +5,9 @@
  *
  * The benchmark is a separate program so that the library's benchmarks stay
  * one binary with one output format; this command only finds it: --bench
- * PATH, else $TOLLGATE_BENCH, else beside this program, else in the build
- * tree's bench/ next to tools/, else on PATH.
+ * PATH, else $TOLLGATE_BENCH, else beside this program, else where the
+ * install puts it (libexec/tollgate/, relative to this program's bin/), else
+ * in the build tree's bench/ next to tools/, else on PATH.
  */
 #include "cli.h"
 
@@ -19,6 +20,11 @@
 
 #ifndef PATH_MAX
 #define PATH_MAX 4096
+#endif
+/* tollgate_bench relative to an installed tollgate's directory (CMake sets
+ * it from the install's bindir and libexecdir). */
+#ifndef TG_BENCH_INSTALLED
+#define TG_BENCH_INSTALLED "../libexec/tollgate/tollgate_bench"
 #endif
 
 /* Runs path with args (argv[0] replaced); returns only on failure. */
@@ -89,7 +95,8 @@ int cmd_bench(const char *argv0, int argc, char **argv) {
   }
   char dir[PATH_MAX], path[PATH_MAX + 64];
   if (self_dir(argv0, dir, sizeof dir) == 0) {
-    const char *rel[] = {"/tollgate_bench", "/../bench/tollgate_bench"};
+    const char *rel[] = {"/tollgate_bench", ("/" TG_BENCH_INSTALLED),
+                         "/../bench/tollgate_bench"};
     for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
       snprintf(path, sizeof path, "%s%s", dir, rel[i]);
       if (access(path, X_OK) == 0)
@@ -99,7 +106,9 @@ int cmd_bench(const char *argv0, int argc, char **argv) {
   run("tollgate_bench", argc, argv);
   fprintf(stderr,
           "tollgate bench: tollgate_bench not found beside this program, in "
-          "../bench/ or on PATH.\nBuild it (it is built with the project "
-          "unless -DTG_BUILD_BENCH=OFF) and pass --bench PATH.\n");
+          "%s, in ../bench/ or on PATH.\nBuild it (it is built and installed "
+          "with the project unless -DTG_BUILD_BENCH=OFF) or pass --bench "
+          "PATH.\n",
+          TG_BENCH_INSTALLED);
   return 1;
 }

@@ -13,6 +13,7 @@
 int cmd_demo(int argc, char **argv);     /* demo.c */
 int cmd_serve(int argc, char **argv);    /* serve.c */
 int cmd_simulate(int argc, char **argv); /* simulate_cmd.c */
+int cmd_shm(int argc, char **argv);      /* shm_cmd.c */
 /* bench.c; argv0 is the program's own argv[0], to find the benchmark */
 int cmd_bench(const char *argv0, int argc, char **argv);
 

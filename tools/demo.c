@@ -6,9 +6,11 @@
  * denial costs, and how a burst straddling a minute boundary gets 6 uploads
  * through a fixed window but only 3 through the sliding log. Time comes from a
  * simulated clock passed to tg_hit_at, so the output is the same on every run.
- * The program uses only the public API, as any other caller would.
+ * The program uses only the public API, as any other caller would (and the
+ * server's algorithm-name parser, so names are read the same way as there).
  */
 #include "cli.h"
+#include "commands.h"
 #include "tollgate.h"
 
 #include <inttypes.h>
@@ -23,33 +25,39 @@
 static const char *const USERS[] = {"alice", "bob"};
 #define USER_COUNT 2
 
+/* Which algorithms a note is true of: a note that explains one algorithm's
+ * answer would mislead beside another's. */
+#define ALL 0u
+#define ONLY(alg) (1u << (alg))
+
 /* One call of the scenario. */
 typedef struct event {
   uint32_t t_ms;    /* ms since DEMO_T0_US */
   unsigned user;    /* index into USERS; the user name is the key */
   uint64_t cost;    /* photos uploaded by this call; 0 is a peek */
   const char *note; /* printed at the end of the line */
+  unsigned where;   /* ALL, or the ONLY() algorithms the note applies to */
 } event;
 
 static const event EVENTS[] = {
-    {0, 0, 2, "album of 2 photos (cost 2)"},
-    {1000, 0, 1, ""},
-    {2000, 0, 1, "4th photo in 2 s"},
-    {3000, 0, 0, "peek (cost 0): look, consume nothing"},
-    {5000, 1, 1, "bob: one photo every 20 s"},
-    {25000, 1, 1, ""},
-    {30000, 0, 1, ""},
-    {45000, 1, 1, ""},
-    {65000, 1, 1, ""},
-    {85000, 1, 1, ""},
-    {105000, 1, 1, ""},
-    {119000, 0, 1, "burst across the 120 s boundary"},
-    {119400, 0, 1, ""},
-    {119800, 0, 1, ""},
-    {120200, 0, 1, "new fixed window starts at 120 s"},
-    {120600, 0, 1, ""},
-    {121000, 0, 1, ""},
-    {125000, 1, 1, ""},
+    {0, 0, 2, "album of 2 photos (cost 2)", ALL},
+    {1000, 0, 1, "", ALL},
+    {2000, 0, 1, "4th photo in 2 s", ALL},
+    {3000, 0, 0, "peek (cost 0): look, consume nothing", ALL},
+    {5000, 1, 1, "bob: one photo every 20 s", ALL},
+    {25000, 1, 1, "", ALL},
+    {30000, 0, 1, "", ALL},
+    {45000, 1, 1, "", ALL},
+    {65000, 1, 1, "", ALL},
+    {85000, 1, 1, "", ALL},
+    {105000, 1, 1, "", ALL},
+    {119000, 0, 1, "burst across the 120 s boundary", ALL},
+    {119400, 0, 1, "", ALL},
+    {119800, 0, 1, "", ALL},
+    {120200, 0, 1, "new fixed window starts at 120 s", ONLY(TG_FIXED_WINDOW)},
+    {120600, 0, 1, "", ALL},
+    {121000, 0, 1, "", ALL},
+    {125000, 1, 1, "", ALL},
 };
 #define EVENT_COUNT (sizeof EVENTS / sizeof EVENTS[0])
 
@@ -75,7 +83,7 @@ typedef struct tally {
 
 static void usage(FILE *f) {
   fprintf(f, "usage: tollgate demo [--algorithm NAME]\n"
-             "algorithms:");
+             "algorithms (in any case):");
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
     fprintf(f, " %s", tg_algorithm_name((tg_algorithm)a));
   fprintf(f, "\n");
@@ -135,6 +143,7 @@ static int run_algorithm(tg_algorithm alg, tally *t) {
       tg_limiter_destroy(lim);
       return rc;
     }
+    const char *note = e->where == ALL || (e->where & ONLY(alg)) ? e->note : "";
     char retry[24];
     if (r.retry_after_ms == TG_NEVER)
       snprintf(retry, sizeof retry, "never");
@@ -144,7 +153,7 @@ static int run_algorithm(tg_algorithm alg, tally *t) {
            "  %9" PRIu64 "  %14s  %14" PRIu64 "%s%s\n",
            e->t_ms / 1000, e->t_ms % 1000, user, e->cost,
            r.allowed ? "ALLOW" : "DENY", r.count, r.remaining, retry,
-           r.reset_after_ms, *e->note ? "  " : "", e->note);
+           r.reset_after_ms, *note ? "  " : "", note);
     if (e->cost == 0)
       continue;
     admitted[i] = r.allowed;
@@ -182,17 +191,15 @@ int cmd_demo(int argc, char **argv) {
       return 2;
     }
   }
-  bool run[TG_ALGORITHM_COUNT];
-  bool any = false;
-  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
-    run[a] = !only || strcmp(only, tg_algorithm_name((tg_algorithm)a)) == 0;
-    any = any || run[a];
-  }
-  if (!any) {
+  tg_algorithm chosen = TG_FIXED_WINDOW;
+  if (only && cmd_parse_algorithm(only, strlen(only), &chosen) != 0) {
     fprintf(stderr, "tollgate demo: unknown algorithm '%s'\n", only);
     usage(stderr);
     return 2;
   }
+  bool run[TG_ALGORITHM_COUNT];
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+    run[a] = !only || (tg_algorithm)a == chosen;
 
   printf("tollgate %s demo: photo uploads, 3 per minute per user "
          "(quota limit 3, period_ms 60000, burst 0 = limit)\n"

@@ -10,6 +10,7 @@
 #include "simulate.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,49 +66,105 @@ static int by_time(const void *a, const void *b) {
 static void spread(sim_event *ev, size_t *at, uint64_t n, uint64_t start,
                    uint64_t span) {
   for (uint64_t i = 0; i < n; i++) {
-    ev[*at].t_us = start + (span * i) / n;
+    /* span * i can pass 2^64 on a long run: multiply in 128 bits */
+    __extension__ unsigned __int128 off = (unsigned __int128)span * i / n;
+    ev[*at].t_us = start + (uint64_t)off;
     ev[*at].key = 0;
     (*at)++;
   }
 }
 
-/* How many requests the pattern sends, to size the array. */
-static uint64_t count_events(const sim_params *p, uint64_t limit) {
-  uint64_t periods = p->periods;
+/* How many requests the pattern sends, to size the array; false if the
+ * count does not even fit 64 bits. */
+static bool count_events(const sim_params *p, uint64_t limit, uint64_t *n) {
+  uint64_t periods = p->periods, x, twice;
+  if (__builtin_mul_overflow(limit, 2, &twice))
+    return false;
   switch (p->pattern) {
   case SIM_STEADY:
-    return periods * 2 * limit;
+    return !__builtin_mul_overflow(periods, twice, n);
   case SIM_BURSTY:
-    return ((periods + 1) / 2) * 2 * limit;
+    return !__builtin_mul_overflow((periods + 1) / 2, twice, n);
   case SIM_BOUNDARY:
-    return (periods / 2) * 2 * limit;
+    return !__builtin_mul_overflow(periods / 2, twice, n);
   case SIM_MANY_KEYS:
-    return periods * limit * p->keys + periods * limit * p->keys / 2;
+    /* 1.5 x limit per period per key */
+    return !__builtin_mul_overflow(periods, limit, &x) &&
+           !__builtin_mul_overflow(x, (uint64_t)p->keys, &x) &&
+           !__builtin_add_overflow(x, x / 2, n);
   }
-  return 0;
+  *n = 0;
+  return true;
+}
+
+int sim_check(const sim_params *p, uint64_t *n_out, char *why, size_t cap) {
+  const tg_quota *q = &p->quota;
+  uint64_t n = 0;
+  char scratch[8];
+  if (!why || cap == 0) {
+    why = scratch;
+    cap = sizeof scratch;
+  }
+  why[0] = '\0';
+  if (n_out)
+    *n_out = 0;
+  if (q->limit == 0 || q->period_ms == 0 || q->period_ms > TG_PERIOD_MAX_MS) {
+    snprintf(why, cap,
+             "the quota needs a limit >= 1 and a period of 1 to %" PRIu64 " ms",
+             TG_PERIOD_MAX_MS);
+    return TG_EQUOTA;
+  }
+  if ((unsigned)p->pattern >= SIM_PATTERN_COUNT) {
+    snprintf(why, cap, "unknown pattern");
+    return TG_EINVAL;
+  }
+  if (p->periods == 0 || (p->pattern == SIM_MANY_KEYS && p->keys == 0)) {
+    snprintf(why, cap, "the traffic needs at least one period and one key");
+    return TG_EINVAL;
+  }
+  if (p->pattern == SIM_BOUNDARY && p->periods < 2) {
+    snprintf(why, cap,
+             "the boundary pattern needs --periods 2 or more (it "
+             "aims at the boundary between two windows)");
+    return TG_EINVAL;
+  }
+  /* the simulated clock must stay below TG_NOW_MAX_US */
+  uint64_t span_max_ms = (TG_NOW_MAX_US / 1000u - SIM_BASE_MS) / 4;
+  if (q->period_ms > span_max_ms / p->periods) {
+    snprintf(why, cap,
+             "--period-ms %" PRIu64 " x --periods %" PRIu64
+             " runs the simulated clock past what tollgate accepts: keep "
+             "the product below %" PRIu64 " ms",
+             q->period_ms, p->periods, span_max_ms);
+    return TG_EINVAL;
+  }
+  if (!count_events(p, q->limit, &n) || n > SIM_MAX_EVENTS) {
+    char count[32];
+    if (n > SIM_MAX_EVENTS)
+      snprintf(count, sizeof count, "%" PRIu64, n);
+    else
+      snprintf(count, sizeof count, "more than 2^64");
+    snprintf(why, cap,
+             "this traffic would send %s requests, and the most "
+             "one simulation sends is %" PRIu64 " (SIM_MAX_EVENTS): lower "
+             "--limit (%" PRIu64 "), --periods (%" PRIu64 ")%s",
+             count, SIM_MAX_EVENTS, q->limit, p->periods,
+             p->pattern == SIM_MANY_KEYS ? " or --keys" : "");
+    return TG_EINVAL;
+  }
+  if (n_out)
+    *n_out = n;
+  return TG_OK;
 }
 
 int sim_generate(const sim_params *p, sim_traffic *out) {
   memset(out, 0, sizeof *out);
   const tg_quota *q = &p->quota;
-  if (q->limit == 0 || q->period_ms == 0 || q->period_ms > TG_PERIOD_MAX_MS)
-    return TG_EQUOTA;
-  if (p->periods == 0 || (unsigned)p->pattern >= SIM_PATTERN_COUNT ||
-      (p->pattern == SIM_MANY_KEYS && p->keys == 0) ||
-      (p->pattern == SIM_BOUNDARY && p->periods < 2))
-    return TG_EINVAL;
-  /* bound every product below before computing it */
-  if (q->limit > SIM_MAX_EVENTS || p->periods > SIM_MAX_EVENTS ||
-      p->keys > SIM_MAX_EVENTS ||
-      q->period_ms > (TG_NOW_MAX_US / 1000u - SIM_BASE_MS) / 4 / p->periods)
-    return TG_EINVAL;
+  uint64_t n;
+  int rc = sim_check(p, &n, NULL, 0);
+  if (rc != TG_OK)
+    return rc;
   uint64_t keys = p->pattern == SIM_MANY_KEYS ? p->keys : 1;
-  if (q->limit * p->periods > SIM_MAX_EVENTS ||
-      q->limit * p->periods * keys > SIM_MAX_EVENTS)
-    return TG_EINVAL;
-  uint64_t n = count_events(p, q->limit);
-  if (n > SIM_MAX_EVENTS)
-    return TG_EINVAL;
   uint64_t period = q->period_ms * 1000u; /* us */
   uint64_t duration = period * p->periods;
   sim_event *ev = malloc((size_t)(n ? n : 1) * sizeof *ev);
@@ -241,7 +298,11 @@ int sim_replay(const sim_params *p, const sim_traffic *t, tg_algorithm alg,
       out->admitted++;
     else
       out->denied++;
+    if (p->progress && (i & 0xffffu) == 0xffffu)
+      p->progress(p->progress_ctx, alg, i + 1, t->n);
   }
+  if (p->progress)
+    p->progress(p->progress_ctx, alg, t->n, t->n);
   tg_limiter_destroy(lim);
   rc = find_worst(p, t, out);
   if (rc != TG_OK)

@@ -40,13 +40,26 @@ const char *sim_pattern_about(sim_pattern p);
 /* Parses a pattern name; 0 and *p set, or -1. */
 int sim_parse_pattern(const char *name, sim_pattern *p);
 
+/* Told how far a replay has got: `done` of `total` requests answered by
+ * algorithm alg (every 65536 requests, and once at the end). */
+typedef void (*sim_progress_fn)(void *ctx, tg_algorithm alg, size_t done,
+                                size_t total);
+
 typedef struct sim_params {
   sim_pattern pattern;
   tg_quota quota;   /* the quota every request is checked against */
   uint64_t periods; /* how long the traffic lasts, in periods (>= 1) */
   uint32_t keys;    /* SIM_MANY_KEYS: distinct keys (>= 1); others use 1 */
   uint64_t seed;    /* SIM_MANY_KEYS: random arrivals, reproducible */
+  sim_progress_fn progress; /* NULL: none */
+  void *progress_ctx;
 } sim_params;
+
+/* Checks that p can be laid out and counts its requests into *n (may be
+ * NULL). Returns what sim_generate would (TG_OK, TG_EQUOTA, TG_EINVAL) and,
+ * on an error, writes into why (cap bytes; may be NULL) a sentence naming
+ * the option and the limit at fault, with their values. */
+int sim_check(const sim_params *p, uint64_t *n, char *why, size_t cap);
 
 typedef struct sim_event {
   uint64_t t_us; /* since the start of the simulation */

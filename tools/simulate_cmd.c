@@ -12,6 +12,10 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+
+/* Below this many requests a run takes well under a second: no progress. */
+#define PROGRESS_MIN_EVENTS 1000000u
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -37,11 +41,24 @@ static void usage(FILE *f) {
           "  --svg FILE       where to write the timeline (default\n"
           "                   simulate-PATTERN.svg; '-' for stdout, in which\n"
           "                   case the table goes to stderr)\n"
-          "  --no-svg         do not draw\n");
+          "  --no-svg         do not draw\n"
+          "  --progress       report progress on stderr (the default when\n"
+          "                   stderr is a terminal and the run is long)\n"
+          "  --no-progress    never report progress\n"
+          "\n"
+          "One simulation sends at most %" PRIu64 " requests.\n",
+          SIM_MAX_EVENTS);
 }
 
+/* --progress / --no-progress / neither */
+typedef enum progress_mode {
+  PROGRESS_AUTO,
+  PROGRESS_ON,
+  PROGRESS_OFF
+} progress_mode;
+
 static int parse_args(int argc, char **argv, sim_params *p, const char **svg,
-                      bool *draw) {
+                      bool *draw, progress_mode *progress) {
   uint64_t v;
   for (int i = 0; i < argc; i++) {
     const char *val = NULL;
@@ -56,6 +73,10 @@ static int parse_args(int argc, char **argv, sim_params *p, const char **svg,
       return 1;
     } else if (strcmp(argv[i], "--no-svg") == 0) {
       *draw = false;
+    } else if (strcmp(argv[i], "--progress") == 0) {
+      *progress = PROGRESS_ON;
+    } else if (strcmp(argv[i], "--no-progress") == 0) {
+      *progress = PROGRESS_OFF;
     } else if (OPT("--pattern")) {
       if (r < 0)
         return -1;
@@ -112,6 +133,41 @@ static int draw_svg(const char *path, const sim_params *p, const sim_traffic *t,
   return rc;
 }
 
+/* Progress on stderr. On a terminal one line rewritten in place; elsewhere
+ * (asked for with --progress, e.g. into a log) a line per algorithm
+ * every 25%, so a log is not flooded. */
+typedef struct progress {
+  bool tty;
+  int last; /* last percentage shown for the current algorithm, -1: none */
+  tg_algorithm alg;
+} progress;
+
+static void show_progress(void *ctx, tg_algorithm alg, size_t done,
+                          size_t total) {
+  progress *pr = ctx;
+  if (alg != pr->alg) {
+    pr->alg = alg;
+    pr->last = -1;
+  }
+  int pct = total ? (int)((double)done * 100.0 / (double)total) : 100;
+  int step = pr->tty ? 1 : 25;
+  if (pct / step == pr->last / step && pct != 100)
+    return;
+  if (pct == pr->last)
+    return;
+  pr->last = pct;
+  if (pr->tty)
+    fprintf(stderr, "\rtollgate simulate: %d/%d %-20s %3d%%", (int)alg + 1,
+            TG_ALGORITHM_COUNT, tg_algorithm_name(alg), pct);
+  else
+    fprintf(stderr, "tollgate simulate: %d/%d %s %d%% (%zu of %zu requests)\n",
+            (int)alg + 1, TG_ALGORITHM_COUNT, tg_algorithm_name(alg), pct, done,
+            total);
+  if (pr->tty && pct == 100 && (int)alg + 1 == TG_ALGORITHM_COUNT)
+    fprintf(stderr, "\r\033[K"); /* done: leave the terminal clean */
+  fflush(stderr);
+}
+
 int cmd_simulate(int argc, char **argv) {
   sim_params p = {.pattern = SIM_BOUNDARY,
                   .quota = {.limit = 10, .period_ms = 1000, .burst = 0},
@@ -120,7 +176,8 @@ int cmd_simulate(int argc, char **argv) {
                   .seed = 1};
   const char *svg = NULL;
   bool draw = true;
-  int a = parse_args(argc, argv, &p, &svg, &draw);
+  progress_mode pmode = PROGRESS_AUTO;
+  int a = parse_args(argc, argv, &p, &svg, &draw, &pmode);
   if (a != 0)
     return a > 0 ? 0 : 2;
   char svg_default[64];
@@ -131,12 +188,24 @@ int cmd_simulate(int argc, char **argv) {
   }
   FILE *out = draw && strcmp(svg, "-") == 0 ? stderr : stdout;
 
-  sim_traffic t;
-  int rc = sim_generate(&p, &t);
+  char why[256];
+  uint64_t n_events = 0;
+  int rc = sim_check(&p, &n_events, why, sizeof why);
   if (rc != TG_OK) {
-    fail("cannot lay out this pattern (too many requests, or boundary with "
-         "fewer than 2 periods)",
-         rc);
+    fprintf(stderr, "tollgate simulate: %s\n", why);
+    return 2;
+  }
+  bool tty = isatty(STDERR_FILENO) == 1;
+  progress pr = {.tty = tty, .last = -1, .alg = TG_FIXED_WINDOW};
+  if (pmode == PROGRESS_ON ||
+      (pmode == PROGRESS_AUTO && tty && n_events >= PROGRESS_MIN_EVENTS)) {
+    p.progress = show_progress;
+    p.progress_ctx = &pr;
+  }
+  sim_traffic t;
+  rc = sim_generate(&p, &t);
+  if (rc != TG_OK) {
+    fail("cannot lay out this pattern", rc);
     return rc == TG_ENOMEM ? 1 : 2;
   }
   sim_run runs[TG_ALGORITHM_COUNT];

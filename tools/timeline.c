@@ -21,11 +21,15 @@
 #define PLOT_W (WIDTH - MARGIN_L - MARGIN_R)
 #define PLOT_COLS 884u /* = PLOT_W: one column per pixel */
 #define HEADER_H 116.0
-#define PANEL_H 172.0
-#define BARS_Y 26.0 /* offsets within a panel */
+/* A panel, top to bottom: its title row, then two plots, each under a strip
+ * of its own for its caption. Captions never sit on a plot: whatever the
+ * data does, they cannot hide it. */
+#define PANEL_H 196.0
+#define BARS_Y 42.0 /* offsets within a panel */
 #define BARS_H 56.0
-#define LINE_Y 96.0
+#define LINE_Y 120.0
 #define LINE_H 56.0
+#define CAPTION_GAP 6.0 /* from a caption's baseline down to its plot */
 #define AXIS_H 44.0
 #define BINS 200u
 
@@ -38,12 +42,10 @@ static double x_of(uint64_t t_us, uint64_t duration) {
   return MARGIN_L + PLOT_W * (double)t_us / (double)duration;
 }
 
-/* A small caption at the top left of a plot area, on a light backing so
- * bars behind it do not hide it. */
-static void caption(FILE *f, double y, const char *text) {
-  svg_rect(f, MARGIN_L + 1, y + 1, 5.6 * (double)strlen(text) + 6, 13, "white",
-           0.7);
-  svg_text(f, MARGIN_L + 4, y + 11, "start", 10, "normal", "%s", text);
+/* A small caption in the strip above the plot whose top is at plot_y. */
+static void caption(FILE *f, double plot_y, const char *text) {
+  svg_text(f, MARGIN_L, plot_y - CAPTION_GAP, "start", 11, "normal", "%s",
+           text);
 }
 
 /* Labels a time in the unit that reads best. */
@@ -160,7 +162,8 @@ static int panel(FILE *f, const sim_params *p, const sim_traffic *t,
   fmt_time(bin, sizeof bin, t->duration_us / BINS);
   svg_text(f, MARGIN_L, top + 16, "start", 15, "bold", "%s",
            tg_algorithm_name(r->alg));
-  svg_text(f, MARGIN_L + 190, top + 16, "start", 13, "normal",
+  /* right-aligned, so a long algorithm name never runs into it */
+  svg_text(f, MARGIN_L + PLOT_W, top + 16, "end", 13, "normal",
            "admitted %" PRIu64 ", denied %" PRIu64
            "; most admitted in any %s: %" PRIu64 " (%.2f x limit)",
            r->admitted, r->denied, per, r->worst,
@@ -189,7 +192,9 @@ static int panel(FILE *f, const sim_params *p, const sim_traffic *t,
   double y_limit = ly + LINE_H - LINE_H * (double)limit / line_max;
   svg_rect(f, MARGIN_L, ly, PLOT_W, LINE_H, "#f4f4f4", 1);
   svg_rect(f, MARGIN_L, ly, PLOT_W, y_limit - ly, RED, 0.08);
-  boundaries(f, p, t, by, ly + LINE_H);
+  /* over the plots only, not through the caption strip between them */
+  boundaries(f, p, t, by, by + BARS_H);
+  boundaries(f, p, t, ly, ly + LINE_H);
   if (last_period_columns(t, r, r->worst_key, p->quota.period_ms * 1000u,
                           cols) != 0)
     return -1;
@@ -210,7 +215,7 @@ static int panel(FILE *f, const sim_params *p, const sim_traffic *t,
            t->keys > 1 ? " by the busiest key" : "");
   caption(f, ly, text);
   if (t->keys > 1)
-    svg_text(f, MARGIN_L + PLOT_W - 4, ly + 11, "end", 10, "normal",
+    svg_text(f, MARGIN_L + PLOT_W, ly - CAPTION_GAP, "end", 11, "normal",
              "busiest key: k%" PRIu32, r->worst_key);
   return 0;
 }

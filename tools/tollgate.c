@@ -10,22 +10,24 @@
 #include <string.h>
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: tollgate <command> [options]\n"
-          "\n"
-          "commands:\n"
-          "  serve     answer rate-limit decisions over the Redis protocol\n"
-          "            (redis-cli -p 6380 TG.HIT user:42 sliding_window 10 "
-          "60000)\n"
-          "  simulate  replay a traffic pattern through every algorithm on a\n"
-          "            simulated clock; print a table, draw an SVG timeline\n"
-          "  demo      replay photo uploads (3 per minute per user) through\n"
-          "            every algorithm, printing each decision\n"
-          "  bench     run the benchmark suite (tollgate_bench)\n"
-          "  version   print the library version\n"
-          "  help      print this message\n"
-          "\n"
-          "'tollgate COMMAND --help' describes a command's options.\n");
+  fprintf(
+      f, "usage: tollgate <command> [options]\n"
+         "\n"
+         "commands:\n"
+         "  serve     answer rate-limit decisions over the Redis protocol\n"
+         "            (redis-cli -p 6380 TG.HIT user:42 sliding_window 10 "
+         "60000)\n"
+         "  simulate  replay a traffic pattern through every algorithm on a\n"
+         "            simulated clock; print a table, draw an SVG timeline\n"
+         "  demo      replay photo uploads (3 per minute per user) through\n"
+         "            every algorithm, printing each decision\n"
+         "  bench     run the benchmark suite (tollgate_bench)\n"
+         "  shm       list (shm ls) or remove (shm rm NAME) the shared-memory\n"
+         "            segments that hold tollgate tables\n"
+         "  version   print the version (also -V, --version)\n"
+         "  help      print this message (also -h, --help)\n"
+         "\n"
+         "'tollgate COMMAND --help' describes a command's options.\n");
 }
 
 int main(int argc, char **argv) {
@@ -42,7 +44,10 @@ int main(int argc, char **argv) {
     return cmd_demo(argc - 2, argv + 2);
   if (strcmp(cmd, "bench") == 0)
     return cmd_bench(argv[0], argc - 2, argv + 2);
-  if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+  if (strcmp(cmd, "shm") == 0)
+    return cmd_shm(argc - 2, argv + 2);
+  if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0 ||
+      strcmp(cmd, "-V") == 0) {
     printf("tollgate %s\n", tg_version_string());
     return 0;
   }

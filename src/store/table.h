@@ -174,8 +174,9 @@ typedef void (*tg__clean_cb)(const tg__clean_item *items, size_t n, void *ctx);
 /* One cleaning pass at now: every key whose state decayed to absent at least
  * older_than_us ago is handed to cb (in batches, outside any lock, may be
  * NULL) and then reclaimed if its state is still the one inspected. Returns
- * the number reclaimed in *removed. Returns TG_EBUSY-like TG_ESTORE only on
- * lock failure; a pass already running elsewhere makes this one return 0
+ * the number reclaimed in *removed. Returns TG_ESTORE when the cleaning lock
+ * fails for a reason other than being held, TG_ENOMEM when the batch buffer
+ * cannot be had; a pass already running elsewhere makes this one return 0
  * at once with *removed = 0. */
 int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
                     tg__clean_cb cb, void *ctx, size_t *removed);

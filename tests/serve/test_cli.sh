@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # test_cli.sh - the `tollgate` program's other commands as a user runs them:
-# demo (its summary), simulate (its table, and an SVG that is well-formed
-# XML), bench (finds and runs the benchmark), version, help, and bad usage
-# answered with exit status 2.
+# demo (its summary, its notes, algorithm names in any case), simulate (its
+# table, an SVG that is well-formed XML, progress, refusals that name the
+# limit), shm ls / shm rm (over a server's segments and garbage files in
+# /dev/shm), bench (finds and runs the benchmark), version (-V, --version),
+# help, and bad usage answered with exit status 2.
 #
 # usage: test_cli.sh PATH/TO/tollgate
 TOLLGATE=${1:?usage: $0 PATH/TO/tollgate}
@@ -43,13 +45,96 @@ check "simulate: unknown pattern is bad usage" \
 check "simulate: limit 0 is bad usage" \
   eq "$(status "$TOLLGATE" simulate --limit 0)" "2"
 
+# simulate: a run too large is refused with the limit and the values at
+# fault; progress goes to stderr only when asked (stderr is no terminal here)
+big_err=$("$TOLLGATE" simulate --periods 100000 --limit 1000 2>&1 >/dev/null)
+check "simulate: too many requests is bad usage" \
+  eq "$(status "$TOLLGATE" simulate --periods 100000 --limit 1000)" "2"
+check "simulate: the refusal names the limit's value" has "$big_err" "20000000"
+check "simulate: ... and what was asked" has "$big_err" "100000000 requests"
+check "simulate: no progress on a non-terminal unless asked" \
+  eq "$("$TOLLGATE" simulate --no-svg --periods 400 --limit 2000 2>&1 >/dev/null)" ""
+prog=$("$TOLLGATE" simulate --no-svg --progress --periods 400 --limit 2000 2>&1 >/dev/null)
+check "simulate --progress reports each algorithm to the end" \
+  has "$prog" "5/5 leaky_bucket 100% (800000 of 800000 requests)"
+
+# demo: algorithm names in any case (as serve reads them); a note that
+# explains one algorithm's answer appears beside that algorithm only
+check "demo: algorithm names in any case" \
+  eq "$("$TOLLGATE" demo --algorithm Token_Bucket | grep -c '^== ')" "2"
+check "demo: a window-only note only beside the fixed window" \
+  eq "$("$TOLLGATE" demo | grep 'new fixed window' | wc -l | tr -d ' ')" "1"
+check "demo: ... in the fixed window's section" \
+  eq "$("$TOLLGATE" demo --algorithm fixed_window | grep -c 'new fixed window')" "1"
+
+# shm ls / shm rm over real segments (made by serve --shm) and garbage
+shm=/tgcli-$$
+trap 'rm -f /dev/shm/tgcli-$$*; tg_cleanup' EXIT
+printf 'not a table' >"/dev/shm${shm}-garbage"
+: >"/dev/shm${shm}-empty"
+head -c 4096 /dev/urandom >"/dev/shm${shm}-random"
+python3 -c 'import sys; open(sys.argv[1], "wb").write(b"TGTABLE1" + b"\x01\0\0\0" + b"\x07" * 600)' \
+  "/dev/shm${shm}-badheader"
+start_server --shm "$shm"
+exec 3<>"/dev/tcp/127.0.0.1/$PORT"
+printf 'TG.HIT a token_bucket 10 1000\r\nTG.HIT b token_bucket 10 1000\r\nPING\r\n' >&3
+reply=""
+while IFS= read -r -t 10 line <&3; do
+  reply+="$line"$'\n'
+  [ "${line%$'\r'}" = "+PONG" ] && break
+done
+exec 3<&-
+before=$(md5sum "/dev/shm${shm}.token_bucket")
+ls_out=$("$TOLLGATE" shm ls)
+after=$(md5sum "/dev/shm${shm}.token_bucket")
+stop_server
+check "shm ls: the server answered the hits" has "$reply" "+PONG"
+check "shm ls: a heading" has "$ls_out" "^NAME  *ALGORITHM  *CAPACITY  *LIVE  *BYTES  *OWNER  *MODE  *STATE$"
+check "shm ls: each of the server's five tables, sound" \
+  eq "$(grep -c "^${shm}\.[a-z_]*  .*  ok$" <<<"$ls_out")" "5"
+check "shm ls: algorithm, capacity, live keys, owner and mode" \
+  has "$ls_out" "^${shm}\.token_bucket  *token_bucket  *65536  *2  *[0-9][0-9]*  *$(id -un)  *0600  *ok$"
+check "shm ls: other files skipped" \
+  eq "$(grep -c -e "${shm}-garbage" -e "${shm}-empty" -e "${shm}-random" <<<"$ls_out")" "0"
+check "shm ls: a damaged table is listed as such" \
+  has "$ls_out" "^${shm}-badheader  *?  .*corrupt header$"
+check "shm ls: only reads (the segment is unchanged)" eq "$after" "$before"
+check "shm rm: refuses what is not a tollgate table" \
+  eq "$(status "$TOLLGATE" shm rm "${shm}-garbage")" "1"
+check "shm rm: ... and left it" test -e "/dev/shm${shm}-garbage"
+check "shm rm --force: removes it" \
+  eq "$(status "$TOLLGATE" shm rm --force "${shm}-garbage")" "0"
+check "shm rm: a table, by its listed name" \
+  eq "$(status "$TOLLGATE" shm rm "${shm}.token_bucket")" "0"
+check "shm rm: ... which is gone" test ! -e "/dev/shm${shm}.token_bucket"
+check "shm rm: the leading / may be left out" \
+  eq "$(status "$TOLLGATE" shm rm "${shm#/}.fixed_window")" "0"
+check "shm rm: an absent name fails" \
+  eq "$(status "$TOLLGATE" shm rm "${shm}.token_bucket")" "1"
+check "shm rm: a malformed name is bad usage" \
+  eq "$(status "$TOLLGATE" shm rm /a/b)" "2"
+check "shm: an unknown subcommand is bad usage" \
+  eq "$(status "$TOLLGATE" shm nope)" "2"
+check "shm --help" has "$("$TOLLGATE" shm --help)" "^usage: tollgate shm ls"
+rm -f /dev/shm/tgcli-$$*
+
 bench=$("$TOLLGATE" bench --quick --filter name=clock 2>&1)
 check "bench runs the benchmark suite" has "$bench" "^name=clock"
 check "bench --bench with a missing program fails" \
   eq "$(status "$TOLLGATE" bench --bench /nonexistent)" "1"
 
 check "version" has "$("$TOLLGATE" version)" "^tollgate [0-9]"
-check "help lists serve" has "$("$TOLLGATE" help)" "serve"
+check "-V is version" eq "$("$TOLLGATE" -V)" "$("$TOLLGATE" version)"
+check "--version is version" eq "$("$TOLLGATE" --version)" "$("$TOLLGATE" version)"
+for c in serve simulate demo bench shm version help; do
+  check "help lists $c" has "$("$TOLLGATE" help)" "^  $c "
+done
+# the README's command table lists exactly the program's commands
+readme="$(dirname "$0")/../../README.md"
+help_cmds=$("$TOLLGATE" help | sed -n 's/^  \([a-z][a-z]*\)  .*/\1/p' | sort)
+readme_cmds=$(sed -n 's/^| `tollgate \([a-z][a-z]*\).*/\1/p' "$readme" | sort -u)
+check "README's command table matches tollgate help" eq "$readme_cmds" "$help_cmds"
+check "--help is help" eq "$("$TOLLGATE" --help)" "$("$TOLLGATE" help)"
 check "serve --help" has "$("$TOLLGATE" serve --help)" "TG.HIT key algorithm"
 check "serve: an unknown option is bad usage" \
   eq "$(status "$TOLLGATE" serve --nope)" "2"

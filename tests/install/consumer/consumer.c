@@ -50,7 +50,9 @@ int main(void) {
       denied++;
   }
   tg_limiter_destroy(lim);
-  printf("tollgate %s: %u allowed, %u denied\n", tg_version_string(), allowed,
-         denied);
+  /* Says whether the library linked has the Redis store: a static link of
+   * one that has it only succeeds if the package brought hiredis along. */
+  printf("tollgate %s: %u allowed, %u denied, redis %s\n", tg_version_string(),
+         allowed, denied, tg_redis_available() ? "yes" : "no");
   return 0;
 }

@@ -19,10 +19,10 @@
  * dilute the store's cost; quotas are generous enough that every decision is
  * allowed and therefore writes (the expensive path).
  *
- * Every figure is the fastest of --reps runs, the median beside it: the
- * host may be shared, and the fastest run is the one least disturbed. Each
+ * Every figure is the median of --reps runs (bench_stats.h: the statistic
+ * all the benchmarks here report), the fastest beside it in brackets. Each
  * line also gives the CPU share (CPU time / wall time, lowest of its
- * processes) of the fastest runs: near 1.00 the processes had their CPUs to
+ * processes) of the median runs: near 1.00 the processes had their CPUs to
  * themselves; well below, another load took turns with them and the figure
  * measures the host, not the store.
  *
@@ -32,6 +32,7 @@
  *   --reps     runs per figure (default 5)
  *   --verbose  every run's figure and CPU share on stderr
  */
+#include "bench_stats.h"
 #include "tollgate.h"
 
 #include <errno.h>
@@ -59,12 +60,6 @@ static char shm_name[64];
 static const tg_quota window_quota = {UINT64_C(1000000000000000), 1000, 0};
 static const tg_quota bucket_quota = {1000000, 1000, 1000000000};
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void die(const char *what, int rc) {
   fprintf(stderr, "shm_bench: %s: %s\n", what, tg_err_name(rc));
   exit(1);
@@ -88,7 +83,7 @@ static double run_ops(tg_limiter *lim, const tg_quota *q, size_t first,
   tg_result r;
   size_t j = 0;
   uint64_t t = *now;
-  double start = now_s();
+  double start = bench_now_s();
   for (size_t i = 0; i < ops; i++) {
     int rc = tg_hit_at(lim, t++, keys[first + j], KEY_LEN, q, 1, &r);
     if (rc != TG_OK || !r.allowed)
@@ -96,7 +91,7 @@ static double run_ops(tg_limiter *lim, const tg_quota *q, size_t first,
     if (++j == n)
       j = 0;
   }
-  double el = now_s() - start;
+  double el = bench_now_s() - start;
   *now = t;
   return el;
 }
@@ -107,35 +102,34 @@ static double cpu_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* A figure over reps runs: the fastest, the median, and the CPU share of
- * the fastest. */
+/* A figure over reps runs: the median (the figure), the fastest, and the
+ * CPU share of the run nearest the median. */
 typedef struct figure {
-  double best, median, share;
+  double median, best, share;
 } figure;
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 /* v[i] measured with CPU share share[i]; `lower`: smaller is faster. */
 static figure summarise(const double *v, const double *share, bool lower) {
-  figure f = {v[0], 0, share[0]};
+  figure f = {0, v[0], share[0]};
   double sorted[MAX_REPS];
   for (int i = 0; i < reps; i++) {
     if (verbose)
       fprintf(stderr, " %.2f (cpu %.2f)", v[i], share[i]);
-    if (lower ? v[i] < f.best : v[i] > f.best) {
+    if (lower ? v[i] < f.best : v[i] > f.best)
       f.best = v[i];
-      f.share = share[i];
-    }
     sorted[i] = v[i];
   }
   if (verbose)
     fprintf(stderr, "\n");
-  qsort(sorted, (size_t)reps, sizeof *sorted, cmp_double);
-  f.median = reps % 2 ? sorted[reps / 2]
-                      : (sorted[reps / 2 - 1] + sorted[reps / 2]) / 2;
+  f.median = bench_median(sorted, reps);
+  double gap = -1;
+  for (int i = 0; i < reps; i++) {
+    double d = v[i] > f.median ? v[i] - f.median : f.median - v[i];
+    if (gap < 0 || d < gap) {
+      gap = d;
+      f.share = share[i];
+    }
+  }
   return f;
 }
 
@@ -213,9 +207,9 @@ static figure multi(tg_algorithm alg, int procs, size_t n, size_t stride,
           ;
         uint64_t t = now;
         double se[3], cpu = cpu_s();
-        se[0] = now_s();
+        se[0] = bench_now_s();
         run_ops(mine, q, (size_t)c * stride, n, nops, &t);
-        se[1] = now_s();
+        se[1] = bench_now_s();
         se[2] = (cpu_s() - cpu) / (se[1] - se[0]);
         tg_limiter_destroy(mine);
         _exit(write(back[1], se, sizeof se) == (ssize_t)sizeof se ? 0 : 1);
@@ -288,7 +282,7 @@ int main(int argc, char **argv) {
     snprintf(keys[i], sizeof keys[i], "user:%010u", (unsigned)i);
   snprintf(shm_name, sizeof shm_name, "/tg-shm-bench-%ld", (long)getpid());
   printf("# shm_bench: %zu distinct keys, %zu decisions per process and run, "
-         "fastest of %d runs (median in brackets)\n",
+         "median of %d runs (fastest in brackets)\n",
          nkeys, nops, reps);
   fflush(stdout);
 
@@ -300,12 +294,12 @@ int main(int argc, char **argv) {
       const char *kn = hot ? "hot_key" : "distinct_keys";
       figure mem = single(algs[a], false, n);
       figure shm = single(algs[a], true, n);
-      double r = shm.best / mem.best;
+      double r = shm.median / mem.median;
       printf("%s %s 1proc shm: %.1f ns/decision (memory %.1f ns/decision, "
-             "ratio %.2f, target <= 1.30: %s) [median %.1f / %.1f, ratio "
+             "ratio %.2f, target <= 1.30: %s) [fastest %.1f / %.1f, ratio "
              "%.2f; cpu share %.2f / %.2f]\n",
-             an, kn, shm.best, mem.best, r, verdict(r <= 1.30), shm.median,
-             mem.median, shm.median / mem.median, shm.share, mem.share);
+             an, kn, shm.median, mem.median, r, verdict(r <= 1.30), shm.best,
+             mem.best, shm.best / mem.best, shm.share, mem.share);
       fflush(stdout);
     }
     /* one process vs two on the same per-process work */
@@ -314,7 +308,7 @@ int main(int argc, char **argv) {
       const char *kn = hot ? "one_key" : "distinct_keys";
       figure one = multi(algs[a], 1, n, stride, true);
       figure two = multi(algs[a], 2, n, stride, true);
-      double r = two.best / one.best;
+      double r = two.median / one.median;
       char target[64];
       if (hot)
         snprintf(target, sizeof target, "no target: one key, one cache line");
@@ -322,11 +316,11 @@ int main(int argc, char **argv) {
         snprintf(target, sizeof target, "target >= 1.70: %s",
                  verdict(r >= 1.70));
       printf("%s %s 2proc shm: %.2f M decisions/s (1proc %.2f M/s, ratio "
-             "%.2f, %s) [median %.2f / %.2f, ratio %.2f; cpu share %.2f / "
+             "%.2f, %s) [fastest %.2f / %.2f, ratio %.2f; cpu share %.2f / "
              "%.2f]\n",
-             an, kn, two.best / 1e6, one.best / 1e6, r, target,
-             two.median / 1e6, one.median / 1e6, two.median / one.median,
-             two.share, one.share);
+             an, kn, two.median / 1e6, one.median / 1e6, r, target,
+             two.best / 1e6, one.best / 1e6, two.best / one.best, two.share,
+             one.share);
       fflush(stdout);
     }
     /* the same without sharing: what the host itself allows */
@@ -335,11 +329,11 @@ int main(int argc, char **argv) {
     figure two = multi(algs[a], 2, half, half, false);
     printf("%s distinct_keys 2proc memory (a full table each, none shared): "
            "%.2f M decisions/s (1proc %.2f M/s, ratio %.2f: the host's own "
-           "scaling) [median %.2f / %.2f, ratio %.2f; cpu share %.2f / "
+           "scaling) [fastest %.2f / %.2f, ratio %.2f; cpu share %.2f / "
            "%.2f]\n",
-           an, two.best / 1e6, one.best / 1e6, two.best / one.best,
-           two.median / 1e6, one.median / 1e6, two.median / one.median,
-           two.share, one.share);
+           an, two.median / 1e6, one.median / 1e6, two.median / one.median,
+           two.best / 1e6, one.best / 1e6, two.best / one.best, two.share,
+           one.share);
     fflush(stdout);
   }
   free(keys);
