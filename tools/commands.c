@@ -17,12 +17,17 @@
  * INFO, DBSIZE, SELECT 0, HELLO [2], COMMAND [COUNT|INFO|DOCS], CLIENT
  * SETNAME/GETNAME/SETINFO/ID, CONFIG GET (save and appendonly only).
  *
- * A library status becomes an error reply whose first word is the code's
- * name: "-TG_EQUOTA invalid quota (limit 0, period 0 or out of range)".
+ * The TG.* commands' arguments are parsed, and TG.HIT's reply shaped, by
+ * src/command/command.c, which the Redis module uses too: both servers
+ * speak one protocol. A library status becomes an error reply whose first
+ * word is the code's name: "-TG_EQUOTA invalid quota (limit 0, period 0 or
+ * out of range)".
  * Integers in requests are decimal, 0..2^63-1 (RESP integers are signed);
  * replies saturate at 2^63-1, which only a window count can reach.
  */
 #include "commands.h"
+
+#include "command/command.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -64,25 +69,13 @@ static int parse_u63(const resp_arg *a, uint64_t *out) {
 }
 
 int cmd_parse_algorithm(const char *p, size_t len, tg_algorithm *alg) {
-  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
-    const resp_arg arg = {p, len};
-    if (arg_is(&arg, tg_algorithm_name((tg_algorithm)a))) {
-      *alg = (tg_algorithm)a;
-      return 0;
-    }
-  }
-  return -1;
+  return tg__cmd_parse_algorithm(p, len, alg);
 }
 
 static void err_tg(outbuf *o, int rc) {
   out_error(o, tg_err_name(rc), tg_strerror(rc));
 }
 
-static void err_syntax(outbuf *o) { out_error(o, "ERR", "syntax error"); }
-
-static void err_int(outbuf *o) {
-  out_error(o, "ERR", "value is not an integer or out of range");
-}
 
 /* One request being run: what every handler gets. */
 typedef struct call {
@@ -96,9 +89,6 @@ typedef struct call {
 
 /* ---- the TG.* commands ---- */
 
-/* Options a TG.* command may take after its positional arguments. */
-enum { OPT_BURST = 1, OPT_COST = 2 };
-
 /* What every TG.* command shares: key, limiter, quota, and the options. */
 typedef struct tg_args {
   const void *key;
@@ -109,63 +99,28 @@ typedef struct tg_args {
   uint64_t value; /* TG.SET's value */
 } tg_args;
 
-/* Parses "key algorithm limit period_ms", then `extra` positional integers
- * (0 or 1: TG.SET's value), then the options in `allowed`, in any order.
- * On error writes the reply and returns -1. */
-static int parse_tg(const call *c, int extra, unsigned allowed, tg_args *t) {
-  const resp_arg *argv = c->argv;
-  outbuf *o = c->out;
-  tg_algorithm alg;
-  if (cmd_parse_algorithm(argv[2].ptr, argv[2].len, &alg) != 0) {
-    out_error_quoted(o, "ERR", "unknown algorithm '", argv[2].ptr, argv[2].len,
-                     "' (fixed_window, fixed_window_per_key, sliding_window, "
-                     "token_bucket, leaky_bucket)");
+/* Parses the request with the parser the Redis module shares
+ * (src/command/command.h), then finds the limiter. On error writes the
+ * reply and returns -1. */
+static int parse_tg(const call *c, tg__cmd_id id, tg_args *t) {
+  tg__cmd_arg av[RESP_MAX_ARGS];
+  for (size_t i = 0; i < c->argc && i < RESP_MAX_ARGS; i++)
+    av[i] = (tg__cmd_arg){c->argv[i].ptr, c->argv[i].len};
+  tg__cmd cmd;
+  tg__cmd_error err;
+  if (tg__cmd_parse(id, av, c->argc, &cmd, &err) != 0) {
+    out_error_quoted(c->out, "ERR", err.before, err.quoted, err.quoted_len,
+                     err.after);
     return -1;
   }
-  t->key = argv[1].ptr;
-  t->key_len = argv[1].len;
-  t->lim = c->ctx->lim[alg];
-  t->q.burst = 0;
-  t->cost = 1;
-  t->value = 0;
-  if (parse_u63(&argv[3], &t->q.limit) != 0 ||
-      parse_u63(&argv[4], &t->q.period_ms) != 0) {
-    err_int(o);
-    return -1;
-  }
-  size_t i = 5;
-  if (extra) {
-    if (c->argc < 6) {
-      err_syntax(o);
-      return -1;
-    }
-    if (parse_u63(&argv[5], &t->value) != 0) {
-      err_int(o);
-      return -1;
-    }
-    i = 6;
-  }
-  for (; i < c->argc; i += 2) {
-    uint64_t *dst;
-    if ((allowed & OPT_BURST) && arg_is(&argv[i], "burst"))
-      dst = &t->q.burst;
-    else if ((allowed & OPT_COST) && arg_is(&argv[i], "cost"))
-      dst = &t->cost;
-    else {
-      err_syntax(o);
-      return -1;
-    }
-    if (i + 1 >= c->argc) {
-      err_syntax(o);
-      return -1;
-    }
-    if (parse_u63(&argv[i + 1], dst) != 0) {
-      err_int(o);
-      return -1;
-    }
-  }
+  t->key = cmd.key;
+  t->key_len = cmd.key_len;
+  t->lim = c->ctx->lim[cmd.alg];
+  t->q = cmd.q;
+  t->cost = cmd.arg;
+  t->value = cmd.arg;
   if (!t->lim) {
-    out_error(o, "ERR", "this server holds no limiter for that algorithm");
+    out_error(c->out, "ERR", "this server holds no limiter for that algorithm");
     return -1;
   }
   return 0;
@@ -173,7 +128,7 @@ static int parse_tg(const call *c, int extra, unsigned allowed, tg_args *t) {
 
 static void cmd_hit(const call *c) {
   tg_args t;
-  if (parse_tg(c, 0, OPT_BURST | OPT_COST, &t) != 0)
+  if (parse_tg(c, TG__CMD_HIT, &t) != 0)
     return;
   tg_result r;
   int rc =
@@ -191,22 +146,16 @@ static void cmd_hit(const call *c) {
     s->denied++;
   if (r.degraded)
     s->degraded++;
-  outbuf *o = c->out;
-  out_array(o, 6);
-  out_int(o, r.allowed ? 1 : 0);
-  out_uint(o, r.count);
-  out_uint(o, r.remaining);
-  if (r.retry_after_ms == TG_NEVER)
-    out_int(o, -1);
-  else
-    out_uint(o, r.retry_after_ms);
-  out_uint(o, r.reset_after_ms);
-  out_int(o, r.degraded ? 1 : 0);
+  int64_t v[6];
+  tg__cmd_hit_reply(&r, v);
+  out_array(c->out, 6);
+  for (int i = 0; i < 6; i++)
+    out_int(c->out, v[i]);
 }
 
 static void cmd_inc(const call *c) {
   tg_args t;
-  if (parse_tg(c, 0, OPT_COST, &t) != 0)
+  if (parse_tg(c, TG__CMD_INC, &t) != 0)
     return;
   uint64_t count;
   int rc =
@@ -221,7 +170,7 @@ static void cmd_inc(const call *c) {
 
 static void cmd_get(const call *c) {
   tg_args t;
-  if (parse_tg(c, 0, OPT_BURST, &t) != 0)
+  if (parse_tg(c, TG__CMD_GET, &t) != 0)
     return;
   uint64_t v;
   int rc = c->ctx->store_time
@@ -235,7 +184,7 @@ static void cmd_get(const call *c) {
 
 static void cmd_set(const call *c) {
   tg_args t;
-  if (parse_tg(c, 1, OPT_BURST, &t) != 0)
+  if (parse_tg(c, TG__CMD_SET, &t) != 0)
     return;
   int rc = c->ctx->store_time
                ? tg_set(t.lim, t.key, t.key_len, &t.q, t.value)
@@ -248,7 +197,7 @@ static void cmd_set(const call *c) {
 
 static void cmd_expiresat(const call *c) {
   tg_args t;
-  if (parse_tg(c, 0, OPT_BURST, &t) != 0)
+  if (parse_tg(c, TG__CMD_EXPIRESAT, &t) != 0)
     return;
   uint64_t at;
   int rc =
@@ -262,20 +211,22 @@ static void cmd_expiresat(const call *c) {
 }
 
 static void cmd_reset(const call *c) {
-  int first = 0, last = TG_ALGORITHM_COUNT - 1;
-  if (c->argc == 3) {
-    tg_algorithm alg;
-    if (cmd_parse_algorithm(c->argv[2].ptr, c->argv[2].len, &alg) != 0) {
-      out_error_quoted(c->out, "ERR", "unknown algorithm '", c->argv[2].ptr,
-                       c->argv[2].len, "'");
-      return;
-    }
-    first = last = (int)alg;
+  tg__cmd_arg av[3];
+  for (size_t i = 0; i < c->argc && i < 3; i++)
+    av[i] = (tg__cmd_arg){c->argv[i].ptr, c->argv[i].len};
+  tg__cmd cmd;
+  tg__cmd_error err;
+  if (tg__cmd_parse(TG__CMD_RESET, av, c->argc, &cmd, &err) != 0) {
+    out_error_quoted(c->out, "ERR", err.before, err.quoted, err.quoted_len,
+                     err.after);
+    return;
   }
+  int first = cmd.all_algorithms ? 0 : (int)cmd.alg;
+  int last = cmd.all_algorithms ? TG_ALGORITHM_COUNT - 1 : (int)cmd.alg;
   for (int a = first; a <= last; a++) {
     if (!c->ctx->lim[a])
       continue;
-    int rc = tg_reset(c->ctx->lim[a], c->argv[1].ptr, c->argv[1].len);
+    int rc = tg_reset(c->ctx->lim[a], cmd.key, cmd.key_len);
     if (rc != TG_OK) {
       err_tg(c->out, rc);
       return;
