@@ -76,7 +76,6 @@ static void err_tg(outbuf *o, int rc) {
   out_error(o, tg_err_name(rc), tg_strerror(rc));
 }
 
-
 /* One request being run: what every handler gets. */
 typedef struct call {
   cmd_ctx *ctx;
@@ -126,6 +125,26 @@ static int parse_tg(const call *c, tg__cmd_id id, tg_args *t) {
   return 0;
 }
 
+/* TG.HIT's reply for what tg_hit returned, counted in the stats. */
+static void hit_out(cmd_ctx *ctx, int rc, const tg_result *r, outbuf *out) {
+  if (rc != TG_OK && !(r->degraded && ctx->policy != TG_POLICY_ERROR)) {
+    err_tg(out, rc);
+    return;
+  }
+  serve_stats *s = &ctx->stats;
+  if (r->allowed)
+    s->allowed++;
+  else
+    s->denied++;
+  if (r->degraded)
+    s->degraded++;
+  int64_t v[6];
+  tg__cmd_hit_reply(r, v);
+  out_array(out, 6);
+  for (int i = 0; i < 6; i++)
+    out_int(out, v[i]);
+}
+
 static void cmd_hit(const call *c) {
   tg_args t;
   if (parse_tg(c, TG__CMD_HIT, &t) != 0)
@@ -135,22 +154,7 @@ static void cmd_hit(const call *c) {
       c->ctx->store_time
           ? tg_hit(t.lim, t.key, t.key_len, &t.q, t.cost, &r)
           : tg_hit_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.cost, &r);
-  if (rc != TG_OK && !(r.degraded && c->ctx->policy != TG_POLICY_ERROR)) {
-    err_tg(c->out, rc);
-    return;
-  }
-  serve_stats *s = &c->ctx->stats;
-  if (r.allowed)
-    s->allowed++;
-  else
-    s->denied++;
-  if (r.degraded)
-    s->degraded++;
-  int64_t v[6];
-  tg__cmd_hit_reply(&r, v);
-  out_array(c->out, 6);
-  for (int i = 0; i < 6; i++)
-    out_int(c->out, v[i]);
+  hit_out(c->ctx, rc, &r, c->out);
 }
 
 static void cmd_inc(const call *c) {
@@ -557,6 +561,94 @@ static void cmd_command(const call *c) {
   }
 }
 
+/* Counts a request done, once its reply is out (so INFO does not count
+ * itself, as in Redis). */
+static void count(cmd_ctx *ctx, const outbuf *out, size_t before) {
+  ctx->stats.commands++;
+  if (out->len > before && out->data[before] == '-')
+    ctx->stats.error_replies++;
+}
+
+/* The TG.HIT request r as a batch item (its quota in *q), when it parses
+ * and its algorithm has a limiter; else false (cmd_execute answers it). */
+static bool hit_item(const cmd_ctx *ctx, const resp_request *r, tg_quota *q,
+                     tg_batch_item *it, tg_algorithm *alg) {
+  tg__cmd_arg av[9];
+  if (r->argc < 5 || r->argc > 9 ||
+      tg__cmd_lookup(r->argv[0].ptr, r->argv[0].len) != TG__CMD_HIT)
+    return false;
+  for (size_t i = 0; i < r->argc; i++)
+    av[i] = (tg__cmd_arg){r->argv[i].ptr, r->argv[i].len};
+  tg__cmd cmd;
+  tg__cmd_error err;
+  if (tg__cmd_parse(TG__CMD_HIT, av, r->argc, &cmd, &err) != 0 ||
+      !ctx->lim[cmd.alg])
+    return false;
+  *q = cmd.q;
+  *it = (tg_batch_item){cmd.key, cmd.key_len, q, cmd.arg, 0, {0}};
+  *alg = cmd.alg;
+  return true;
+}
+
+/* Runs the TG.HIT requests r[0..n) (all hit_item) with one tg_hit_batch
+ * per limiter, then replies in order. Different limiters hold different
+ * keys, so running each one's calls together, in order, decides as the
+ * requests one by one would. */
+static void hit_batch(cmd_ctx *ctx, const resp_request *r, size_t n,
+                      outbuf *out) {
+  tg_batch_item it[CMD_BATCH_MAX], sub[CMD_BATCH_MAX];
+  tg_quota q[CMD_BATCH_MAX];
+  tg_algorithm alg[CMD_BATCH_MAX];
+  size_t at[CMD_BATCH_MAX];
+  for (size_t i = 0; i < n; i++)
+    (void)hit_item(ctx, &r[i], &q[i], &it[i], &alg[i]);
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+      if (alg[i] == (tg_algorithm)a) {
+        at[m] = i;
+        sub[m++] = it[i];
+      }
+    if (m == 0)
+      continue;
+    int rc = tg_hit_batch(ctx->lim[a], sub, m);
+    for (size_t k = 0; k < m; k++) {
+      it[at[k]] = sub[k];
+      if (rc != TG_OK) /* not reached: the items are well-formed */
+        it[at[k]].status = rc;
+    }
+  }
+  for (size_t i = 0; i < n; i++) {
+    size_t before = out->len;
+    hit_out(ctx, it[i].status, &it[i].result, out);
+    count(ctx, out, before);
+  }
+}
+
+cmd_after cmd_execute_batch(cmd_ctx *ctx, const resp_request *reqs, size_t n,
+                            uint64_t now_us, uint64_t client_id, outbuf *out) {
+  size_t i = 0;
+  while (i < n) {
+    size_t j = i;
+    tg_batch_item it;
+    tg_quota q;
+    tg_algorithm alg;
+    while (ctx->store_time && j < n && j - i < CMD_BATCH_MAX &&
+           hit_item(ctx, &reqs[j], &q, &it, &alg))
+      j++;
+    if (j - i >= 2) {
+      hit_batch(ctx, reqs + i, j - i, out);
+      i = j;
+      continue;
+    }
+    if (reqs[i].argc > 0 && cmd_execute(ctx, reqs[i].argv, reqs[i].argc, now_us,
+                                        client_id, out) == CMD_CLOSE)
+      return CMD_CLOSE;
+    i++;
+  }
+  return CMD_KEEP;
+}
+
 cmd_after cmd_execute(cmd_ctx *ctx, const resp_arg *argv, size_t argc,
                       uint64_t now_us, uint64_t client_id, outbuf *out) {
   size_t before = out->len;
@@ -577,9 +669,6 @@ cmd_after cmd_execute(cmd_ctx *ctx, const resp_arg *argv, size_t argc,
     cmd->fn(&c);
     after = cmd->after;
   }
-  /* counted once done, so INFO does not count itself (as in Redis) */
-  ctx->stats.commands++;
-  if (out->len > before && out->data[before] == '-')
-    ctx->stats.error_replies++;
+  count(ctx, out, before);
   return after;
 }

@@ -70,6 +70,18 @@ typedef enum cmd_after {
 cmd_after cmd_execute(cmd_ctx *ctx, const resp_arg *argv, size_t argc,
                       uint64_t now_us, uint64_t client_id, outbuf *out);
 
+/* Most requests cmd_execute_batch takes at once. */
+#define CMD_BATCH_MAX 64
+
+/* Runs the requests reqs[0..n) (n <= CMD_BATCH_MAX; empty ones answer
+ * nothing) as cmd_execute would one by one, appending their replies in
+ * order. When the limiters decide on the store's clock (store_time: the
+ * Redis store), consecutive TG.HIT requests go to their limiter as one
+ * tg_hit_batch, one pipelined round trip instead of one each. Stops after a
+ * request that closes the connection (QUIT) and returns CMD_CLOSE. */
+cmd_after cmd_execute_batch(cmd_ctx *ctx, const resp_request *reqs, size_t n,
+                            uint64_t now_us, uint64_t client_id, outbuf *out);
+
 /* Parses an algorithm name as tg_algorithm_name spells it, in any case.
  * Returns 0 and sets *alg, or -1. */
 int cmd_parse_algorithm(const char *p, size_t len, tg_algorithm *alg);
