@@ -250,9 +250,10 @@ static int run_log(kcall *k, uint32_t cap, log_result *lr) {
     k->corrupt = corrupt_detail(TG_SLIDING_WINDOW, v, len);
     rc = TG_ECORRUPT;
   }
-  /* ring of max(n, cap) entries: a log written under a larger cap keeps
-   * its extra entries until they expire, as the script does */
-  size_t ring = n > cap ? n : cap;
+  /* The ring holds the stored entries and one more, never more than the
+   * value itself could hold: a call's cap (up to 2^24) must not make a call
+   * allocate its worth. */
+  size_t ring = n + 1;
   if (rc == TG_OK) {
     e = RedisModule_Alloc(ring * sizeof *e);
     if (!e)
@@ -265,16 +266,15 @@ static int run_log(kcall *k, uint32_t cap, log_result *lr) {
     rc = TG_ECORRUPT;
   }
   if (rc == TG_OK) {
-    bool pruned = false;
-    if (n > cap) {
-      /* the ring is the log itself: prune, then let the step see a cap of
-       * what is left (so it merges, as the script's "left >= cap" does) or
-       * the call's cap, whichever is larger */
-      pruned = tg__log_prune(&lg, k->c.q.period_us, k->c.now_us) > 0;
-      memmove(e, e + lg.head, lg.n * sizeof *e);
-      lg.head = 0;
-      lg.cap = lg.n > cap ? lg.n : cap;
-    }
+    /* Prune first, then give the step a ring whose size makes it do what
+     * a cap of `cap` would: append into the one free slot while fewer than
+     * cap entries are left, merge into the newest once cap or more are (a
+     * log written under a larger cap keeps its extra entries until they
+     * expire, as the script does). The step's own prune then finds none. */
+    bool pruned = tg__log_prune(&lg, k->c.q.period_us, k->c.now_us) > 0;
+    memmove(e, e + lg.head, lg.n * sizeof *e);
+    lg.head = 0;
+    lg.cap = lg.n >= cap ? lg.n : lg.n + 1;
     bool changed;
     lr->rc = tg__log_decide(&k->c, &lg, &lr->v, &changed);
     lr->left = lg.n;
