@@ -82,8 +82,8 @@ static tg__cmd_arg arg_of(RedisModuleString *s) {
 /* A library status as an error reply: the code's name, then its message. */
 static int reply_code(RedisModuleCtx *ctx, int rc, const char *detail) {
   char buf[256];
-  snprintf(buf, sizeof buf, "%s %s%s", tg_err_name(rc), tg_strerror(rc),
-           detail ? detail : "");
+  (void)snprintf(buf, sizeof buf, "%s %s%s", tg_err_name(rc), tg_strerror(rc),
+                 detail ? detail : "");
   return RedisModule_ReplyWithError(ctx, buf);
 }
 
@@ -109,11 +109,13 @@ typedef struct kcall {
 
 /* The absolute expiry, ms, of a state that stops mattering at expiry_us. */
 static long long expire_at_ms(const kcall *k, uint64_t expiry_us) {
-  if (k->caller_now)
-    return (long long)(k->server_us / 1000 +
-                       tg__ms_until(expiry_us, k->c.now_us) +
-                       CALLER_NOW_SLACK_MS);
-  return (long long)tg__div_ceil(expiry_us, 1000);
+  /* at most about 1e13 ms either way (times below TG_NOW_MAX_US + the
+   * longest period): no overflow, and it fits a long long */
+  uint64_t at = k->caller_now ? k->server_us / 1000 +
+                                    tg__ms_until(expiry_us, k->c.now_us) +
+                                    CALLER_NOW_SLACK_MS
+                              : tg__div_ceil(expiry_us, 1000);
+  return (long long)at;
 }
 
 /* Stores value[0..len) under the open key, whose value has cur bytes

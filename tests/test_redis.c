@@ -322,7 +322,7 @@ static bool value_expiry(tg_algorithm alg, const char *v, size_t len,
   if (!tg__rv_log_entries(v, len, &n) || n == 0)
     return false;
   tg__entry *e = calloc(n, sizeof *e);
-  uint64_t sum;
+  uint64_t sum = 0;
   bool ok = e && tg__rv_parse_log(v, n, e, &sum);
   tg__log lg = {e, 0, (uint32_t)n, (uint32_t)n, sum};
   if (ok)

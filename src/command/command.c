@@ -7,16 +7,17 @@
 #include <string.h>
 
 const tg__cmd_spec tg__cmd_specs[TG__CMD_COUNT_] = {
-    [TG__CMD_HIT] = {"tg.hit", -5, 9, true},
-    [TG__CMD_INC] = {"tg.inc", -5, 7, true},
-    [TG__CMD_GET] = {"tg.get", -5, 7, false},
-    [TG__CMD_SET] = {"tg.set", -6, 8, true},
-    [TG__CMD_EXPIRESAT] = {"tg.expiresat", -5, 7, false},
-    [TG__CMD_RESET] = {"tg.reset", -2, 3, true},
+    [TG__CMD_HIT] = {"tg.hit", 9, -5, true},
+    [TG__CMD_INC] = {"tg.inc", 7, -5, true},
+    [TG__CMD_GET] = {"tg.get", 7, -5, false},
+    [TG__CMD_SET] = {"tg.set", 8, -6, true},
+    [TG__CMD_EXPIRESAT] = {"tg.expiresat", 7, -5, false},
+    [TG__CMD_RESET] = {"tg.reset", 3, -2, true},
 };
 
-static char lower(char c) {
-  return (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
+/* ASCII lower case, on bytes (a signed char's arithmetic is what narrows). */
+static unsigned char lower(unsigned char c) {
+  return c >= 'A' && c <= 'Z' ? (unsigned char)(c | 0x20u) : c;
 }
 
 /* Case-insensitive comparison of len bytes with a lowercase word. */
@@ -25,7 +26,7 @@ static bool is_word(const char *p, size_t len, const char *word) {
   if (len != n)
     return false;
   for (size_t i = 0; i < n; i++)
-    if (lower(p[i]) != word[i])
+    if (lower((unsigned char)p[i]) != (unsigned char)word[i])
       return false;
   return true;
 }
@@ -149,8 +150,12 @@ int tg__cmd_parse(tg__cmd_id id, const tg__cmd_arg *argv, size_t argc,
 
 /* Appends n bytes of p to buf[*len..cap - 1), CR and LF as spaces. */
 static void put(char *buf, size_t cap, size_t *len, const char *p, size_t n) {
-  for (size_t i = 0; i < n && *len + 1 < cap; i++)
-    buf[(*len)++] = (p[i] == '\r' || p[i] == '\n') ? ' ' : p[i];
+  for (size_t i = 0; i < n && *len + 1 < cap; i++) {
+    char c = p[i];
+    if (c == '\r' || c == '\n')
+      c = ' ';
+    buf[(*len)++] = c;
+  }
 }
 
 size_t tg__cmd_error_text(const tg__cmd_error *err, char *buf, size_t cap) {

@@ -49,9 +49,9 @@ typedef enum tg__cmd_id {
 /* A command's entry in COMMAND's table. */
 typedef struct tg__cmd_spec {
   const char *name; /* lowercase, e.g. "tg.hit" */
+  size_t max_args;  /* most arguments accepted, the name included */
   int arity;        /* Redis's convention: N exactly, -N at least N, the
                        name included */
-  size_t max_args;  /* most arguments accepted, the name included */
   bool write;       /* "write" (may change state), else "readonly" */
 } tg__cmd_spec;
 
