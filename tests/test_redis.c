@@ -1126,6 +1126,34 @@ static void auth_and_database(void **state) {
   redisFree(c);
 }
 
+/* A user whose ACL forbids COMMAND cannot ask whether the module is there:
+ * the store then uses the script, as without the module. */
+static void acl_without_command(void **state) {
+  (void)state;
+  redisContext *c = admin();
+  assert_true(rs_ok(c, "ACL SETUSER tglimited on >pw ~* +@all -command"));
+  tg_config cfg;
+  tg_config_init(&cfg);
+  tg_redis_config rc;
+  tg_redis_config_init(&rc);
+  rc.port = rs_port();
+  rc.key_prefix = "acl";
+  rc.username = "tglimited";
+  rc.password = "pw";
+  cfg.redis = &rc;
+  tg_limiter *lim;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  tg_quota q = {.limit = 2, .period_ms = 60000};
+  tg_result r;
+  for (int i = 1; i <= 3; i++) {
+    assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_OK);
+    assert_int_equal(r.allowed, i <= 2);
+  }
+  tg_limiter_destroy(lim);
+  assert_true(rs_ok(c, "ACL DELUSER tglimited"));
+  redisFree(c);
+}
+
 /* ---- threads ------------------------------------------------------------- */
 
 typedef struct hammer {
@@ -1246,6 +1274,7 @@ int main(void) {
       cmocka_unit_test_setup(error_replies, server_up),
       cmocka_unit_test_setup(busy_server, server_up),
       cmocka_unit_test_setup(auth_and_database, server_up),
+      cmocka_unit_test_setup(acl_without_command, server_up),
       cmocka_unit_test_setup(threads_share_one_limit, server_up),
       cmocka_unit_test_setup(fork_child_reconnects, server_up),
   };

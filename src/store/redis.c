@@ -443,12 +443,13 @@ static int load_script(conn *k) {
 }
 
 /* Whether the server has the tollgate module, asked once per connection:
- * COMMAND INFO names a command the server does not know with a nil entry. */
+ * COMMAND INFO names a command the server does not know with a nil entry.
+ * An error (a user whose ACL does not allow COMMAND) means the script. */
 static int detect_module(conn *k) {
   const char *argv[] = {"COMMAND", "INFO", "TG.STEP"};
   size_t len[] = {7, 4, 7};
   redisReply *r;
-  int rc = command_ok(k, 3, argv, len, &r);
+  int rc = command(k, 3, argv, len, &r);
   if (rc != TG_OK)
     return rc;
   k->module = r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
