@@ -624,21 +624,23 @@ static void a_stuck_lock_is_waited_for_once_per_backoff(void **state) {
   assert_string_equal(info_field(info, "store_lock_waits:"), "2");
   assert_string_equal(info_field(info, "store_status:"), "degraded");
   assert_string_equal(info_field(info, "store_last_error:"), "TG_EBUSY");
-  /* another algorithm is not held back, and its success is health */
+  /* another algorithm is not held back, nor counted as degraded */
   assert_starts(run_on(&c, AT(0), "TG.HIT k sliding_window 5 60000"), "*6\r\n");
-  assert_string_equal(info_field(run_on(&c, AT(0), "INFO"), "store_status:"),
-                      "ok");
+  assert_string_equal(
+      info_field(run_on(&c, AT(0), "INFO"), "store_degraded_algorithms:"),
+      "fixed_window");
   tg_limiter_destroy(c.lim_nowait[TG_FIXED_WINDOW]);
   free_ctx(&c);
 }
 
-/* The log of the store's health: one line per change, at most one a
- * second, and it always ends up saying the state the store is in. */
+/* The log of the store's health: one line per change and algorithm, at
+ * most one a second each, healthy again only after a second without
+ * failures, and it always ends up saying the state each is in. */
 static void health_is_logged_once_per_change(void **state) {
   (void)state;
   store_health h;
   health_init(&h, TG_OK, 0);
-  char buf[4096];
+  static char buf[8192];
   FILE *f = fmemopen(buf, sizeof buf, "w");
   assert_non_null(f);
   health_log(&h, 0, f, "redis:x", "open", 10);
@@ -647,46 +649,69 @@ static void health_is_logged_once_per_change(void **state) {
   health_log(&h, 10, f, "redis:x", "open", 10);
   health_log(&h, 20, f, "redis:x", "open", 10);
   health_note(&h, TG_EKEY, TG_TOKEN_BUCKET, 30); /* says nothing: ignored */
-  health_note(&h, TG_OK, TG_TOKEN_BUCKET, 500);
-  health_log(&h, 500, f, "redis:x", "open", 10); /* too soon: held back */
+  health_note(&h, TG_OK, TG_TOKEN_BUCKET, 500);  /* too soon: still failing */
+  health_note(&h, TG_OK, TG_LEAKY_BUCKET, 500);  /* another: unaffected */
+  health_log(&h, 500, f, "redis:x", "open", 10);
+  int reason;
+  unsigned algs;
+  assert_true(health_degraded(&h, &reason, &algs));
+  assert_int_equal(reason, TG_ETIMEDOUT);
+  assert_int_equal(algs, 1u << TG_TOKEN_BUCKET);
+  health_note(&h, TG_OK, TG_TOKEN_BUCKET, 1010); /* a quiet second: healthy */
   health_log(&h, 1010, f, "redis:x", "open", 10);
-  /* flapping within a second: folded into one line */
-  for (int i = 0; i < 3; i++) {
-    health_note(&h, TG_ECONNECT, TG_FIXED_WINDOW, 1100);
-    health_note(&h, TG_OK, TG_FIXED_WINDOW, 1100);
+  assert_false(health_degraded(&h, &reason, &algs));
+  /* failing and answering by turns: degraded for as long as it goes on */
+  for (uint64_t t = 1100; t < 5000; t += 100) {
+    health_note(&h, TG_EBUSY, TG_SLIDING_WINDOW, t);
+    health_note(&h, TG_OK, TG_SLIDING_WINDOW, t + 50);
+    health_log(&h, t + 50, f, "shm:/x.<algorithm>", "closed", 10);
   }
-  health_note(&h, TG_ECONNECT, TG_FIXED_WINDOW, 1200);
-  health_log(&h, 1200, f, "redis:x", "open", 10);
-  health_log(&h, 2200, f, "redis:x", "open", 10);
-  health_note(&h, TG_EFULL, TG_SLIDING_WINDOW, 2300);
-  health_note(&h, TG_EFULL, TG_SLIDING_WINDOW, 2300);
-  health_log(&h, 2300, f, "redis:x", "open", 10);
-  health_note(&h, TG_EFULL, TG_SLIDING_WINDOW, 2400);
-  health_log(&h, 2400, f, "redis:x", "open", 10); /* a minute apart */
+  /* changes no line could report: folded into the next */
+  health_note(&h, TG_ECONNECT, TG_TOKEN_BUCKET, 5000);
+  health_note(&h, TG_OK, TG_TOKEN_BUCKET, 6100);
+  health_note(&h, TG_ECONNECT, TG_TOKEN_BUCKET, 6200);
+  health_log(&h, 6200, f, "redis:x", "open", 10);
+  health_note(&h, TG_EFULL, TG_FIXED_WINDOW, 6300);
+  health_note(&h, TG_EFULL, TG_FIXED_WINDOW, 6300);
+  health_log(&h, 6300, f, "redis:x", "open", 10);
+  health_note(&h, TG_EFULL, TG_FIXED_WINDOW, 6400);
+  health_log(&h, 6400, f, "redis:x", "open", 10); /* a minute apart */
   fclose(f);
   const char *want =
       "tollgate serve: store redis:x degraded: TG_ETIMEDOUT (the store did "
       "not answer in time) on token_bucket; requests that need it are "
       "answered by --on-failure open\n"
-      "tollgate serve: store redis:x healthy again (100 failed request(s) in "
-      "the last degraded spell)\n"
+      "tollgate serve: store redis:x healthy again on token_bucket after 100 "
+      "failed request(s)\n"
+      "tollgate serve: store shm:/x.<algorithm> degraded: TG_EBUSY (key is "
+      "locked by another caller) on sliding_window; requests that need it "
+      "are answered by --on-failure closed\n"
       "tollgate serve: store redis:x degraded: TG_ECONNECT (cannot reach the "
-      "store: connection refused or lost) on fixed_window; requests that "
-      "need it are answered by --on-failure open (6 more changes since the "
+      "store: connection refused or lost) on token_bucket; requests that "
+      "need it are answered by --on-failure open (2 more changes since the "
       "last line)\n"
-      "tollgate serve: warning: the sliding_window table is full (10 keys): "
+      "tollgate serve: warning: the fixed_window table is full (10 keys): "
       "2 request(s) for new keys answered by --on-failure open; raise "
       "--capacity, or bound what clients may create (--max-period-ms, "
       "--max-new-keys-per-client)\n";
   assert_string_equal(buf, want);
-  /* degraded from the start: the start-up message said it already */
+
+  /* degraded from the start: the start-up message said it already, and
+   * failures then add nothing; the first answer is news */
   health_init(&h, TG_ECONNECT, 0);
-  assert_true(h.degraded);
+  assert_true(health_degraded(&h, &reason, &algs));
+  assert_int_equal(reason, TG_ECONNECT);
+  assert_int_equal(algs, 0);
+  health_note(&h, TG_ECONNECT, TG_FIXED_WINDOW, 100);
   buf[0] = '\0';
   f = fmemopen(buf, sizeof buf, "w");
   health_log(&h, 5000, f, "redis:x", "open", 10);
+  health_note(&h, TG_OK, TG_FIXED_WINDOW, 6000);
+  health_log(&h, 6000, f, "redis:x", "open", 10);
   fclose(f);
-  assert_string_equal(buf, "");
+  assert_string_equal(buf, "tollgate serve: store redis:x answers now\n"
+                           "tollgate serve: store redis:x healthy again on "
+                           "fixed_window after 1 failed request(s)\n");
 }
 
 static void command_describes_the_commands(void **state) {

@@ -619,13 +619,20 @@ static void cmd_info(const call *c) {
     info_line(&text, "tollgate_version", tg_version_string());
     info_u64(&text, "process_id", (uint64_t)getpid());
     info_line(&text, "store", ctx->store ? ctx->store : "memory");
-    const store_health *h = &ctx->health;
-    info_line(&text, "store_status", h->degraded ? "degraded" : "ok");
-    if (h->degraded)
-      info_line(&text, "store_last_error", tg_err_name(h->reason));
-    info_u64(&text, "store_status_for_ms",
-             ctx->mono_ms > h->since_ms ? ctx->mono_ms - h->since_ms : 0);
-    info_u64(&text, "store_status_changes", h->transitions);
+    int reason;
+    unsigned algs;
+    bool degraded = health_degraded(&ctx->health, &reason, &algs);
+    info_line(&text, "store_status", degraded ? "degraded" : "ok");
+    if (degraded) {
+      info_line(&text, "store_last_error", tg_err_name(reason));
+      char list[128] = "";
+      size_t n = 0;
+      for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+        if (algs & (1u << a))
+          n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", n ? "," : "",
+                                tg_algorithm_name((tg_algorithm)a));
+      info_line(&text, "store_degraded_algorithms", n ? list : "all");
+    }
     if (ctx->tcp_port >= 0)
       info_u64(&text, "tcp_port", (uint64_t)ctx->tcp_port);
     if (ctx->unix_path)

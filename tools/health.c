@@ -13,92 +13,130 @@ bool health_is_failure(int rc) {
 
 void health_init(store_health *h, int rc, uint64_t now_ms) {
   *h = (store_health){0};
-  h->since_ms = now_ms;
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+    h->alg[a].since_ms = now_ms;
   if (health_is_failure(rc)) {
-    h->degraded = true;
-    h->reason = rc;
-    /* the start-up message said so already */
-    h->logged_degraded = true;
-    h->ever_logged = true;
-    h->last_line_ms = now_ms;
+    h->start_failed = true;
+    h->start_reason = rc;
   }
 }
 
 void health_note(store_health *h, int rc, tg_algorithm alg, uint64_t now_ms) {
+  if ((unsigned)alg >= TG_ALGORITHM_COUNT)
+    return;
+  alg_health *a = &h->alg[alg];
   if (rc == TG_OK) {
-    if (h->degraded) {
-      h->degraded = false;
-      h->since_ms = now_ms;
-      h->transitions++;
+    if (h->start_failed) {
+      h->start_failed = false;
+      h->start_recovered = true;
+    }
+    if (a->degraded && now_ms - a->last_failure_ms >= HEALTH_QUIET_MS) {
+      a->degraded = false;
+      a->since_ms = now_ms;
+      a->transitions++;
     }
   } else if (health_is_failure(rc)) {
-    if (!h->degraded) {
-      h->degraded = true;
-      h->since_ms = now_ms;
-      h->failed = 0;
-      h->transitions++;
+    if (!a->degraded) {
+      a->degraded = true;
+      a->since_ms = now_ms;
+      a->failed = 0;
+      a->transitions++;
     }
-    h->reason = rc;
-    h->alg = alg;
-    h->failed++;
-  } else if (rc == TG_EFULL && (unsigned)alg < TG_ALGORITHM_COUNT) {
-    h->full[alg]++;
+    a->reason = rc;
+    a->last_failure_ms = now_ms;
+    a->failed++;
+    if (h->start_failed) { /* the start-up message said it already */
+      a->logged_degraded = true;
+      a->logged_transitions = a->transitions;
+    }
+  } else if (rc == TG_EFULL) {
+    a->full++;
   }
 }
 
-static void log_full(store_health *h, uint64_t now_ms, FILE *f,
-                     const char *policy, uint64_t capacity) {
-  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
-    uint64_t n = h->full[a] - h->full_logged[a];
-    if (n == 0 || (h->full_line_ms[a] != 0 &&
-                   now_ms - h->full_line_ms[a] < HEALTH_FULL_MS))
+bool health_degraded(const store_health *h, int *reason, unsigned *algs) {
+  bool any = h->start_failed;
+  uint64_t latest = 0;
+  *reason = h->start_failed ? h->start_reason : TG_OK;
+  if (algs)
+    *algs = 0;
+  for (int i = 0; i < TG_ALGORITHM_COUNT; i++) {
+    const alg_health *a = &h->alg[i];
+    if (!a->degraded)
       continue;
-    fprintf(f,
-            "tollgate serve: warning: the %s table is full (%" PRIu64
-            " keys): %" PRIu64
-            " request(s) for new keys answered by --on-failure %s; raise "
-            "--capacity, or bound what clients may create "
-            "(--max-period-ms, --max-new-keys-per-client)\n",
-            tg_algorithm_name((tg_algorithm)a), capacity, n, policy);
-    h->full_logged[a] = h->full[a];
-    h->full_line_ms[a] = now_ms;
+    if (!any || a->last_failure_ms >= latest) {
+      latest = a->last_failure_ms;
+      *reason = a->reason;
+    }
+    any = true;
+    if (algs)
+      *algs |= 1u << i;
   }
+  return any;
+}
+
+static void log_full(alg_health *a, const char *name, uint64_t now_ms, FILE *f,
+                     const char *policy, uint64_t capacity) {
+  uint64_t n = a->full - a->full_logged;
+  if (n == 0 ||
+      (a->full_line_ms != 0 && now_ms - a->full_line_ms < HEALTH_FULL_MS))
+    return;
+  fprintf(f,
+          "tollgate serve: warning: the %s table is full (%" PRIu64
+          " keys): %" PRIu64
+          " request(s) for new keys answered by --on-failure %s; raise "
+          "--capacity, or bound what clients may create "
+          "(--max-period-ms, --max-new-keys-per-client)\n",
+          name, capacity, n, policy);
+  a->full_logged = a->full;
+  a->full_line_ms = now_ms;
+}
+
+static void log_state(alg_health *a, const char *name, uint64_t now_ms, FILE *f,
+                      const char *store, const char *policy) {
+  if (a->degraded == a->logged_degraded &&
+      a->transitions == a->logged_transitions)
+    return;
+  if (a->ever_logged && now_ms - a->last_line_ms < HEALTH_QUIET_MS)
+    return;
+  /* changes folded into this line beyond the one it reports: a round trip
+   * back to the state the log already says counts two */
+  uint64_t folded = a->transitions - a->logged_transitions;
+  folded -= a->degraded != a->logged_degraded ? 1 : 0;
+  char extra[80] = "";
+  if (folded > 0)
+    snprintf(extra, sizeof extra,
+             " (%" PRIu64 " more changes since the last line)", folded);
+  if (a->degraded)
+    fprintf(f,
+            "tollgate serve: store %s degraded: %s (%s) on %s; requests "
+            "that need it are answered by --on-failure %s%s\n",
+            store, tg_err_name(a->reason), tg_strerror(a->reason), name, policy,
+            extra);
+  else
+    fprintf(f,
+            "tollgate serve: store %s healthy again on %s after %" PRIu64
+            " failed request(s)%s\n",
+            store, name, a->failed, extra);
+  fflush(f);
+  a->logged_degraded = a->degraded;
+  a->logged_transitions = a->transitions;
+  a->last_line_ms = now_ms;
+  a->ever_logged = true;
 }
 
 void health_log(store_health *h, uint64_t now_ms, FILE *f, const char *store,
                 const char *policy, uint64_t capacity) {
-  bool full = false;
-  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
-    full |= h->full[a] != h->full_logged[a];
-  if (full)
-    log_full(h, now_ms, f, policy, capacity);
-  if (h->degraded == h->logged_degraded &&
-      h->transitions == h->logged_transitions)
-    return;
-  if (h->ever_logged && now_ms - h->last_line_ms < HEALTH_LINE_MS)
-    return;
-  /* transitions folded into this line beyond the one it reports: a round
-   * trip back to the state the log already says counts two */
-  uint64_t folded = h->transitions - h->logged_transitions;
-  folded -= h->degraded != h->logged_degraded ? 1 : 0;
-  char extra[96] = "";
-  if (folded > 0)
-    snprintf(extra, sizeof extra,
-             " (%" PRIu64 " more changes since the last line)", folded);
-  if (h->degraded)
-    fprintf(f,
-            "tollgate serve: store %s degraded: %s (%s) on %s; requests "
-            "that need it are answered by --on-failure %s%s\n",
-            store, tg_err_name(h->reason), tg_strerror(h->reason),
-            tg_algorithm_name(h->alg), policy, extra);
-  else
-    fprintf(f,
-            "tollgate serve: store %s healthy again (%" PRIu64
-            " failed request(s) in the last degraded spell)%s\n",
-            store, h->failed, extra);
-  fflush(f);
-  h->logged_degraded = h->degraded;
-  h->logged_transitions = h->transitions;
-  h->last_line_ms = now_ms;
-  h->ever_logged = true;
+  if (h->start_recovered) {
+    fprintf(f, "tollgate serve: store %s answers now\n", store);
+    fflush(f);
+    h->start_recovered = false;
+  }
+  for (int i = 0; i < TG_ALGORITHM_COUNT; i++) {
+    alg_health *a = &h->alg[i];
+    const char *name = tg_algorithm_name((tg_algorithm)i);
+    if (a->full != a->full_logged)
+      log_full(a, name, now_ms, f, policy, capacity);
+    log_state(a, name, now_ms, f, store, policy);
+  }
 }

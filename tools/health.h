@@ -4,11 +4,18 @@
  *
  * The command layer notes the outcome of every call that reached the store
  * (health_note: a success, or a failure that made the answer the failure
- * policy's); the event loop prints what changed (health_log), at most one
- * line a second, on stderr. A store that fails and recovers a hundred times a
- * second therefore costs a line a second, and the log always ends up saying
- * the state the store is in: a transition that could not be printed at once
- * is printed at the next chance, with the count of those folded into it.
+ * policy's); the event loop prints what changed (health_log) on stderr.
+ *
+ * Health is kept per algorithm: each has its own limiter, and with --shm its
+ * own segment, so a lock stuck in one leaves the others healthy (with
+ * --redis they fail together, a line each). An algorithm becomes degraded
+ * at its first failure, and healthy again only at a success that follows a
+ * second without failures: a store that fails for some keys and not others
+ * (one stuck sliding-log lock) stays degraded while the failures go on,
+ * instead of flapping with every request. Lines are at most one a second per
+ * algorithm, and the log always ends up saying the state each is in: a
+ * change that could not be printed at once is printed at the next chance,
+ * with the count of those folded into it.
  *
  * A full table (TG_EFULL) is not a health matter - existing keys are served,
  * new ones get the failure policy - but it is what an operator most needs to
@@ -24,34 +31,39 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* Shortest time between two log lines about the store, in ms. */
-#define HEALTH_LINE_MS 1000u
+/* Shortest time between two log lines about one algorithm, in ms; also how
+ * long an algorithm must go without a failure to be healthy again. */
+#define HEALTH_QUIET_MS 1000u
 /* Shortest time between two "table full" warnings for one algorithm, ms. */
 #define HEALTH_FULL_MS 60000u
 
-typedef struct store_health {
-  bool degraded;        /* the last call that reached the store failed */
-  int reason;           /* its code (TG_ECONNECT, TG_ETIMEDOUT, TG_ESTORE,
-                           TG_EBUSY, TG_ENOMEM), while degraded */
-  tg_algorithm alg;     /* the limiter that saw it */
-  uint64_t since_ms;    /* monotonic ms: when the current state began */
-  uint64_t failed;      /* calls that failed since the store became
-                           degraded */
-  uint64_t transitions; /* changes of state since start */
-
+typedef struct alg_health {
+  bool degraded;            /* failing, and not a second without failure */
+  int reason;               /* the last failure's code */
+  uint64_t since_ms;        /* monotonic ms: when the current state began */
+  uint64_t last_failure_ms; /* monotonic ms */
+  uint64_t failed;          /* failures in the current (or last) spell */
+  uint64_t transitions;     /* changes of state since start */
   /* what the log says, and when it last said it */
   bool logged_degraded;
   uint64_t logged_transitions;
   uint64_t last_line_ms;
   bool ever_logged;
+  uint64_t full;        /* TG_EFULL answers, all time */
+  uint64_t full_logged; /* ... of which were reported */
+  uint64_t full_line_ms;
+} alg_health;
 
-  uint64_t full[TG_ALGORITHM_COUNT];        /* TG_EFULL answers, all time */
-  uint64_t full_logged[TG_ALGORITHM_COUNT]; /* ... of which were reported */
-  uint64_t full_line_ms[TG_ALGORITHM_COUNT];
+typedef struct store_health {
+  alg_health alg[TG_ALGORITHM_COUNT];
+  bool start_failed;    /* the start-up check failed and no call has succeeded
+                           since (the start-up message said so) */
+  bool start_recovered; /* ... and then one did: not logged yet */
+  int start_reason;
 } store_health;
 
 /* Whether rc is a store failure that says the store is unavailable (rather
- * than about one key or one request). */
+ * than something about one key or one request). */
 bool health_is_failure(int rc);
 
 /* Starts degraded (the start-up check failed with code rc) or healthy. */
@@ -62,10 +74,16 @@ void health_init(store_health *h, int rc, uint64_t now_ms);
  * input, a corrupt key) say nothing about the store and are ignored. */
 void health_note(store_health *h, int rc, tg_algorithm alg, uint64_t now_ms);
 
-/* Prints to f what the log does not say yet, if a line is allowed now.
- * `store` names the store in the lines ("redis 127.0.0.1:6379"), `policy`
- * what degraded requests get ("open"). Cheap when there is nothing to say:
- * the event loop calls it every turn. */
+/* Whether anything is degraded; if so, *reason gets the most recent
+ * failure's code and *algs (if not NULL) the degraded algorithms, one bit
+ * each (1 << alg; none for a failed start-up check). */
+bool health_degraded(const store_health *h, int *reason, unsigned *algs);
+
+/* Prints to f what the log does not say yet, where a line is allowed now.
+ * `store` names the store in the lines ("redis:127.0.0.1:6379 ..."),
+ * `policy` what degraded requests get ("open"), `capacity` the keys of a
+ * table. Cheap when there is nothing to say: the event loop calls it every
+ * turn. */
 void health_log(store_health *h, uint64_t now_ms, FILE *f, const char *store,
                 const char *policy, uint64_t capacity);
 
