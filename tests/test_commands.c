@@ -498,9 +498,25 @@ static void max_period_refuses_longer_periods(void **state) {
   }
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
     assert_int_equal(tg_key_count(c.lim[a]), a == TG_FIXED_WINDOW ? 1 : 0);
+  /* a bucket whose burst takes longer than that to refill: the same */
+  assert_starts(run_on(&c, AT(0), "TG.HIT b token_bucket 10 60000 BURST 100"),
+                "*6\r\n"); /* 600 s */
+  assert_starts(run_on(&c, AT(0), "TG.HIT b leaky_bucket 1 3600000"),
+                "*6\r\n"); /* burst = limit: an hour */
+  assert_string_equal(
+      run_on(&c, AT(0), "TG.HIT b2 token_bucket 1 3600000 BURST 2"),
+      "-ERR period_ms 3600000 x burst / limit (the time a bucket takes to "
+      "refill) is above this server's limit of 3600000 (--max-period-ms)\r\n");
+  assert_starts(
+      run_on(&c, AT(0),
+             "TG.HIT b2 leaky_bucket 1 1000 BURST 9223372036854775807"),
+      "-ERR period_ms 1000 x burst"); /* no overflow */
+  assert_starts(
+      run_on(&c, AT(0), "TG.HIT b2 sliding_window 1 3600000 BURST 1000"),
+      "*6\r\n"); /* windows ignore the burst */
   assert_string_equal(
       info_field(run_on(&c, AT(0), "INFO stats"), "requests_over_max_period:"),
-      "6");
+      "8");
   free_ctx(&c);
 }
 

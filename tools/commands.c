@@ -139,6 +139,24 @@ typedef struct tg_args {
   uint64_t value; /* TG.SET's value */
 } tg_args;
 
+__extension__ typedef unsigned __int128 u128;
+
+/* --max-period-ms: whether a key under quota q is fresh again (its slot
+ * reclaimable) at most max_ms after its last write. A window or log is
+ * after period_ms; a bucket after it refills (token) or drains (leaky) a
+ * whole burst, period_ms x burst / limit, longer than period_ms when burst
+ * exceeds limit. Compared in 128 bits: both products may pass 2^64. */
+static bool within_max_period(uint64_t max_ms, tg_algorithm alg,
+                              const tg_quota *q) {
+  if (q->period_ms > max_ms)
+    return false;
+  if (alg != TG_TOKEN_BUCKET && alg != TG_LEAKY_BUCKET)
+    return true;
+  uint64_t burst = q->burst ? q->burst : q->limit;
+  return q->limit == 0 || /* TG_EQUOTA follows */
+         (u128)q->period_ms * burst <= (u128)max_ms * q->limit;
+}
+
 /* Parses "key algorithm limit period_ms", then `extra` positional integers
  * (0 or 1: TG.SET's value), then the options in `allowed`, in any order.
  * On error writes the reply and returns -1. */
@@ -200,12 +218,17 @@ static int parse_tg(const call *c, int extra, unsigned allowed, tg_args *t) {
     return -1;
   }
   const cmd_ctx *ctx = c->ctx;
-  if (ctx->max_period_ms && t->q.period_ms > ctx->max_period_ms) {
-    char msg[128];
+  if (ctx->max_period_ms &&
+      !within_max_period(ctx->max_period_ms, alg, &t->q)) {
+    char msg[200];
     snprintf(msg, sizeof msg,
-             "period_ms %" PRIu64 " is above this server's limit of %" PRIu64
+             "period_ms %" PRIu64 "%s is above this server's limit of %" PRIu64
              " (--max-period-ms)",
-             t->q.period_ms, ctx->max_period_ms);
+             t->q.period_ms,
+             t->q.period_ms <= ctx->max_period_ms
+                 ? " x burst / limit (the time a bucket takes to refill)"
+                 : "",
+             ctx->max_period_ms);
     out_error(o, "ERR", msg);
     c->ctx->stats.period_refused++;
     return -1;
