@@ -50,8 +50,11 @@ static void make_ctx(cmd_ctx *c, uint64_t capacity, tg_policy policy) {
 }
 
 static void free_ctx(cmd_ctx *c) {
-  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
     tg_limiter_destroy(c->lim[a]);
+    tg_limiter_destroy(c->lim_nowait[a]);
+  }
+  tg_limiter_destroy(c->new_keys);
   memset(c, 0, sizeof *c);
 }
 
@@ -645,7 +648,6 @@ static void a_stuck_lock_is_waited_for_once_per_backoff(void **state) {
   assert_string_equal(
       info_field(run_on(&c, AT(0), "INFO"), "store_degraded_algorithms:"),
       "fixed_window");
-  tg_limiter_destroy(c.lim_nowait[TG_FIXED_WINDOW]);
   free_ctx(&c);
 }
 
