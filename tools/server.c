@@ -406,7 +406,9 @@ static void identify(conn *c, bool unix_sock) {
   cmd_session *cl = &c->cl;
   cl->who_len = 0;
   if (unix_sock) {
-#ifdef SO_PEERCRED
+#ifndef SO_PEERCRED
+#error "SO_PEERCRED is needed to tell unix-socket clients apart"
+#endif
     struct ucred cred;
     socklen_t len = sizeof cred;
     if (getsockopt(c->it.fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
@@ -415,7 +417,6 @@ static void identify(conn *c, bool unix_sock) {
       memcpy(cl->who + 1, &uid, sizeof uid);
       cl->who_len = 1 + sizeof uid;
     }
-#endif
     return;
   }
   struct sockaddr_storage ss;

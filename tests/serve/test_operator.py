@@ -250,6 +250,39 @@ class Limits(unittest.TestCase):
             for c in (tcp, tcp2, ux, ux2):
                 c.close()
 
+    def test_unix_clients_of_another_uid_have_their_own_budget(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root, to connect as another uid")
+        sock = tempfile.mktemp(prefix="tg-budget-", suffix=".sock")
+        with Server(TOLLGATE, "--unix", sock, "--unix-mode", "0666",
+                    "--max-new-keys-per-client", "2/3600000") as srv:
+            mine = redis.Redis(unix_socket_path=sock, socket_timeout=30)
+            for i in range(2):
+                mine.execute_command("TG.HIT", "m%d" % i, "fixed_window", 5,
+                                     HOUR)
+            with self.assertRaises(redis.exceptions.ResponseError):
+                mine.execute_command("TG.HIT", "m2", "fixed_window", 5, HOUR)
+            mine.close()
+            # a child as uid 65534 (nobody) creates two keys of its own
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    r = redis.Redis(unix_socket_path=sock, socket_timeout=30)
+                    ok = [r.execute_command("TG.HIT", "n%d" % i,
+                                            "fixed_window", 5, HOUR)[0]
+                          for i in range(2)]
+                    code = 0 if ok == [1, 1] else 2
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+            r = redis.Redis(port=srv.port, socket_timeout=30)
+            self.assertEqual(r.dbsize(), 4)
+            r.close()
+
     def test_sliding_max_entries_bounds_the_reservation(self):
         def store_bytes(*opts):
             with Server(TOLLGATE, "--capacity", "1024", *opts) as srv:
