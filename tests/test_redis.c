@@ -13,6 +13,9 @@
  *     OOM, a BUSY script, killed connections, NOSCRIPT, AUTH, corrupt values,
  *     each giving a status code plus the failure policy's answer marked
  *     degraded, and recovery without help;
+ *   - failing fast: once a call has timed out, calls return at once and one
+ *     at a time probes, counted by the commands that reach the stopped
+ *     server (its INFO commandstats once it resumes), not by timing;
  *   - many threads on one key through the connection pool: exact admission.
  */
 #include <setjmp.h>
