@@ -20,7 +20,15 @@
  * oversized request gets a protocol error and the connection is closed; a
  * request that stays incomplete for request_timeout_ms (slow loris) and a
  * connection idle for idle_timeout_ms are closed by a sweep that runs a few
- * times a second. No client can make the loop wait: nothing blocks.
+ * times a second. No client can make the loop wait: no socket blocks, and
+ * the one wait left, for the store, is bounded and skipped once the store is
+ * known to be stuck (see serve.c).
+ *
+ * Each connection carries what the commands need to know about it (its id,
+ * whether it has authenticated, who it is for the per-client budget: the
+ * peer address, or for the unix socket the peer's uid). The unix socket is
+ * never taken from a live server, and removed on exit only while it is
+ * still this server's own (by device and inode).
  */
 #include "server.h"
 
