@@ -408,7 +408,6 @@ static tg_limiter *make_limiter(const serve_opts *o, tg_algorithm a,
   tg_limiter *lim = NULL;
   int rc = tg_limiter_new(&lim, &cfg);
   if (rc != TG_OK) {
-    /* TODO(shm branch): add tg_last_error()'s detail once it exists */
     fprintf(stderr, "tollgate serve: %s limiter%s%s: %s (%s)\n",
             tg_algorithm_name(a), o->store == STORE_SHM ? " on segment " : "",
             o->store == STORE_SHM ? name : "", tg_strerror(rc),
