@@ -37,6 +37,13 @@ def with_umask(mask):
     return lambda: os.umask(mask)
 
 
+def remove_if_there(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def stale_socket(path):
     """A socket file nobody listens on: what a server that died leaves."""
     s = socket.socket(socket.AF_UNIX)
@@ -220,6 +227,7 @@ class Limits(unittest.TestCase):
 
     def test_new_keys_per_client(self):
         sock = tempfile.mktemp(prefix="tg-budget-", suffix=".sock")
+        self.addCleanup(remove_if_there, sock)  # a failed test kills it
         with Server(TOLLGATE, "--unix", sock,
                     "--max-new-keys-per-client", "3/3600000") as srv:
             tcp = redis.Redis(port=srv.port, socket_timeout=30)
@@ -254,6 +262,7 @@ class Limits(unittest.TestCase):
         if os.geteuid() != 0:
             self.skipTest("needs root, to connect as another uid")
         sock = tempfile.mktemp(prefix="tg-budget-", suffix=".sock")
+        self.addCleanup(remove_if_there, sock)  # a failed test kills it
         with Server(TOLLGATE, "--unix", sock, "--unix-mode", "0666",
                     "--max-new-keys-per-client", "2/3600000") as srv:
             mine = redis.Redis(unix_socket_path=sock, socket_timeout=30)
