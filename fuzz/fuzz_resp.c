@@ -2,8 +2,12 @@
  * fuzz_resp.c - libFuzzer target: what `tollgate serve` does with the bytes
  * a client sends, minus the socket. The input is the byte stream of one
  * connection: it is cut into requests with resp_parse, exactly as the
- * server does, and every whole request runs through cmd_execute against
- * five small memory limiters (64 keys each, so full tables are reached too).
+ * server does, and every whole request runs through cmd_execute twice:
+ * against five small memory limiters (64 keys each, so full tables are
+ * reached too), and against a second five behind every operator control
+ * (a password, which the connection starts without; --max-period-ms;
+ * a budget of new keys per client), so that AUTH and the refusals are
+ * fuzzed as well.
  *
  * Oracles, besides the sanitizers:
  *   - the parser: a status from the enum; an OK request uses between 1 and
@@ -45,19 +49,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
     }                                                                          \
   } while (0)
 
-static cmd_ctx ctx;
+static cmd_ctx plain, guarded;
 static outbuf out;
 
-static void init(void) {
-  static int done;
-  if (done)
-    return;
-  done = 1;
-  ctx.policy = TG_POLICY_FAIL_OPEN;
-  ctx.store = "memory";
-  ctx.tcp_port = 6380;
-  ctx.max_clients = 1;
-  ctx.start_us = T0_US;
+static void make_ctx(cmd_ctx *ctx) {
+  ctx->policy = TG_POLICY_FAIL_OPEN;
+  ctx->store = "memory";
+  ctx->tcp_port = 6380;
+  ctx->max_clients = 1;
+  ctx->capacity = 64;
+  ctx->start_us = T0_US;
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
     tg_config cfg;
     tg_config_init(&cfg);
@@ -65,8 +66,27 @@ static void init(void) {
     cfg.capacity = 64;
     cfg.sliding_max_entries = 16;
     cfg.clean_period_ms = 0;
-    CHECK(tg_limiter_new(&ctx.lim[a], &cfg) == TG_OK);
+    CHECK(tg_limiter_new(&ctx->lim[a], &cfg) == TG_OK);
   }
+}
+
+static void init(void) {
+  static int done;
+  if (done)
+    return;
+  done = 1;
+  make_ctx(&plain);
+  make_ctx(&guarded);
+  CHECK(cmd_set_pass(&guarded, "pw", 2) == 0);
+  guarded.max_period_ms = 100000;
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_TOKEN_BUCKET;
+  cfg.capacity = 4;
+  cfg.clean_period_ms = 0;
+  cfg.on_failure = TG_POLICY_FAIL_CLOSED;
+  CHECK(tg_limiter_new(&guarded.new_keys, &cfg) == TG_OK);
+  guarded.new_keys_q = (tg_quota){.limit = 5, .period_ms = 1000};
 }
 
 /* Reads a decimal integer (optional '-') ending in CRLF at p[*i..n). */
@@ -128,6 +148,19 @@ static int valid_reply(const char *p, size_t n, size_t *i, int depth) {
   }
 }
 
+/* Runs one request on ctx for session se; checks its one reply. Returns
+ * what the connection does next. */
+static cmd_after run(cmd_ctx *ctx, cmd_session *se, const resp_request *req,
+                     uint64_t now) {
+  out.len = 0;
+  cmd_after after = cmd_execute(ctx, se, req->argv, req->argc, now, &out);
+  CHECK(!out.failed);
+  size_t at = 0;
+  CHECK(valid_reply(out.data, out.len, &at, 0) == 0);
+  CHECK(at == out.len); /* exactly one reply */
+  return after;
+}
+
 /* A prefix of buf[0..len) must be incomplete or decided as the whole was. */
 static void check_prefix(const char *buf, size_t n, resp_status whole) {
   resp_request r;
@@ -137,6 +170,9 @@ static void check_prefix(const char *buf, size_t n, resp_status whole) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   init();
+  cmd_session open_sess = {.id = 1, .authenticated = true};
+  cmd_session guarded_sess = {
+      .id = 2, .who = {'4', 127, 0, 0, 1}, .who_len = 5};
   const char *buf = (const char *)data;
   static resp_request req;
   size_t pos = 0;
@@ -168,14 +204,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (cuts[k] < req.used)
         check_prefix(buf + pos, cuts[k], RESP_INCOMPLETE);
     if (req.argc > 0) {
-      out.len = 0;
-      cmd_after after =
-          cmd_execute(&ctx, req.argv, req.argc, now, 1 + (uint64_t)n, &out);
-      CHECK(!out.failed);
-      size_t at = 0;
-      CHECK(valid_reply(out.data, out.len, &at, 0) == 0);
-      CHECK(at == out.len); /* exactly one reply */
-      if (after == CMD_CLOSE)
+      cmd_after a1 = run(&plain, &open_sess, &req, now);
+      cmd_after a2 = run(&guarded, &guarded_sess, &req, now);
+      CHECK(a1 == a2); /* only QUIT closes, with or without a password */
+      if (a1 == CMD_CLOSE)
         break;
     }
     pos += req.used;

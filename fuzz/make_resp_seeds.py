@@ -66,6 +66,23 @@ seeds["handshake"] = (cmd("HELLO") + cmd("HELLO", 2, "SETNAME", "x") +
                       cmd("INFO") + cmd("INFO", "stats", "keyspace") +
                       cmd("PING") + cmd("PING", "hi") + cmd("ECHO", "e") +
                       cmd("QUIT") + cmd("PING"))
+# the fuzz target's second context wants the password "pw", refuses
+# periods over 100000 ms and lets a client create 5 keys a second
+seeds["auth"] = (cmd("PING") + cmd("AUTH", "nope") + cmd("AUTH", "bob", "pw") +
+                 cmd("HELLO", 2) + cmd("HELLO", 2, "AUTH", "default", "p") +
+                 cmd("AUTH", "pw") + cmd("PING") + cmd("AUTH", "default", "pw") +
+                 cmd("HELLO", 2, "AUTH", "default", "pw", "SETNAME", "n") +
+                 cmd("INFO", "stats"))
+seeds["limits"] = (cmd("AUTH", "pw") +
+                   cmd("TG.HIT", "p", "fixed_window", 1, 100001) +
+                   cmd("TG.HIT", "p", "token_bucket", 1, 100000, "BURST", 2) +
+                   cmd("TG.HIT", "p", "leaky_bucket", 1, 1000, "BURST",
+                       "9223372036854775807") +
+                   b"".join(cmd("TG.HIT", "n%d" % i, ALGS[i % 5], 3, 1000)
+                            for i in range(8)) +
+                   cmd("TG.INC", "n9", "fixed_window", 3, 1000) +
+                   cmd("TG.SET", "n10", "token_bucket", 3, 1000, 1) +
+                   cmd("TG.HIT", "n0", "fixed_window", 3, 1000, "COST", 0))
 seeds["inline"] = (b"PING\r\nTG.HIT k fixed_window 3 1000\r\n"
                    b"  tg.hit\tk  SLIDING_WINDOW 3 1000 cost 2\n\r\n\n"
                    b"INFO keyspace\r\nECHO a b\r\n")
@@ -76,6 +93,10 @@ seeds["garbage-type"] = b"*1\r\n:1\r\n"
 seeds["garbage-nullbulk"] = b"*1\r\n$-1\r\n"
 seeds["garbage-crlf"] = b"*1\r\n$4\r\nPINGPONG\r\n"
 seeds["garbage-longheader"] = b"*" + b"1" * 40 + b"\r\n"
+seeds["garbage-bare-lf"] = b"*1\n$4\nPING\n"
+seeds["garbage-bare-lf-bulk"] = b"*1\r\n$4\nPING\r\n"
+seeds["garbage-bulk-lf"] = b"PING\r\n*1\r\n$4\r\nPING\n\r\n"
+seeds["garbage-midcount"] = b"*2\r\n$4\r\nECHO\r\n$1x"
 seeds["too-many-args"] = b"*65\r\n" + b"$1\r\na\r\n" * 65
 seeds["max-args"] = cmd("PING", *(["a"] * 63))
 seeds["bulk-too-long"] = b"*1\r\n$16385\r\n"

@@ -363,9 +363,24 @@ typedef struct tg_custom_store {
  * used from any number of threads. The pool connects on first use, not in
  * tg_limiter_new, so a service can start while Redis is down. A connection
  * that fails (refused, reset, timed out, protocol error) is closed and
- * reopened by the next call that picks it; if reopening fails, that
- * connection is not tried again for reconnect_backoff_ms, and calls that pick
- * it return TG_ECONNECT at once. A call is never retried after its command
+ * reopened by the next call that picks it.
+ *
+ * Failing fast: a server that does not answer must not make every call wait.
+ * When a call times out (command_timeout_ms, connect_timeout_ms) or a
+ * connection cannot be opened (refused, timed out, or AUTH, SELECT or SCRIPT
+ * LOAD failed), the whole pool is marked down for reconnect_backoff_ms.
+ * Meanwhile every call on the limiter returns that failure's code at once
+ * (TG_ETIMEDOUT, TG_ECONNECT, or TG_ESTORE for a refused AUTH), with the
+ * failure policy's answer, and sends nothing. Once the backoff has passed,
+ * one call at a time (the probe) tries the server while the others go on
+ * returning at once; if it gets any answer the pool is up again, otherwise
+ * it is down for another backoff. So while the server is unresponsive at
+ * most one call per limiter waits, at most once per backoff plus timeout,
+ * and with the defaults a stopped server costs the process about one 1 s
+ * wait every 1.1 s on one thread, not 1 s per call. A connection the server
+ * closes (a restart, CLIENT KILL) does not mark the pool down: that call
+ * returns TG_ECONNECT and the next one reconnects. A call is never retried
+ * after its command
  * was sent (it may have been counted), except after NOSCRIPT, which means
  * the script did not run (in a batch, the calls that met NOSCRIPT are sent
  * again after the rest). Clusters: one node (or a cluster proxy) is
@@ -389,8 +404,9 @@ typedef struct tg_redis_config {
   int db;                        /* SELECTed database, default 0 */
   uint32_t connect_timeout_ms;   /* default 1000; 0: none (blocks) */
   uint32_t command_timeout_ms;   /* default 1000; 0: none (blocks) */
-  uint32_t reconnect_backoff_ms; /* default 100: after a failed connect, that
-                                    connection is not retried for this long */
+  uint32_t reconnect_backoff_ms; /* default 100: after a timeout or a failed
+                                    connect, calls fail fast for this long,
+                                    then one probes (see "Failing fast") */
   uint32_t pool_size;            /* connections, default 4, 1..1024 */
   const char *key_prefix;        /* default "tg": 1..128 bytes, no "{" or "}" */
 } tg_redis_config;

@@ -26,6 +26,7 @@
 #define AT(ms) ((T0_MS + (ms)) * UINT64_C(1000))
 
 static cmd_ctx ctx;
+static cmd_session sess = {.id = 42, .authenticated = true};
 static outbuf out;
 static char reply[1 << 16];
 static cmd_after after;
@@ -49,8 +50,11 @@ static void make_ctx(cmd_ctx *c, uint64_t capacity, tg_policy policy) {
 }
 
 static void free_ctx(cmd_ctx *c) {
-  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
     tg_limiter_destroy(c->lim[a]);
+    tg_limiter_destroy(c->lim_nowait[a]);
+  }
+  tg_limiter_destroy(c->new_keys);
   memset(c, 0, sizeof *c);
 }
 
@@ -67,11 +71,14 @@ static int teardown(void **state) {
   return 0;
 }
 
+/* The session requests run in (RUN_AS changes it). */
+static cmd_session *who = &sess;
+
 /* Runs argv[0..argc) on c at now_us; returns the reply as a C string. */
 static const char *run_argv(cmd_ctx *c, uint64_t now_us, const resp_arg *argv,
                             size_t argc) {
   out.len = 0;
-  after = cmd_execute(c, argv, argc, now_us, 42, &out);
+  after = cmd_execute(c, who, argv, argc, now_us, &out);
   assert_false(out.failed);
   assert_true(out.len < sizeof reply);
   memcpy(reply, out.data, out.len);
@@ -94,6 +101,15 @@ static const char *run_on(cmd_ctx *c, uint64_t now_us, const char *line) {
   return run_argv(c, now_us, argv, argc);
 }
 #define RUN(now, line) run_on(&ctx, now, line)
+
+/* Runs a request on c as session se. */
+static const char *run_as(cmd_ctx *c, cmd_session *se, uint64_t now_us,
+                          const char *line) {
+  who = se;
+  const char *r = run_on(c, now_us, line);
+  who = &sess;
+  return r;
+}
 
 /* Reads an array of integers ("*6\r\n:1\r\n...") into v; returns how many,
  * or fails the test if the reply is anything else. */
@@ -382,7 +398,338 @@ static void hello_speaks_resp2_only(void **state) {
   assert_string_equal(RUN(AT(0), "HELLO 3"),
                       "-NOPROTO this protocol version is not supported\r\n");
   assert_starts(RUN(AT(0), "HELLO x"), "-ERR ");
-  assert_starts(RUN(AT(0), "HELLO 2 AUTH a b"), "-ERR ");
+  /* no password is set: only the default user exists, and takes any */
+  assert_starts(RUN(AT(0), "HELLO 2 AUTH a b"), "-WRONGPASS ");
+  assert_starts(RUN(AT(0), "HELLO 2 AUTH default b"), "*14\r\n");
+  assert_starts(RUN(AT(0), "HELLO 2 AUTH default"), "-ERR option 'AUTH'");
+}
+
+/* ---- operator controls ---- */
+
+static const char *info_field(const char *r, const char *name) {
+  static char v[64];
+  const char *p = strstr(r, name);
+  if (!p)
+    fail_msg("no %s in INFO: %s", name, r);
+  p += strlen(name);
+  size_t n = strcspn(p, "\r");
+  snprintf(v, sizeof v, "%.*s", (int)n, p);
+  return v;
+}
+
+static void a_password_guards_everything_but_auth(void **state) {
+  (void)state;
+  cmd_ctx c;
+  make_ctx(&c, 64, TG_POLICY_FAIL_OPEN);
+  assert_int_equal(cmd_set_pass(&c, "s3cret", 6), 0);
+  cmd_session se = {.id = 7};
+  static const char *const guarded[] = {
+      "PING",       "TG.HIT k fixed_window 1 1000",
+      "INFO",       "DBSIZE",
+      "TG.RESET k", "NOPE",
+      "CLIENT ID",  "COMMAND"};
+  for (size_t i = 0; i < sizeof guarded / sizeof guarded[0]; i++)
+    assert_string_equal(run_as(&c, &se, AT(0), guarded[i]),
+                        "-NOAUTH Authentication required.\r\n");
+  /* nothing reached the store */
+  assert_int_equal(tg_key_count(c.lim[TG_FIXED_WINDOW]), 0);
+  assert_starts(run_as(&c, &se, AT(0), "HELLO 2"), "-NOAUTH HELLO must be");
+  /* wrong passwords: shorter, longer, one byte off, another user */
+  static const char *const wrong[] = {"AUTH s3cre",      "AUTH s3cret!",
+                                      "AUTH s3creT",     "AUTH x",
+                                      "AUTH bob s3cret", "AUTH default s3cre"};
+  for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++)
+    assert_string_equal(run_as(&c, &se, AT(0), wrong[i]),
+                        "-WRONGPASS invalid username-password pair or user "
+                        "is disabled.\r\n");
+  assert_false(se.authenticated);
+  assert_starts(run_as(&c, &se, AT(0), "HELLO 2 AUTH default nope"),
+                "-WRONGPASS ");
+  assert_string_equal(run_as(&c, &se, AT(0), "AUTH s3cret"), "+OK\r\n");
+  assert_true(se.authenticated);
+  assert_string_equal(run_as(&c, &se, AT(0), "PING"), "+PONG\r\n");
+  assert_string_equal(
+      info_field(run_as(&c, &se, AT(0), "INFO stats"), "auth_failures:"), "7");
+  /* the ACL form, and HELLO with AUTH, on fresh connections */
+  cmd_session se2 = {.id = 8};
+  assert_string_equal(run_as(&c, &se2, AT(0), "AUTH default s3cret"),
+                      "+OK\r\n");
+  assert_true(se2.authenticated);
+  cmd_session se3 = {.id = 9};
+  assert_starts(run_as(&c, &se3, AT(0), "HELLO 2 AUTH default s3cret"),
+                "*14\r\n");
+  assert_true(se3.authenticated);
+  /* a wrong AUTH later does not log an authenticated client out (Redis) */
+  assert_starts(run_as(&c, &se3, AT(0), "AUTH x"), "-WRONGPASS");
+  assert_true(se3.authenticated);
+  /* QUIT needs no password */
+  cmd_session se4 = {.id = 10};
+  assert_string_equal(run_as(&c, &se4, AT(0), "QUIT"), "+OK\r\n");
+  assert_int_equal(after, CMD_CLOSE);
+  /* without a password, AUTH alone is an error, as in Redis */
+  assert_starts(RUN(AT(0), "AUTH x"),
+                "-ERR AUTH <password> called without any password");
+  assert_string_equal(RUN(AT(0), "AUTH default x"), "+OK\r\n");
+  assert_int_equal(cmd_set_pass(&c, "", 0), -1);
+  char big[CMD_PASS_MAX + 1];
+  memset(big, 'p', sizeof big);
+  assert_int_equal(cmd_set_pass(&c, big, sizeof big), -1);
+  assert_int_equal(cmd_set_pass(&c, big, CMD_PASS_MAX), 0);
+  free_ctx(&c);
+}
+
+static void max_period_refuses_longer_periods(void **state) {
+  (void)state;
+  cmd_ctx c;
+  make_ctx(&c, 64, TG_POLICY_FAIL_OPEN);
+  c.max_period_ms = 3600000;
+  assert_hit(run_on(&c, AT(0), "TG.HIT k fixed_window 1 3600000"), 1, 1, 0, 0,
+             3600000, 0);
+  static const char *const over[] = {
+      "TG.HIT k2 fixed_window 1 3600001",
+      "TG.HIT k2 token_bucket 1 1000000000000 BURST 5",
+      "TG.INC k2 fixed_window 1 3600001",
+      "TG.GET k2 sliding_window 1 3600001",
+      "TG.SET k2 token_bucket 1 3600001 0",
+      "TG.EXPIRESAT k2 leaky_bucket 1 3600001"};
+  for (size_t i = 0; i < sizeof over / sizeof over[0]; i++) {
+    const char *r = run_on(&c, AT(0), over[i]);
+    assert_starts(r, "-ERR period_ms ");
+    assert_non_null(
+        strstr(r, " is above this server's limit of 3600000 (--max-period-ms)"
+                  "\r\n"));
+  }
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+    assert_int_equal(tg_key_count(c.lim[a]), a == TG_FIXED_WINDOW ? 1 : 0);
+  /* a bucket whose burst takes longer than that to refill: the same */
+  assert_starts(run_on(&c, AT(0), "TG.HIT b token_bucket 10 60000 BURST 100"),
+                "*6\r\n"); /* 600 s */
+  assert_starts(run_on(&c, AT(0), "TG.HIT b leaky_bucket 1 3600000"),
+                "*6\r\n"); /* burst = limit: an hour */
+  assert_string_equal(
+      run_on(&c, AT(0), "TG.HIT b2 token_bucket 1 3600000 BURST 2"),
+      "-ERR period_ms 3600000 x burst / limit (the time a bucket takes to "
+      "refill) is above this server's limit of 3600000 (--max-period-ms)\r\n");
+  assert_starts(
+      run_on(&c, AT(0),
+             "TG.HIT b2 leaky_bucket 1 1000 BURST 9223372036854775807"),
+      "-ERR period_ms 1000 x burst"); /* no overflow */
+  assert_starts(
+      run_on(&c, AT(0), "TG.HIT b2 sliding_window 1 3600000 BURST 1000"),
+      "*6\r\n"); /* windows ignore the burst */
+  assert_string_equal(
+      info_field(run_on(&c, AT(0), "INFO stats"), "requests_over_max_period:"),
+      "8");
+  free_ctx(&c);
+}
+
+static void each_client_has_a_budget_of_new_keys(void **state) {
+  (void)state;
+  cmd_ctx c;
+  make_ctx(&c, 1024, TG_POLICY_FAIL_OPEN);
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_TOKEN_BUCKET;
+  cfg.clean_period_ms = 0;
+  cfg.on_failure = TG_POLICY_FAIL_CLOSED;
+  assert_int_equal(tg_limiter_new(&c.new_keys, &cfg), TG_OK);
+  c.new_keys_q = (tg_quota){.limit = 3, .period_ms = 3000}; /* 1 a second */
+  cmd_session a = {.id = 1, .who = {'4', 10, 0, 0, 1}, .who_len = 5};
+  cmd_session b = {.id = 2, .who = {'4', 10, 0, 0, 2}, .who_len = 5};
+  /* three new keys, each algorithm and command counts */
+  assert_hit(run_as(&c, &a, AT(0), "TG.HIT a1 fixed_window 5 60000"), 1, 1, 4,
+             0, 60000, 0);
+  assert_string_equal(run_as(&c, &a, AT(0), "TG.INC a2 fixed_window 5 60000"),
+                      ":1\r\n");
+  assert_string_equal(run_as(&c, &a, AT(0), "TG.SET a3 token_bucket 5 60000 2"),
+                      "+OK\r\n");
+  /* the fourth is refused, with the wait until a token is back */
+  assert_string_equal(run_as(&c, &a, AT(0), "TG.HIT a4 sliding_window 5 60000"),
+                      "-NEWKEYS this client may create 3 new keys per 3000 "
+                      "ms (--max-new-keys-per-client); retry in 1000 ms\r\n");
+  assert_int_equal(tg_key_count(c.lim[TG_SLIDING_WINDOW]), 0);
+  /* keys it holds cost nothing; nor do reads and peeks of new ones */
+  for (int i = 0; i < 5; i++)
+    assert_starts(run_as(&c, &a, AT(0), "TG.HIT a1 fixed_window 5 60000"),
+                  "*6\r\n");
+  assert_string_equal(run_as(&c, &a, AT(0), "TG.GET a9 fixed_window 5 60000"),
+                      ":0\r\n");
+  assert_starts(run_as(&c, &a, AT(0), "TG.HIT a9 fixed_window 5 60000 COST 0"),
+                "*6\r\n");
+  /* another client has its own budget */
+  assert_starts(run_as(&c, &b, AT(0), "TG.HIT b1 sliding_window 5 60000"),
+                "*6\r\n");
+  /* a second later, one more */
+  assert_starts(run_as(&c, &a, AT(1000), "TG.HIT a4 sliding_window 5 60000"),
+                "*6\r\n");
+  assert_starts(run_as(&c, &a, AT(1000), "TG.HIT a5 sliding_window 5 60000"),
+                "-NEWKEYS ");
+  /* a key whose state has decayed is new again */
+  assert_starts(run_as(&c, &a, AT(61000), "TG.HIT a1 fixed_window 5 60000"),
+                "*6\r\n"); /* the token of 2 s */
+  assert_starts(run_as(&c, &a, AT(61000), "TG.HIT a2 fixed_window 5 60000"),
+                "*6\r\n"); /* and of 3 s: the bucket holds 3 at most */
+  assert_starts(run_as(&c, &a, AT(61000), "TG.HIT a6 fixed_window 5 60000"),
+                "*6\r\n");
+  assert_starts(run_as(&c, &a, AT(61000), "TG.HIT a7 fixed_window 5 60000"),
+                "-NEWKEYS ");
+  assert_string_equal(info_field(run_as(&c, &a, AT(61000), "INFO stats"),
+                                 "requests_over_new_key_budget:"),
+                      "3");
+  free_ctx(&c);
+}
+
+/* A custom store standing in for a shared segment whose lock a stuck
+ * process holds: every call is TG_EBUSY. Counts the calls that reach it. */
+static int busy_lock(void *counter, const void *key, size_t key_len, void *buf,
+                     size_t cap, size_t *len) {
+  (void)key, (void)key_len, (void)buf, (void)cap, (void)len;
+  (*(int *)counter)++;
+  return TG_CUSTOM_BUSY;
+}
+static int busy_set(void *counter, const void *key, size_t key_len,
+                    const void *data, size_t len, uint64_t ttl_ms) {
+  (void)counter, (void)key, (void)key_len, (void)data, (void)len, (void)ttl_ms;
+  return TG_CUSTOM_ERROR;
+}
+static void busy_unlock(void *counter, const void *key, size_t key_len) {
+  (void)counter, (void)key, (void)key_len;
+}
+
+static tg_limiter *busy_limiter(int *calls) {
+  static tg_custom_store cs[2];
+  static int n;
+  tg_custom_store *s = &cs[n++ % 2];
+  *s = (tg_custom_store){busy_lock, busy_set, busy_unlock, calls};
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_FIXED_WINDOW;
+  cfg.custom_store = s;
+  tg_limiter *lim;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  return lim;
+}
+
+static void a_stuck_lock_is_waited_for_once_per_backoff(void **state) {
+  (void)state;
+  cmd_ctx c;
+  make_ctx(&c, 64, TG_POLICY_FAIL_OPEN);
+  int waited = 0, fast = 0;
+  tg_limiter_destroy(c.lim[TG_FIXED_WINDOW]);
+  c.lim[TG_FIXED_WINDOW] = busy_limiter(&waited);
+  c.lim_nowait[TG_FIXED_WINDOW] = busy_limiter(&fast);
+  c.backoff_ms = 1000;
+  c.mono_ms = 5000;
+  const char *h = "TG.HIT k fixed_window 5 60000";
+  /* the first call waits (here: reaches the patient limiter), the next go
+   * to the twin that does not wait, until the backoff has passed */
+  assert_hit(run_on(&c, AT(0), h), 1, 0, 0, 0, 0, 1);
+  assert_int_equal(waited, 1);
+  for (int i = 0; i < 10; i++)
+    assert_hit(run_on(&c, AT(0), h), 1, 0, 0, 0, 0, 1);
+  assert_string_equal(run_on(&c, AT(0), "TG.RESET k fixed_window"),
+                      "-TG_EBUSY key is locked by another caller\r\n");
+  assert_int_equal(waited, 1);
+  assert_int_equal(fast, 11);
+  c.mono_ms = 5999;
+  run_on(&c, AT(0), h);
+  assert_int_equal(waited, 1);
+  c.mono_ms = 6000; /* one call tries the lock again, and waits again */
+  run_on(&c, AT(0), h);
+  run_on(&c, AT(0), h);
+  assert_int_equal(waited, 2);
+  assert_int_equal(fast, 13);
+  const char *info = run_on(&c, AT(0), "INFO");
+  assert_string_equal(info_field(info, "store_lock_waits:"), "2");
+  assert_string_equal(info_field(info, "store_status:"), "degraded");
+  assert_string_equal(info_field(info, "store_last_error:"), "TG_EBUSY");
+  /* another algorithm is not held back, nor counted as degraded */
+  assert_starts(run_on(&c, AT(0), "TG.HIT k sliding_window 5 60000"), "*6\r\n");
+  assert_string_equal(
+      info_field(run_on(&c, AT(0), "INFO"), "store_degraded_algorithms:"),
+      "fixed_window");
+  free_ctx(&c);
+}
+
+/* The log of the store's health: one line per change and algorithm, at
+ * most one a second each, healthy again only after a second without
+ * failures, and it always ends up saying the state each is in. */
+static void health_is_logged_once_per_change(void **state) {
+  (void)state;
+  store_health h;
+  health_init(&h, TG_OK, 0);
+  static char buf[8192];
+  FILE *f = fmemopen(buf, sizeof buf, "w");
+  assert_non_null(f);
+  health_log(&h, 0, f, "redis:x", "open", 10);
+  for (int i = 0; i < 100; i++) /* a hundred failures: one line */
+    health_note(&h, TG_ETIMEDOUT, TG_TOKEN_BUCKET, 10);
+  health_log(&h, 10, f, "redis:x", "open", 10);
+  health_log(&h, 20, f, "redis:x", "open", 10);
+  health_note(&h, TG_EKEY, TG_TOKEN_BUCKET, 30); /* says nothing: ignored */
+  health_note(&h, TG_OK, TG_TOKEN_BUCKET, 500);  /* too soon: still failing */
+  health_note(&h, TG_OK, TG_LEAKY_BUCKET, 500);  /* another: unaffected */
+  health_log(&h, 500, f, "redis:x", "open", 10);
+  int reason;
+  unsigned algs;
+  assert_true(health_degraded(&h, &reason, &algs));
+  assert_int_equal(reason, TG_ETIMEDOUT);
+  assert_int_equal(algs, 1u << TG_TOKEN_BUCKET);
+  health_note(&h, TG_OK, TG_TOKEN_BUCKET, 1010); /* a quiet second: healthy */
+  health_log(&h, 1010, f, "redis:x", "open", 10);
+  assert_false(health_degraded(&h, &reason, &algs));
+  /* failing and answering by turns: degraded for as long as it goes on */
+  for (uint64_t t = 1100; t < 5000; t += 100) {
+    health_note(&h, TG_EBUSY, TG_SLIDING_WINDOW, t);
+    health_note(&h, TG_OK, TG_SLIDING_WINDOW, t + 50);
+    health_log(&h, t + 50, f, "shm:/x.<algorithm>", "closed", 10);
+  }
+  /* changes no line could report: folded into the next */
+  health_note(&h, TG_ECONNECT, TG_TOKEN_BUCKET, 5000);
+  health_note(&h, TG_OK, TG_TOKEN_BUCKET, 6100);
+  health_note(&h, TG_ECONNECT, TG_TOKEN_BUCKET, 6200);
+  health_log(&h, 6200, f, "redis:x", "open", 10);
+  health_note(&h, TG_EFULL, TG_FIXED_WINDOW, 6300);
+  health_note(&h, TG_EFULL, TG_FIXED_WINDOW, 6300);
+  health_log(&h, 6300, f, "redis:x", "open", 10);
+  health_note(&h, TG_EFULL, TG_FIXED_WINDOW, 6400);
+  health_log(&h, 6400, f, "redis:x", "open", 10); /* a minute apart */
+  fclose(f);
+  const char *want =
+      "tollgate serve: store redis:x degraded: TG_ETIMEDOUT (the store did "
+      "not answer in time) on token_bucket; requests that need it are "
+      "answered by --on-failure open\n"
+      "tollgate serve: store redis:x healthy again on token_bucket after 100 "
+      "failed request(s)\n"
+      "tollgate serve: store shm:/x.<algorithm> degraded: TG_EBUSY (key is "
+      "locked by another caller) on sliding_window; requests that need it "
+      "are answered by --on-failure closed\n"
+      "tollgate serve: store redis:x degraded: TG_ECONNECT (cannot reach the "
+      "store: connection refused or lost) on token_bucket; requests that "
+      "need it are answered by --on-failure open (2 more changes since the "
+      "last line)\n"
+      "tollgate serve: warning: the fixed_window table is full (10 keys): "
+      "2 request(s) for new keys answered by --on-failure open; raise "
+      "--capacity, or bound what clients may create (--max-period-ms, "
+      "--max-new-keys-per-client)\n";
+  assert_string_equal(buf, want);
+
+  /* degraded from the start: the start-up message said it already, and
+   * failures then add nothing; the first answer is news */
+  health_init(&h, TG_ECONNECT, 0);
+  assert_true(health_degraded(&h, &reason, &algs));
+  assert_int_equal(reason, TG_ECONNECT);
+  assert_int_equal(algs, 0);
+  health_note(&h, TG_ECONNECT, TG_FIXED_WINDOW, 100);
+  buf[0] = '\0';
+  f = fmemopen(buf, sizeof buf, "w");
+  health_log(&h, 5000, f, "redis:x", "open", 10);
+  health_note(&h, TG_OK, TG_FIXED_WINDOW, 6000);
+  health_log(&h, 6000, f, "redis:x", "open", 10);
+  fclose(f);
+  assert_string_equal(buf, "tollgate serve: store redis:x answers now\n"
+                           "tollgate serve: store redis:x healthy again on "
+                           "fixed_window after 1 failed request(s)\n");
 }
 
 static void command_describes_the_commands(void **state) {
@@ -486,6 +833,11 @@ int main(void) {
       cmocka_unit_test(a_full_store_answers_by_the_policy),
       cmocka_unit_test(connection_commands),
       cmocka_unit_test(hello_speaks_resp2_only),
+      cmocka_unit_test(a_password_guards_everything_but_auth),
+      cmocka_unit_test(max_period_refuses_longer_periods),
+      cmocka_unit_test(each_client_has_a_budget_of_new_keys),
+      cmocka_unit_test(a_stuck_lock_is_waited_for_once_per_backoff),
+      cmocka_unit_test(health_is_logged_once_per_change),
       cmocka_unit_test(command_describes_the_commands),
       cmocka_unit_test(info_reports_counters),
       cmocka_unit_test(error_replies_stay_one_line),

@@ -13,6 +13,9 @@
  *     OOM, a BUSY script, killed connections, NOSCRIPT, AUTH, corrupt values,
  *     each giving a status code plus the failure policy's answer marked
  *     degraded, and recovery without help;
+ *   - failing fast: once a call has timed out, calls return at once and one
+ *     at a time probes, counted by the commands that reach the stopped
+ *     server (its INFO commandstats once it resumes), not by timing;
  *   - many threads on one key through the connection pool: exact admission.
  */
 #include <setjmp.h>
@@ -969,6 +972,190 @@ static void unresponsive_server_times_out(void **state) {
   tg_limiter_destroy(lim);
 }
 
+/* How many EVALSHA and SCRIPT LOAD commands the server has run since the
+ * last CONFIG RESETSTAT (INFO commandstats): every call that reaches the
+ * server sends one of them, so this counts the calls that waited on a
+ * stopped server (their commands sat in its socket buffers and run once it
+ * resumes, after the client has given up on them). */
+static long sent_to_server(redisContext *c) {
+  redisReply *r = rs_cmd(c, "INFO commandstats");
+  assert_non_null(r);
+  assert_int_equal(r->type, REDIS_REPLY_STRING);
+  long n = 0;
+  /* the script's commands, or with the module loaded its commands and the
+   * question a connection asks when it opens */
+  static const char *const names[] = {
+      "cmdstat_evalsha:calls=", "cmdstat_script|load:calls=",
+      "cmdstat_tg.step:calls=", "cmdstat_tg.step_ro:calls=",
+      "cmdstat_command|info:calls="};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    const char *p = strstr(r->str, names[i]);
+    if (p)
+      n += atol(p + strlen(names[i]));
+  }
+  freeReplyObject(r);
+  return n;
+}
+
+/* After a resume, the commands stopped clients left in the server's buffers
+ * have run once a fresh connection has been answered twice. */
+static void settle_after_resume(void) {
+  assert_true(rs_resume());
+  for (int i = 0; i < 2; i++) {
+    for (int j = 0; j < 300 && !rs_alive(); j++)
+      rs_sleep_ms(10);
+    rs_sleep_ms(50);
+  }
+}
+
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Once a call has timed out, the pool is down: every call returns the
+ * timeout's code at once, with the failure policy's answer, and none of them
+ * reaches the server, until reconnect_backoff_ms has passed. */
+static void unresponsive_server_fails_fast(void **state) {
+  (void)state;
+  redisContext *c = admin();
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_TOKEN_BUCKET;
+  cfg.on_failure = TG_POLICY_FAIL_CLOSED;
+  tg_redis_config rc;
+  tg_redis_config_init(&rc);
+  rc.port = rs_port();
+  rc.key_prefix = "fast";
+  rc.connect_timeout_ms = 300;
+  rc.command_timeout_ms = 300;
+  rc.reconnect_backoff_ms = 600000; /* no probe during the test */
+  rc.pool_size = 4;
+  cfg.redis = &rc;
+  tg_limiter *lim = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  tg_quota q = {.limit = 5, .period_ms = 1000};
+  tg_result r;
+  for (int i = 0; i < 8; i++) /* every pooled connection opened */
+    assert_int_equal(tg_hit(lim, "k", 1, &q, 0, &r), TG_OK);
+  assert_true(rs_ok(c, "CONFIG RESETSTAT"));
+  assert_true(rs_pause());
+  int first = tg_hit(lim, "k", 1, &q, 1, &r);
+  bool first_degraded = r.degraded && !r.allowed;
+  enum { N = 40 };
+  int bad = 0, not_degraded = 0;
+  for (int i = 0; i < N; i++) {
+    int code = tg_hit(lim, "k", 1, &q, 1, &r);
+    bad += code != TG_ETIMEDOUT;
+    not_degraded += !(r.degraded && !r.allowed);
+    uint64_t v;
+    bad += tg_get(lim, "k", 1, &q, &v) != TG_ETIMEDOUT;
+    bad += tg_reset(lim, "k", 1) != TG_ETIMEDOUT;
+    tg_batch_item it[2] = {{"k", 1, &q, 1, 0, {0}}, {"j", 1, &q, 1, 0, {0}}};
+    assert_int_equal(tg_hit_batch(lim, it, 2), TG_OK);
+    bad += (it[0].status != TG_ETIMEDOUT) + (it[1].status != TG_ETIMEDOUT);
+    not_degraded += !it[0].result.degraded + !it[1].result.degraded;
+  }
+  settle_after_resume();
+  long sent = sent_to_server(c);
+  tg_limiter_destroy(lim);
+  redisFree(c);
+  assert_int_equal(first, TG_ETIMEDOUT);
+  assert_true(first_degraded);
+  assert_int_equal(bad, 0);
+  assert_int_equal(not_degraded, 0);
+  /* only the first call reached the stopped server */
+  assert_int_equal(sent, 1);
+}
+
+/* Threads calling while the server stays stopped: after the backoff, one
+ * call at a time probes it (waits for its timeout) while the others return
+ * at once. Probes are therefore at least backoff + timeout apart, which
+ * bounds how many can have reached the server in the time the phase took;
+ * a pool whose connections each retried on their own would send about
+ * pool_size times that many. */
+typedef struct prober {
+  tg_limiter *lim;
+  atomic_int *stop;
+  long calls, bad_code, not_degraded;
+} prober;
+
+static void *probe_thread(void *arg) {
+  prober *p = arg;
+  tg_quota q = {.limit = 5, .period_ms = 1000};
+  while (!atomic_load(p->stop)) {
+    tg_result r;
+    int rc = tg_hit(p->lim, "k", 1, &q, 1, &r);
+    p->calls++;
+    if (rc != TG_ETIMEDOUT && rc != TG_ECONNECT)
+      p->bad_code++;
+    if (!r.degraded || !r.allowed)
+      p->not_degraded++;
+  }
+  return NULL;
+}
+
+static void one_probe_at_a_time(void **state) {
+  (void)state;
+  redisContext *c = admin();
+  enum { T = 4, TIMEOUT = 200, BACKOFF = 100 };
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_FIXED_WINDOW;
+  tg_redis_config rc;
+  tg_redis_config_init(&rc);
+  rc.port = rs_port();
+  rc.key_prefix = "probe";
+  rc.connect_timeout_ms = TIMEOUT;
+  rc.command_timeout_ms = TIMEOUT;
+  rc.reconnect_backoff_ms = BACKOFF;
+  rc.pool_size = T;
+  cfg.redis = &rc;
+  tg_limiter *lim = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  tg_quota q = {.limit = 5, .period_ms = 1000};
+  tg_result r;
+  for (int i = 0; i < 2 * T; i++)
+    assert_int_equal(tg_hit(lim, "k", 1, &q, 0, &r), TG_OK);
+  assert_true(rs_ok(c, "CONFIG RESETSTAT"));
+  assert_true(rs_pause());
+  uint64_t t0 = mono_ms();
+  int first = tg_hit(lim, "k", 1, &q, 1, &r); /* the pool goes down */
+  atomic_int stop = 0;
+  prober p[T];
+  pthread_t th[T];
+  for (int i = 0; i < T; i++) {
+    p[i] = (prober){lim, &stop, 0, 0, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, probe_thread, &p[i]), 0);
+  }
+  rs_sleep_ms(1500);
+  atomic_store(&stop, 1);
+  long calls = 0, bad = 0, not_degraded = 0;
+  for (int i = 0; i < T; i++) {
+    pthread_join(th[i], NULL);
+    calls += p[i].calls;
+    bad += p[i].bad_code;
+    not_degraded += p[i].not_degraded;
+  }
+  uint64_t elapsed = mono_ms() - t0;
+  settle_after_resume();
+  long sent = sent_to_server(c);
+  assert_int_equal(until_ok(lim, &q, &r), TG_OK); /* and it recovers */
+  tg_limiter_destroy(lim);
+  redisFree(c);
+  assert_int_equal(first, TG_ETIMEDOUT);
+  assert_int_equal(bad, 0);
+  assert_int_equal(not_degraded, 0);
+  long bound = 1 + (long)(elapsed / (TIMEOUT + BACKOFF)) + 1;
+  print_message("%ld calls in %" PRIu64 " ms, %ld reached the server (at "
+                "most %ld allowed)\n",
+                calls, elapsed, sent, bound);
+  assert_true(sent >= 2); /* the probes did happen */
+  assert_true(sent <= bound);
+  assert_true(calls > 4 * sent); /* most calls returned at once */
+}
+
 static void error_replies(void **state) {
   (void)state;
   redisContext *c = admin();
@@ -1282,6 +1469,8 @@ int main(void) {
       cmocka_unit_test_setup(server_down_then_back, server_up),
       cmocka_unit_test_setup(restart_mid_stream, server_up),
       cmocka_unit_test_setup(unresponsive_server_times_out, server_up),
+      cmocka_unit_test_setup(unresponsive_server_fails_fast, server_up),
+      cmocka_unit_test_setup(one_probe_at_a_time, server_up),
       cmocka_unit_test_setup(error_replies, server_up),
       cmocka_unit_test_setup(busy_server, server_up),
       cmocka_unit_test_setup(auth_and_database, server_up),

@@ -151,6 +151,47 @@ static void garbage_framing(void **state) {
   assert_int_equal(parse(longhdr, sizeof longhdr), RESP_INCOMPLETE);
 }
 
+/* s[0..len) is refused (RESP_PROTOCOL) from its last byte on, and not
+ * before: every shorter prefix waits for more. */
+static void refused_at_last_byte(const char *s, size_t len) {
+  assert_prefixes_incomplete(s, len - 1);
+  resp_status st = parse(s, len);
+  if (st != RESP_PROTOCOL)
+    fail_msg("'%.*s': status %d, want RESP_PROTOCOL", (int)len, s, (int)st);
+  assert_non_null(req.error);
+  assert_memory_equal(req.error, "Protocol error: ", 16);
+}
+#define REFUSED_AT_LAST_BYTE(lit) refused_at_last_byte(lit, sizeof(lit) - 1)
+
+static void invalid_frames_are_refused_at_once(void **state) {
+  (void)state;
+  /* bare LF framing: *1\n$4\nPING\n is refused at its first LF instead of
+   * waiting for a CR that a client which sends LF never sends */
+  REFUSED_AT_LAST_BYTE("*1\n");
+  assert_string_equal(req.error,
+                      "Protocol error: header line ends in LF without CR");
+  assert_int_equal(PARSE("*1\n$4\nPING\n"), RESP_PROTOCOL);
+  REFUSED_AT_LAST_BYTE("*1\r\n$4\n");
+  REFUSED_AT_LAST_BYTE("*-\n");
+  /* any byte a count cannot hold, before its line ends */
+  REFUSED_AT_LAST_BYTE("*1x");
+  REFUSED_AT_LAST_BYTE("* ");
+  REFUSED_AT_LAST_BYTE("*-0");
+  REFUSED_AT_LAST_BYTE("*-11");
+  REFUSED_AT_LAST_BYTE("*1\r\n$1 ");
+  REFUSED_AT_LAST_BYTE("*1\r\n$+");
+  REFUSED_AT_LAST_BYTE("*1\r\n$4\r\nPINGx");
+  REFUSED_AT_LAST_BYTE("*1\r\n$4\r\nPING\n");
+  REFUSED_AT_LAST_BYTE("*1\r\n$4\r\nPING\r\r");
+  /* while a frame can still be valid it waits */
+  assert_int_equal(PARSE("*-"), RESP_INCOMPLETE);
+  assert_int_equal(PARSE("*-1"), RESP_INCOMPLETE);
+  assert_int_equal(PARSE("*1\r"), RESP_INCOMPLETE);
+  assert_int_equal(PARSE("*1\r\n$4\r\nPING\r"), RESP_INCOMPLETE);
+  /* inline requests still end at a bare LF */
+  assert_int_equal(PARSE("PING\n"), RESP_OK);
+}
+
 static void bounds_are_enforced_before_the_bytes_arrive(void **state) {
   (void)state;
   char buf[64];
@@ -231,6 +272,7 @@ int main(void) {
       cmocka_unit_test(inline_requests),
       cmocka_unit_test(empty_requests_are_consumed),
       cmocka_unit_test(garbage_framing),
+      cmocka_unit_test(invalid_frames_are_refused_at_once),
       cmocka_unit_test(bounds_are_enforced_before_the_bytes_arrive),
       cmocka_unit_test(a_request_longer_than_the_limit_is_refused),
       cmocka_unit_test(the_largest_legal_request_parses),

@@ -13,9 +13,12 @@
  *   TG.EXPIRESAT key algorithm limit period_ms [BURST n]     -> ms or 0
  *   TG.RESET key [algorithm]                                 -> OK
  *
- * and what clients expect of a Redis-speaking server: PING, ECHO, QUIT,
- * INFO, DBSIZE, SELECT 0, HELLO [2], COMMAND [COUNT|INFO|DOCS], CLIENT
- * SETNAME/GETNAME/SETINFO/ID, CONFIG GET (save and appendonly only).
+ * and what clients expect of a Redis-speaking server: AUTH, PING, ECHO,
+ * QUIT, INFO, DBSIZE, SELECT 0, HELLO [2 [AUTH user pass] [SETNAME n]],
+ * COMMAND [COUNT|INFO|DOCS], CLIENT SETNAME/GETNAME/SETINFO/ID, CONFIG GET
+ * (save and appendonly only). With a password set, everything but AUTH,
+ * HELLO and QUIT answers -NOAUTH until the client has authenticated, with
+ * Redis's words, so client libraries react as they do to Redis.
  *
  * The TG.* commands' arguments are parsed, and TG.HIT's reply shaped, by
  * src/command/command.c, which the Redis module uses too: both servers
@@ -79,12 +82,37 @@ static void err_tg(outbuf *o, int rc) {
 /* One request being run: what every handler gets. */
 typedef struct call {
   cmd_ctx *ctx;
+  cmd_session *cl;
   const resp_arg *argv;
   size_t argc;
   uint64_t now_us;
-  uint64_t client_id;
   outbuf *out;
 } call;
+
+/* ---- the store: which limiter, and what its answer says ---- */
+
+/* The limiter for a call on algorithm a: lim[a], or while a shared-memory
+ * lock is known to be held by a stuck process, its twin that does not wait
+ * (see cmd_ctx.lim_nowait). *patient says which. */
+static tg_limiter *pick(const cmd_ctx *ctx, tg_algorithm a, bool *patient) {
+  *patient = true;
+  if (ctx->lim_nowait[a] && ctx->mono_ms < ctx->busy_until_ms[a]) {
+    *patient = false;
+    return ctx->lim_nowait[a];
+  }
+  return ctx->lim[a];
+}
+
+/* Records what a call that went to the store answered: the lock backoff
+ * (TG_EBUSY from the waiting limiter means it waited the whole timeout) and
+ * the store's health. */
+static void store_done(cmd_ctx *ctx, tg_algorithm a, bool patient, int rc) {
+  if (rc == TG_EBUSY && patient && ctx->lim_nowait[a]) {
+    ctx->busy_until_ms[a] = ctx->mono_ms + ctx->backoff_ms;
+    ctx->stats.lock_waits++;
+  }
+  health_note(&ctx->health, rc, a, ctx->mono_ms);
+}
 
 /* ---- the TG.* commands ---- */
 
@@ -92,37 +120,120 @@ typedef struct call {
 typedef struct tg_args {
   const void *key;
   size_t key_len;
+  tg_algorithm alg;
   tg_limiter *lim;
+  bool patient; /* lim is lim[alg], not its twin that does not wait */
   tg_quota q;
   uint64_t cost;  /* COST, default 1 */
   uint64_t value; /* TG.SET's value */
 } tg_args;
 
+__extension__ typedef unsigned __int128 u128;
+
+/* --max-period-ms: whether a key under quota q is fresh again (its slot
+ * reclaimable) at most max_ms after its last write. A window or log is
+ * after period_ms; a bucket after it refills (token) or drains (leaky) a
+ * whole burst, period_ms x burst / limit, longer than period_ms when burst
+ * exceeds limit. Compared in 128 bits: both products may pass 2^64. */
+static bool within_max_period(uint64_t max_ms, tg_algorithm alg,
+                              const tg_quota *q) {
+  if (q->period_ms > max_ms)
+    return false;
+  if (alg != TG_TOKEN_BUCKET && alg != TG_LEAKY_BUCKET)
+    return true;
+  uint64_t burst = q->burst ? q->burst : q->limit;
+  return q->limit == 0 || /* TG_EQUOTA follows */
+         (u128)q->period_ms * burst <= (u128)max_ms * q->limit;
+}
+
 /* Parses the request with the parser the Redis module shares
- * (src/command/command.h), then finds the limiter. On error writes the
- * reply and returns -1. */
+ * (src/command/command.h), then checks what this server adds (a limiter
+ * for the algorithm, --max-period-ms) and picks the limiter. On error
+ * writes the reply and returns -1. */
 static int parse_tg(const call *c, tg__cmd_id id, tg_args *t) {
+  outbuf *o = c->out;
   tg__cmd_arg av[RESP_MAX_ARGS];
   for (size_t i = 0; i < c->argc && i < RESP_MAX_ARGS; i++)
     av[i] = (tg__cmd_arg){c->argv[i].ptr, c->argv[i].len};
   tg__cmd cmd;
   tg__cmd_error err;
   if (tg__cmd_parse(id, av, c->argc, &cmd, &err) != 0) {
-    out_error_quoted(c->out, "ERR", err.before, err.quoted, err.quoted_len,
+    out_error_quoted(o, "ERR", err.before, err.quoted, err.quoted_len,
                      err.after);
     return -1;
   }
+  tg_algorithm alg = cmd.alg;
   t->key = cmd.key;
   t->key_len = cmd.key_len;
-  t->lim = c->ctx->lim[cmd.alg];
+  t->alg = alg;
+  t->lim = c->ctx->lim[alg];
   t->q = cmd.q;
   t->cost = cmd.arg;
   t->value = cmd.arg;
   if (!t->lim) {
-    out_error(c->out, "ERR", "this server holds no limiter for that algorithm");
+    out_error(o, "ERR", "this server holds no limiter for that algorithm");
     return -1;
   }
+  const cmd_ctx *ctx = c->ctx;
+  if (ctx->max_period_ms &&
+      !within_max_period(ctx->max_period_ms, alg, &t->q)) {
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "period_ms %" PRIu64 "%s is above this server's limit of %" PRIu64
+             " (--max-period-ms)",
+             t->q.period_ms,
+             t->q.period_ms <= ctx->max_period_ms
+                 ? " x burst / limit (the time a bucket takes to refill)"
+                 : "",
+             ctx->max_period_ms);
+    out_error(o, "ERR", msg);
+    c->ctx->stats.period_refused++;
+    return -1;
+  }
+  t->lim = pick(ctx, alg, &t->patient);
   return 0;
+}
+
+/* --max-new-keys-per-client: a request that would create the key (its
+ * state is fresh now: absent, or decayed) spends one token of the client's
+ * budget; without one it is refused with -NEWKEYS and a wait, before it
+ * reaches the limiter. Returns false after writing that reply. A store that
+ * cannot say whether the key is fresh lets the request through: the request
+ * itself then meets the same failure and answers by the failure policy. */
+static bool may_create(const call *c, tg_args *t) {
+  cmd_ctx *ctx = c->ctx;
+  if (!ctx->new_keys)
+    return true;
+  uint64_t at;
+  int rc =
+      ctx->store_time
+          ? tg_expires_at(t->lim, t->key, t->key_len, &t->q, &at)
+          : tg_expires_at_at(t->lim, c->now_us, t->key, t->key_len, &t->q, &at);
+  if (rc != TG_OK) {
+    /* the request goes on to meet the failure; if this call waited for a
+     * stuck lock, it must not wait again */
+    store_done(ctx, t->alg, t->patient, rc);
+    t->lim = pick(ctx, t->alg, &t->patient);
+    return true;
+  }
+  if (at != 0)
+    return true;
+  tg_result r;
+  static const unsigned char unknown[1] = {'?'};
+  const cmd_session *cl = c->cl;
+  rc = tg_hit_at(ctx->new_keys, c->now_us, cl->who_len ? cl->who : unknown,
+                 cl->who_len ? cl->who_len : 1, &ctx->new_keys_q, 1, &r);
+  if (r.allowed) /* TG_OK, or a failure the budget's policy let through */
+    return true;
+  ctx->stats.new_keys_refused++;
+  char msg[160];
+  snprintf(msg, sizeof msg,
+           "this client may create %" PRIu64 " new keys per %" PRIu64
+           " ms (--max-new-keys-per-client); retry in %" PRIu64 " ms",
+           ctx->new_keys_q.limit, ctx->new_keys_q.period_ms,
+           rc == TG_OK ? r.retry_after_ms : ctx->new_keys_q.period_ms);
+  out_error(c->out, "NEWKEYS", msg);
+  return false;
 }
 
 /* TG.HIT's reply for what tg_hit returned, counted in the stats. */
@@ -149,11 +260,14 @@ static void cmd_hit(const call *c) {
   tg_args t;
   if (parse_tg(c, TG__CMD_HIT, &t) != 0)
     return;
+  if (t.cost > 0 && !may_create(c, &t))
+    return;
   tg_result r;
   int rc =
       c->ctx->store_time
           ? tg_hit(t.lim, t.key, t.key_len, &t.q, t.cost, &r)
           : tg_hit_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.cost, &r);
+  store_done(c->ctx, t.alg, t.patient, rc);
   hit_out(c->ctx, rc, &r, c->out);
 }
 
@@ -161,11 +275,14 @@ static void cmd_inc(const call *c) {
   tg_args t;
   if (parse_tg(c, TG__CMD_INC, &t) != 0)
     return;
+  if (t.cost > 0 && !may_create(c, &t))
+    return;
   uint64_t count;
   int rc =
       c->ctx->store_time
           ? tg_inc(t.lim, t.key, t.key_len, &t.q, t.cost, &count)
           : tg_inc_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.cost, &count);
+  store_done(c->ctx, t.alg, t.patient, rc);
   if (rc != TG_OK)
     err_tg(c->out, rc);
   else
@@ -180,6 +297,7 @@ static void cmd_get(const call *c) {
   int rc = c->ctx->store_time
                ? tg_get(t.lim, t.key, t.key_len, &t.q, &v)
                : tg_get_at(t.lim, c->now_us, t.key, t.key_len, &t.q, &v);
+  store_done(c->ctx, t.alg, t.patient, rc);
   if (rc != TG_OK)
     err_tg(c->out, rc);
   else
@@ -190,9 +308,12 @@ static void cmd_set(const call *c) {
   tg_args t;
   if (parse_tg(c, TG__CMD_SET, &t) != 0)
     return;
+  if (!may_create(c, &t))
+    return;
   int rc = c->ctx->store_time
                ? tg_set(t.lim, t.key, t.key_len, &t.q, t.value)
                : tg_set_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.value);
+  store_done(c->ctx, t.alg, t.patient, rc);
   if (rc != TG_OK)
     err_tg(c->out, rc);
   else
@@ -208,6 +329,7 @@ static void cmd_expiresat(const call *c) {
       c->ctx->store_time
           ? tg_expires_at(t.lim, t.key, t.key_len, &t.q, &at)
           : tg_expires_at_at(t.lim, c->now_us, t.key, t.key_len, &t.q, &at);
+  store_done(c->ctx, t.alg, t.patient, rc);
   if (rc != TG_OK)
     err_tg(c->out, rc);
   else
@@ -230,7 +352,10 @@ static void cmd_reset(const call *c) {
   for (int a = first; a <= last; a++) {
     if (!c->ctx->lim[a])
       continue;
-    int rc = tg_reset(c->ctx->lim[a], cmd.key, cmd.key_len);
+    bool patient;
+    tg_limiter *lim = pick(c->ctx, (tg_algorithm)a, &patient);
+    int rc = tg_reset(lim, c->argv[1].ptr, c->argv[1].len);
+    store_done(c->ctx, (tg_algorithm)a, patient, rc);
     if (rc != TG_OK) {
       err_tg(c->out, rc);
       return;
@@ -299,13 +424,74 @@ static void cmd_client(const call *c) {
   else if (arg_is(&argv[1], "getname") && c->argc == 2)
     out_null(c->out);
   else if (arg_is(&argv[1], "id") && c->argc == 2)
-    out_uint(c->out, c->client_id);
+    out_uint(c->out, c->cl->id);
   else
     out_error_quoted(c->out, "ERR", "unknown or unsupported subcommand '",
                      argv[1].ptr, argv[1].len, "'");
 }
 
-/* HELLO [protover [SETNAME name]]: RESP2 only. */
+/* ---- authentication ---- */
+
+int cmd_set_pass(cmd_ctx *ctx, const char *p, size_t len) {
+  if (len == 0 || len > CMD_PASS_MAX)
+    return -1;
+  memset(ctx->pass, 0, sizeof ctx->pass);
+  memcpy(ctx->pass, p, len);
+  ctx->pass_len = len;
+  ctx->pass_set = true;
+  return 0;
+}
+
+/* Whether a client's attempt is the password, in a time that depends on
+ * neither (only on CMD_PASS_MAX): both are compared as zero-padded
+ * CMD_PASS_MAX-byte blocks without an early exit, so a client cannot find
+ * the password byte by byte, or its length, by timing its attempts. */
+static bool pass_matches(const cmd_ctx *ctx, const resp_arg *a) {
+  unsigned char attempt[CMD_PASS_MAX];
+  memset(attempt, 0, sizeof attempt);
+  memcpy(attempt, a->ptr, a->len < sizeof attempt ? a->len : sizeof attempt);
+  volatile unsigned char diff = (unsigned char)(a->len != ctx->pass_len);
+  for (size_t i = 0; i < CMD_PASS_MAX; i++)
+    diff |= (unsigned char)(attempt[i] ^ (unsigned char)ctx->pass[i]);
+  return diff == 0;
+}
+
+/* Checks "user pass" (user may be NULL: AUTH pass). Only the default user
+ * exists. With no password set, Redis's default user takes any password
+ * when it is named, and AUTH pass alone is an error (the caller says so). */
+static bool credentials_ok(const call *c, const resp_arg *user,
+                           const resp_arg *pass) {
+  bool ok = (!user || arg_is(user, "default")) &&
+            (!c->ctx->pass_set || pass_matches(c->ctx, pass));
+  if (ok)
+    c->cl->authenticated = true;
+  else
+    c->ctx->stats.auth_failures++;
+  return ok;
+}
+
+static void err_wrongpass(outbuf *o) {
+  out_error(o, "WRONGPASS",
+            "invalid username-password pair or user is disabled.");
+}
+
+/* AUTH [username] password */
+static void cmd_auth(const call *c) {
+  if (c->argc == 2 && !c->ctx->pass_set) {
+    out_error(c->out, "ERR",
+              "AUTH <password> called without any password configured for "
+              "the default user. Are you sure your configuration is "
+              "correct?");
+    return;
+  }
+  const resp_arg *user = c->argc == 3 ? &c->argv[1] : NULL;
+  if (credentials_ok(c, user, &c->argv[c->argc - 1]))
+    out_status(c->out, "OK");
+  else
+    err_wrongpass(c->out);
+}
+
+/* HELLO [protover [AUTH username password] [SETNAME name]]: RESP2 only. */
 static void cmd_hello(const call *c) {
   const resp_arg *argv = c->argv;
   outbuf *o = c->out;
@@ -322,14 +508,31 @@ static void cmd_hello(const call *c) {
     }
     i = 2;
   }
+  const resp_arg *user = NULL, *pass = NULL;
   for (; i < c->argc; i++) {
     if (arg_is(&argv[i], "setname") && i + 1 < c->argc) {
       i++; /* accepted and forgotten: names are not kept */
+    } else if (arg_is(&argv[i], "auth") && i + 2 < c->argc) {
+      user = &argv[i + 1];
+      pass = &argv[i + 2];
+      i += 2;
     } else {
       out_error_quoted(o, "ERR", "option '", argv[i].ptr, argv[i].len,
                        "' is not supported");
       return;
     }
+  }
+  if (user && !credentials_ok(c, user, pass)) {
+    err_wrongpass(o);
+    return;
+  }
+  if (c->ctx->pass_set && !c->cl->authenticated) {
+    out_error(o, "NOAUTH",
+              "HELLO must be called with the client already authenticated, "
+              "otherwise the HELLO <proto> AUTH <user> <pass> option can be "
+              "used to authenticate the client and select the RESP protocol "
+              "version at the same time");
+    return;
   }
   out_array(o, 14);
   out_bulk_str(o, "server");
@@ -339,7 +542,7 @@ static void cmd_hello(const call *c) {
   out_bulk_str(o, "proto");
   out_int(o, 2);
   out_bulk_str(o, "id");
-  out_uint(o, c->client_id);
+  out_uint(o, c->cl->id);
   out_bulk_str(o, "mode");
   out_bulk_str(o, "standalone");
   out_bulk_str(o, "role");
@@ -397,6 +600,20 @@ static void cmd_info(const call *c) {
     info_line(&text, "tollgate_version", tg_version_string());
     info_u64(&text, "process_id", (uint64_t)getpid());
     info_line(&text, "store", ctx->store ? ctx->store : "memory");
+    int reason;
+    unsigned algs;
+    bool degraded = health_degraded(&ctx->health, &reason, &algs);
+    info_line(&text, "store_status", degraded ? "degraded" : "ok");
+    if (degraded) {
+      info_line(&text, "store_last_error", tg_err_name(reason));
+      char list[128] = "";
+      size_t n = 0;
+      for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+        if (algs & (1u << a))
+          n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", n ? "," : "",
+                                tg_algorithm_name((tg_algorithm)a));
+      info_line(&text, "store_degraded_algorithms", n ? list : "all");
+    }
     if (ctx->tcp_port >= 0)
       info_u64(&text, "tcp_port", (uint64_t)ctx->tcp_port);
     if (ctx->unix_path)
@@ -433,6 +650,10 @@ static void cmd_info(const call *c) {
     info_u64(&text, "decisions_allowed", s->allowed);
     info_u64(&text, "decisions_denied", s->denied);
     info_u64(&text, "decisions_degraded", s->degraded);
+    info_u64(&text, "store_lock_waits", s->lock_waits);
+    info_u64(&text, "requests_over_max_period", s->period_refused);
+    info_u64(&text, "requests_over_new_key_budget", s->new_keys_refused);
+    info_u64(&text, "auth_failures", s->auth_failures);
     out_raw(&text, "\r\n", 2);
   }
   if (wants(c, "keyspace")) {
@@ -489,6 +710,15 @@ static const command COMMANDS[] = {
      CMD_KEEP},
     {"tg.reset", -2, 3, {"write", "fast", NULL}, 1, 1, 1, cmd_reset, CMD_KEEP},
     {"ping", -1, 2, {"fast", NULL, NULL}, 0, 0, 0, cmd_ping, CMD_KEEP},
+    {"auth",
+     -2,
+     3,
+     {"noscript", "loading", "fast"},
+     0,
+     0,
+     0,
+     cmd_auth,
+     CMD_KEEP},
     {"echo", 2, 2, {"fast", NULL, NULL}, 0, 0, 0, cmd_echo, CMD_KEEP},
     {"quit", -1, ANY, {"fast", NULL, NULL}, 0, 0, 0, cmd_quit, CMD_CLOSE},
     {"info", -1, ANY, {"loading", NULL, NULL}, 0, 0, 0, cmd_info, CMD_KEEP},
@@ -569,8 +799,9 @@ static void count(cmd_ctx *ctx, const outbuf *out, size_t before) {
     ctx->stats.error_replies++;
 }
 
-/* The TG.HIT request r as a batch item (its quota in *q), when it parses
- * and its algorithm has a limiter; else false (cmd_execute answers it). */
+/* The TG.HIT request r as a batch item (its quota in *q) that this server
+ * would run as it is: it parses, its algorithm has a limiter, its quota is
+ * within --max-period-ms. Else false: cmd_execute answers it. */
 static bool hit_item(const cmd_ctx *ctx, const resp_request *r, tg_quota *q,
                      tg_batch_item *it, tg_algorithm *alg) {
   tg__cmd_arg av[9];
@@ -582,7 +813,9 @@ static bool hit_item(const cmd_ctx *ctx, const resp_request *r, tg_quota *q,
   tg__cmd cmd;
   tg__cmd_error err;
   if (tg__cmd_parse(TG__CMD_HIT, av, r->argc, &cmd, &err) != 0 ||
-      !ctx->lim[cmd.alg])
+      !ctx->lim[cmd.alg] ||
+      (ctx->max_period_ms &&
+       !within_max_period(ctx->max_period_ms, cmd.alg, &cmd.q)))
     return false;
   *q = cmd.q;
   *it = (tg_batch_item){cmd.key, cmd.key_len, q, cmd.arg, 0, {0}};
@@ -611,11 +844,13 @@ static void hit_batch(cmd_ctx *ctx, const resp_request *r, size_t n,
       }
     if (m == 0)
       continue;
-    int rc = tg_hit_batch(ctx->lim[a], sub, m);
+    bool patient;
+    int rc = tg_hit_batch(pick(ctx, (tg_algorithm)a, &patient), sub, m);
     for (size_t k = 0; k < m; k++) {
       it[at[k]] = sub[k];
       if (rc != TG_OK) /* not reached: the items are well-formed */
         it[at[k]].status = rc;
+      store_done(ctx, (tg_algorithm)a, patient, it[at[k]].status);
     }
   }
   for (size_t i = 0; i < n; i++) {
@@ -625,15 +860,20 @@ static void hit_batch(cmd_ctx *ctx, const resp_request *r, size_t n,
   }
 }
 
-cmd_after cmd_execute_batch(cmd_ctx *ctx, const resp_request *reqs, size_t n,
-                            uint64_t now_us, uint64_t client_id, outbuf *out) {
+cmd_after cmd_execute_batch(cmd_ctx *ctx, cmd_session *cl,
+                            const resp_request *reqs, size_t n, uint64_t now_us,
+                            outbuf *out) {
+  /* a new-key budget checks each request with a call of its own, and a
+   * client that has not authenticated gets NOAUTH: one at a time then */
+  bool batch = ctx->store_time && !ctx->new_keys &&
+               !(ctx->pass_set && !cl->authenticated);
   size_t i = 0;
   while (i < n) {
     size_t j = i;
     tg_batch_item it;
     tg_quota q;
     tg_algorithm alg;
-    while (ctx->store_time && j < n && j - i < CMD_BATCH_MAX &&
+    while (batch && j < n && j - i < CMD_BATCH_MAX &&
            hit_item(ctx, &reqs[j], &q, &it, &alg))
       j++;
     if (j - i >= 2) {
@@ -641,20 +881,32 @@ cmd_after cmd_execute_batch(cmd_ctx *ctx, const resp_request *reqs, size_t n,
       i = j;
       continue;
     }
-    if (reqs[i].argc > 0 && cmd_execute(ctx, reqs[i].argv, reqs[i].argc, now_us,
-                                        client_id, out) == CMD_CLOSE)
-      return CMD_CLOSE;
+    if (reqs[i].argc > 0) {
+      cmd_after after =
+          cmd_execute(ctx, cl, reqs[i].argv, reqs[i].argc, now_us, out);
+      if (after == CMD_CLOSE)
+        return CMD_CLOSE;
+      /* AUTH may have let the client in: the rest may batch */
+      batch = ctx->store_time && !ctx->new_keys &&
+              !(ctx->pass_set && !cl->authenticated);
+    }
     i++;
   }
   return CMD_KEEP;
 }
 
-cmd_after cmd_execute(cmd_ctx *ctx, const resp_arg *argv, size_t argc,
-                      uint64_t now_us, uint64_t client_id, outbuf *out) {
+cmd_after cmd_execute(cmd_ctx *ctx, cmd_session *cl, const resp_arg *argv,
+                      size_t argc, uint64_t now_us, outbuf *out) {
   size_t before = out->len;
   cmd_after after = CMD_KEEP;
   const command *cmd = lookup(&argv[0]);
-  if (!cmd) {
+  if (ctx->pass_set && !cl->authenticated &&
+      !(cmd &&
+        (cmd->fn == cmd_auth || cmd->fn == cmd_hello || cmd->fn == cmd_quit))) {
+    /* unknown commands too (Redis names them first): a client without the
+     * password learns nothing of what this server answers */
+    out_error(out, "NOAUTH", "Authentication required.");
+  } else if (!cmd) {
     out_error_quoted(out, "ERR", "unknown command '", argv[0].ptr, argv[0].len,
                      "'");
   } else if ((cmd->arity > 0 && argc != (size_t)cmd->arity) ||
@@ -665,7 +917,7 @@ cmd_after cmd_execute(cmd_ctx *ctx, const resp_arg *argv, size_t argc,
              cmd->name);
     out_error(out, "ERR", msg);
   } else {
-    const call c = {ctx, argv, argc, now_us, client_id, out};
+    const call c = {ctx, cl, argv, argc, now_us, out};
     cmd->fn(&c);
     after = cmd->after;
   }

@@ -10,64 +10,69 @@
  */
 #include "resp.h"
 
+#include <stdbool.h>
 #include <string.h>
 
-/* Parses the decimal digits of p[0..n) into *out. Accepts a leading '-' only
- * for "-1" (a null array). Returns 0, or -1 for anything else: no digits, a
- * sign, a space, or a value above limit (checked as it goes, so no
- * overflow). */
-static int parse_count(const char *p, size_t n, size_t limit, long long *out) {
-  if (n == 2 && p[0] == '-' && p[1] == '1') {
-    *out = -1;
-    return 0;
-  }
-  if (n == 0)
-    return -1;
-  size_t v = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (p[i] < '0' || p[i] > '9')
-      return -1;
-    v = v * 10u + (size_t)(p[i] - '0');
-    if (v > limit)
-      return -2;
-  }
-  *out = (long long)v;
-  return 0;
-}
-
-/* Finds the header line "<c>digits\r\n" at buf[pos..len). On success stores
- * the count and the position after the CRLF. Returns RESP_OK,
- * RESP_INCOMPLETE, or a negative status with req->error set. */
+/* Reads the header line "<c>digits\r\n" at buf[pos..len) (buf[pos] is the
+ * type byte, already checked) byte by byte, so that a line that can no
+ * longer be valid is refused as soon as the byte that proves it arrives: a
+ * byte that is neither a digit nor CR (a bare LF, a space, a sign other than
+ * the '-' of "-1"), a CR not followed by LF, or a line longer than
+ * RESP_MAX_HEADER. Waiting for more bytes is right only while they could
+ * still complete a valid line. A count above `limit` is refused once the line
+ * is whole (RESP_TOO_BIG: a bound, not garbage). "-1" (a null) gives -1.
+ * On success stores the count and the position after the CRLF. Returns
+ * RESP_OK, RESP_INCOMPLETE, or a negative status with req->error set. */
 static resp_status header(const char *buf, size_t len, size_t pos, size_t limit,
                           long long *count, size_t *next, resp_request *req,
                           const char *bad, const char *big) {
-  size_t avail = len - pos;
-  size_t scan = avail < RESP_MAX_HEADER ? avail : RESP_MAX_HEADER;
-  const char *cr = memchr(buf + pos, '\r', scan);
-  if (!cr) {
-    if (avail >= RESP_MAX_HEADER) {
+  size_t v = 0, digits = 0;
+  bool neg = false, over = false;
+  size_t i = pos + 1;
+  for (;; i++) {
+    if (i - pos >= RESP_MAX_HEADER) {
       req->error = bad;
       return RESP_PROTOCOL;
     }
-    return RESP_INCOMPLETE;
+    if (i >= len)
+      return RESP_INCOMPLETE;
+    char ch = buf[i];
+    if (ch == '\r')
+      break;
+    if (ch == '-' && i == pos + 1) {
+      neg = true;
+      continue;
+    }
+    if (ch == '\n') {
+      req->error = "Protocol error: header line ends in LF without CR";
+      return RESP_PROTOCOL;
+    }
+    if (ch < '0' || ch > '9' || (neg && (digits > 0 || ch != '1'))) {
+      req->error = bad;
+      return RESP_PROTOCOL;
+    }
+    digits++;
+    if (!over) {
+      v = v * 10u + (size_t)(ch - '0');
+      over = v > limit;
+    }
   }
-  size_t at = (size_t)(cr - buf);
-  if (at + 1 >= len)
-    return RESP_INCOMPLETE;
-  if (buf[at + 1] != '\n') {
+  if (digits == 0) {
     req->error = bad;
     return RESP_PROTOCOL;
   }
-  int rc = parse_count(buf + pos + 1, at - pos - 1, limit, count);
-  if (rc == -2) {
+  if (i + 1 >= len)
+    return RESP_INCOMPLETE;
+  if (buf[i + 1] != '\n') {
+    req->error = bad;
+    return RESP_PROTOCOL;
+  }
+  if (over) {
     req->error = big;
     return RESP_TOO_BIG;
   }
-  if (rc != 0) {
-    req->error = bad;
-    return RESP_PROTOCOL;
-  }
-  *next = at + 2;
+  *count = neg ? -1 : (long long)v;
+  *next = i + 2;
   return RESP_OK;
 }
 
@@ -107,12 +112,14 @@ static resp_status parse_multibulk(const char *buf, size_t len,
       req->error = "Protocol error: request too long";
       return RESP_TOO_BIG;
     }
-    if (end + 2 > len)
-      return RESP_INCOMPLETE;
-    if (buf[end] != '\r' || buf[end + 1] != '\n') {
+    /* each byte of the CRLF is checked as soon as it is there */
+    if ((end < len && buf[end] != '\r') ||
+        (end + 1 < len && buf[end + 1] != '\n')) {
       req->error = "Protocol error: bulk not followed by CRLF";
       return RESP_PROTOCOL;
     }
+    if (end + 2 > len)
+      return RESP_INCOMPLETE;
     req->argv[req->argc].ptr = buf + data;
     req->argv[req->argc].len = (size_t)blen;
     req->argc++;

@@ -11,6 +11,11 @@
  * Every size is bounded, and a request that would exceed a bound is refused
  * as soon as its header says so, before its bytes arrive: a client cannot
  * make the server buffer more than RESP_MAX_REQUEST bytes for one request.
+ * Likewise a multibulk frame is refused as soon as a byte arrives that no
+ * continuation could make valid (a header line ending in a bare LF, a
+ * non-digit in a count, a payload not followed by CR LF): the client learns
+ * why at once instead of waiting for bytes that will never come. Inline
+ * lines may end in a bare LF.
  */
 #ifndef TG_TOOLS_RESP_H
 #define TG_TOOLS_RESP_H

@@ -20,7 +20,15 @@
  * oversized request gets a protocol error and the connection is closed; a
  * request that stays incomplete for request_timeout_ms (slow loris) and a
  * connection idle for idle_timeout_ms are closed by a sweep that runs a few
- * times a second. No client can make the loop wait: nothing blocks.
+ * times a second. No client can make the loop wait: no socket blocks, and
+ * the one wait left, for the store, is bounded and skipped once the store is
+ * known to be stuck (see serve.c).
+ *
+ * Each connection carries what the commands need to know about it (its id,
+ * whether it has authenticated, who it is for the per-client budget: the
+ * peer address, or for the unix socket the peer's uid). The unix socket is
+ * never taken from a live server, and removed on exit only while it is
+ * still this server's own (by device and inode).
  */
 #include "server.h"
 
@@ -46,6 +54,7 @@
 #define ACCEPTS_PER_TURN 256
 #define IN_MIN_CAP 4096u
 #define SWEEP_MAX_MS 1000u
+#define MAX_TCP 8 /* addresses one --bind name may give */
 
 enum { ITEM_LISTENER, ITEM_CONN, ITEM_SIGNAL };
 
@@ -57,7 +66,7 @@ typedef struct item {
 
 typedef struct conn {
   item it;
-  uint64_t id;               /* CLIENT ID / HELLO's id */
+  cmd_session cl;            /* id, authentication, identity */
   char *in;                  /* unparsed bytes, NULL when there are none */
   size_t in_len, in_cap;     /* bytes held / allocated */
   outbuf out;                /* replies not yet sent, from out_sent on */
@@ -76,7 +85,12 @@ typedef struct server {
   const server_config *cfg;
   cmd_ctx *ctx;
   int ep;
-  item tcp, unix_sock, sig;
+  item tcp[MAX_TCP], unix_sock, sig;
+  int ntcp;
+  char tcp_addr[MAX_TCP][INET6_ADDRSTRLEN]; /* numeric, for the log */
+  bool unix_ours; /* unix_path is the socket this server bound, whose */
+  dev_t unix_dev; /* device and inode say so: only then is it removed */
+  ino_t unix_ino;
   int sig_write_fd;
   int spare_fd; /* kept open to refuse a connection when out of fds */
   conn *conns;
@@ -107,6 +121,12 @@ static void on_signal(int sig) {
 
 /* ---- small helpers ---- */
 
+static const char *policy_name(tg_policy p) {
+  return p == TG_POLICY_FAIL_CLOSED ? "closed"
+         : p == TG_POLICY_ERROR     ? "error"
+                                    : "open";
+}
+
 static uint64_t clock_us(clockid_t id) {
   struct timespec ts;
   clock_gettime(id, &ts);
@@ -116,6 +136,7 @@ static uint64_t clock_us(clockid_t id) {
 static void read_clocks(server *s) {
   s->now_us = clock_us(CLOCK_REALTIME);
   s->now_ms = clock_us(CLOCK_MONOTONIC) / 1000u;
+  s->ctx->mono_ms = s->now_ms;
 }
 
 static int set_nonblocking(int fd) {
@@ -193,7 +214,7 @@ static size_t run_requests(server *s, conn *c, const char *buf, size_t len,
     }
     if (n > 0) {
       pos += used;
-      if (cmd_execute_batch(s->ctx, s->req, n, s->now_us, c->id, o) ==
+      if (cmd_execute_batch(s->ctx, &c->cl, s->req, n, s->now_us, o) ==
           CMD_CLOSE)
         c->closing = true;
       continue; /* what stopped the batch is looked at again */
@@ -398,6 +419,47 @@ static void refuse(int fd) {
   close(fd);
 }
 
+/* Who the peer of fd is, for the new-key budget (see cmd_session.who). */
+static void identify(conn *c, bool unix_sock) {
+  cmd_session *cl = &c->cl;
+  cl->who_len = 0;
+  if (unix_sock) {
+#ifndef SO_PEERCRED
+#error "SO_PEERCRED is needed to tell unix-socket clients apart"
+#endif
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(c->it.fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      uint32_t uid = (uint32_t)cred.uid;
+      cl->who[0] = 'u';
+      memcpy(cl->who + 1, &uid, sizeof uid);
+      cl->who_len = 1 + sizeof uid;
+    }
+    return;
+  }
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  if (getpeername(c->it.fd, (struct sockaddr *)&ss, &len) != 0)
+    return;
+  if (ss.ss_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)&ss;
+    cl->who[0] = '4';
+    memcpy(cl->who + 1, &in->sin_addr, 4);
+    cl->who_len = 5;
+  } else if (ss.ss_family == AF_INET6) {
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&ss;
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+      cl->who[0] = '4';
+      memcpy(cl->who + 1, in6->sin6_addr.s6_addr + 12, 4);
+      cl->who_len = 5;
+    } else {
+      cl->who[0] = '6';
+      memcpy(cl->who + 1, &in6->sin6_addr, 16);
+      cl->who_len = 17;
+    }
+  }
+}
+
 static void on_accept(server *s, item *l) {
   for (int i = 0; i < ACCEPTS_PER_TURN; i++) {
     int fd = accept(l->fd, NULL, NULL);
@@ -429,13 +491,17 @@ static void on_accept(server *s, item *l) {
       s->ctx->stats.connections_rejected++;
       continue;
     }
-    if (l == &s->tcp) {
+    bool unix_sock = l == &s->unix_sock;
+    if (!unix_sock) {
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     }
     c->it.kind = ITEM_CONN;
     c->it.fd = fd;
-    c->id = ++s->next_id;
+    c->cl.id = ++s->next_id;
+    c->cl.authenticated = !s->ctx->pass_set;
+    if (s->ctx->new_keys)
+      identify(c, unix_sock);
     c->last_active_ms = s->now_ms;
     c->events = EPOLLIN;
     if (watch(s, &c->it, EPOLLIN, EPOLL_CTL_ADD) != 0) {
@@ -491,15 +557,31 @@ static void close_listener(server *s, item *l) {
   l->fd = -1;
 }
 
+/* Removes the unix socket's name if it is still the socket this server
+ * bound: another server may have replaced a name it found stale, or an
+ * operator moved ours away, and what is not ours is not ours to delete. */
+static void unlink_own_socket(server *s) {
+  struct stat st;
+  if (s->unix_ours && lstat(s->cfg->unix_path, &st) == 0 &&
+      S_ISSOCK(st.st_mode) && st.st_dev == s->unix_dev &&
+      st.st_ino == s->unix_ino)
+    unlink(s->cfg->unix_path);
+  s->unix_ours = false;
+}
+
+static void close_listeners(server *s) {
+  for (int i = 0; i < s->ntcp; i++)
+    close_listener(s, &s->tcp[i]);
+  close_listener(s, &s->unix_sock);
+  unlink_own_socket(s);
+}
+
 /* Stops accepting and reading; replies already computed go on being sent
  * until they are or the grace period ends. */
 static void begin_shutdown(server *s) {
   s->shutting_down = true;
   s->shutdown_deadline_ms = s->now_ms + s->cfg->shutdown_grace_ms;
-  close_listener(s, &s->tcp);
-  close_listener(s, &s->unix_sock);
-  if (s->cfg->unix_path)
-    unlink(s->cfg->unix_path);
+  close_listeners(s);
   conn *next;
   for (conn *c = s->conns; c; c = next) {
     next = c->next;
@@ -510,6 +592,52 @@ static void begin_shutdown(server *s) {
 
 /* ---- listening ---- */
 
+/* Whether a socket address is on the loopback network (127.0.0.0/8, ::1, or
+ * 127.x mapped into IPv6): only this host can reach it. */
+static bool is_loopback(const struct sockaddr *sa) {
+  if (sa->sa_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)sa;
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (sa->sa_family == AF_INET6) {
+    const struct in6_addr *a =
+        &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) ||
+           (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+  }
+  return false;
+}
+
+static void set_port(struct sockaddr *sa, int port) {
+  if (sa->sa_family == AF_INET)
+    ((struct sockaddr_in *)(void *)sa)->sin_port = htons((uint16_t)port);
+  else if (sa->sa_family == AF_INET6)
+    ((struct sockaddr_in6 *)(void *)sa)->sin6_port = htons((uint16_t)port);
+}
+
+/* Listens on one address; returns the fd or -1 (errno set). */
+static int listen_one(const struct addrinfo *ai, bool v6only) {
+  int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+  if (fd < 0)
+    return -1;
+  int one = 1;
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      (v6only && ai->ai_family == AF_INET6 &&
+       setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) != 0) ||
+      bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 ||
+      listen(fd, SOMAXCONN) != 0 || set_nonblocking(fd) != 0) {
+    int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
+/* Listens on every address --bind gives: a numeric address is one, a host
+ * name may resolve to several (localhost: 127.0.0.1 and ::1), all on one
+ * port (with --port 0, the one the first got). An address of a family this
+ * host lacks is skipped, unless none is left. */
 static int listen_tcp(server *s) {
   const server_config *cfg = s->cfg;
   char port[16];
@@ -517,38 +645,111 @@ static int listen_tcp(server *s) {
   struct addrinfo hints = {0}, *res = NULL;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   int rc = getaddrinfo(cfg->bind_addr, port, &hints, &res);
   if (rc != 0) {
-    fprintf(stderr, "tollgate serve: bad address '%s': %s\n", cfg->bind_addr,
-            gai_strerror(rc));
+    fprintf(stderr,
+            "tollgate serve: --bind '%s': %s; it wants an address "
+            "(127.0.0.1, ::1, 0.0.0.0, ::) or a host name that resolves to "
+            "one\n",
+            cfg->bind_addr, gai_strerror(rc));
     return -1;
   }
-  int fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
-  int one = 1;
-  if (fd < 0 ||
-      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-      bind(fd, res->ai_addr, res->ai_addrlen) != 0 ||
-      listen(fd, SOMAXCONN) != 0 || set_nonblocking(fd) != 0) {
-    fprintf(stderr, "tollgate serve: cannot listen on %s port %d: %s\n",
-            cfg->bind_addr, cfg->port, strerror(errno));
-    if (fd >= 0)
-      close(fd);
-    freeaddrinfo(res);
-    return -1;
+  /* two addresses: each IPv6 socket keeps to IPv6, so "::" cannot take
+   * the IPv4 port the other one wants */
+  bool v6only = res->ai_next != NULL;
+  int bound_port = cfg->port;
+  bool exposed = false;
+  for (struct addrinfo *ai = res; ai && s->ntcp < MAX_TCP; ai = ai->ai_next) {
+    char text[INET6_ADDRSTRLEN];
+    if (getnameinfo(ai->ai_addr, ai->ai_addrlen, text, sizeof text, NULL, 0,
+                    NI_NUMERICHOST) != 0)
+      snprintf(text, sizeof text, "?");
+    bool dup = false;
+    for (int i = 0; i < s->ntcp; i++)
+      dup |= strcmp(s->tcp_addr[i], text) == 0;
+    if (dup)
+      continue;
+    set_port(ai->ai_addr, bound_port);
+    int fd = listen_one(ai, v6only);
+    if (fd < 0) {
+      int err = errno;
+      if ((err == EADDRNOTAVAIL || err == EAFNOSUPPORT) &&
+          (ai->ai_next || s->ntcp > 0)) {
+        fprintf(stderr, "tollgate serve: note: not listening on %s: %s\n", text,
+                strerror(err));
+        continue;
+      }
+      fprintf(stderr, "tollgate serve: cannot listen on %s port %d: %s\n", text,
+              bound_port, strerror(err));
+      freeaddrinfo(res);
+      return -1;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+      bound_port = ntohs(ss.ss_family == AF_INET6
+                             ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                             : ((struct sockaddr_in *)&ss)->sin_port);
+    exposed |= !is_loopback(ai->ai_addr);
+    item *l = &s->tcp[s->ntcp];
+    l->kind = ITEM_LISTENER;
+    l->fd = fd;
+    snprintf(s->tcp_addr[s->ntcp], sizeof s->tcp_addr[0], "%s", text);
+    s->ntcp++;
+    if (watch(s, l, EPOLLIN, EPOLL_CTL_ADD) != 0) {
+      freeaddrinfo(res);
+      return -1;
+    }
   }
   freeaddrinfo(res);
-  struct sockaddr_storage ss;
-  socklen_t sl = sizeof ss;
-  if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
-    s->ctx->tcp_port =
-        ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                       : ((struct sockaddr_in *)&ss)->sin_port);
-  s->tcp.kind = ITEM_LISTENER;
-  s->tcp.fd = fd;
-  return watch(s, &s->tcp, EPOLLIN, EPOLL_CTL_ADD);
+  if (s->ntcp == 0) {
+    fprintf(stderr, "tollgate serve: --bind '%s': no address to listen on\n",
+            cfg->bind_addr);
+    return -1;
+  }
+  s->ctx->tcp_port = bound_port;
+  if (exposed)
+    fprintf(stderr,
+            "tollgate serve: warning: --bind %s is reachable from other "
+            "hosts. %s\n",
+            cfg->bind_addr,
+            s->ctx->pass_set
+                ? "Clients must AUTH, but the traffic, the password "
+                  "included, is not encrypted: keep it on a network you "
+                  "trust."
+                : "Anyone who can connect can spend, change and reset every "
+                  "limit: set a password (TOLLGATE_REQUIREPASS) and "
+                  "firewall the port.");
+  return 0;
 }
 
+/* Whether a server answers on the unix socket at sa: 1 yes (or it is too
+ * busy to take one more connection), 0 no (a stale socket), -1 cannot tell
+ * (errno set). */
+static int unix_live(const struct sockaddr_un *sa) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  int rc = connect(fd, (const struct sockaddr *)sa, sizeof *sa);
+  int err = errno;
+  close(fd);
+  if (rc == 0 || err == EAGAIN)
+    return 1;
+  if (err == ECONNREFUSED || err == ENOENT)
+    return 0;
+  errno = err;
+  return -1;
+}
+
+/* Listens on --unix PATH. A socket already there is probed first: if a
+ * server answers, this one refuses to start ("address in use") rather than
+ * take the name over; a socket nobody answers on is stale and replaced (only
+ * if it is still the file probed). Anything else at PATH is left alone. The
+ * socket is born with cfg->unix_mode exactly: the umask is set for the
+ * bind() to give that mode, and put back, so neither the inherited umask nor
+ * a chmod after the fact (a window in which the name could be swapped) is
+ * involved. */
 static int listen_unix(server *s) {
   const char *path = s->cfg->unix_path;
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -558,15 +759,64 @@ static int listen_unix(server *s) {
   }
   memcpy(sa.sun_path, path, strlen(path) + 1);
   struct stat st;
-  if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
-    unlink(path); /* a socket left by a server that died */
+  if (lstat(path, &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      fprintf(stderr,
+              "tollgate serve: %s exists and is not a socket: not replacing "
+              "it\n",
+              path);
+      return -1;
+    }
+    int live = unix_live(&sa);
+    if (live != 0) {
+      if (live > 0)
+        fprintf(stderr,
+                "tollgate serve: %s: address in use (a server answers "
+                "there)\n",
+                path);
+      else
+        fprintf(stderr,
+                "tollgate serve: %s: cannot tell whether a server answers "
+                "there (%s): not replacing it\n",
+                path, strerror(errno));
+      return -1;
+    }
+    struct stat again;
+    if (lstat(path, &again) == 0 && again.st_dev == st.st_dev &&
+        again.st_ino == st.st_ino)
+      unlink(path); /* stale: left by a server that died */
+  }
   int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-      listen(fd, SOMAXCONN) != 0 || set_nonblocking(fd) != 0) {
+  if (fd < 0) {
+    fprintf(stderr, "tollgate serve: socket: %s\n", strerror(errno));
+    return -1;
+  }
+  mode_t old = umask((mode_t)(0777u & ~s->cfg->unix_mode));
+  int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+  int err = errno;
+  umask(old);
+  if (rc != 0) {
     fprintf(stderr, "tollgate serve: cannot listen on %s: %s\n", path,
-            strerror(errno));
-    if (fd >= 0)
-      close(fd);
+            err == EADDRINUSE ? "address in use" : strerror(err));
+    close(fd);
+    return -1;
+  }
+  if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+    s->unix_ours = true;
+    s->unix_dev = st.st_dev;
+    s->unix_ino = st.st_ino;
+  }
+  const char *why = NULL;
+  if (!s->unix_ours)
+    why = "the socket vanished";
+  else if ((st.st_mode & 0777u) != s->cfg->unix_mode)
+    why = "the socket did not get the mode --unix-mode asks for";
+  else if (listen(fd, SOMAXCONN) != 0 || set_nonblocking(fd) != 0)
+    why = strerror(errno);
+  if (why) {
+    fprintf(stderr, "tollgate serve: cannot listen on %s: %s\n", path, why);
+    close(fd);
+    unlink_own_socket(s);
     return -1;
   }
   s->unix_sock.kind = ITEM_LISTENER;
@@ -631,11 +881,7 @@ static int setup(server *s) {
 static void teardown(server *s) {
   while (s->conns)
     conn_close(s, s->conns, false);
-  bool had_unix = s->unix_sock.fd >= 0;
-  close_listener(s, &s->tcp);
-  close_listener(s, &s->unix_sock);
-  if (had_unix)
-    unlink(s->cfg->unix_path);
+  close_listeners(s);
   signal_fd = -1;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
@@ -658,7 +904,9 @@ static void teardown(server *s) {
 int server_run(const server_config *cfg, cmd_ctx *ctx) {
   server s = {
       .cfg = cfg, .ctx = ctx, .ep = -1, .sig_write_fd = -1, .spare_fd = -1};
-  s.tcp.fd = s.unix_sock.fd = s.sig.fd = -1;
+  for (int i = 0; i < MAX_TCP; i++)
+    s.tcp[i].fd = -1;
+  s.unix_sock.fd = s.sig.fd = -1;
   ctx->tcp_port = -1;
   ctx->unix_path = cfg->unix_path;
   ctx->max_clients = cfg->max_clients;
@@ -668,8 +916,8 @@ int server_run(const server_config *cfg, cmd_ctx *ctx) {
     teardown(&s);
     return 1;
   }
-  if (s.tcp.fd >= 0)
-    printf("tollgate serve: listening on %s port %d\n", cfg->bind_addr,
+  for (int i = 0; i < s.ntcp; i++)
+    printf("tollgate serve: listening on %s port %d\n", s.tcp_addr[i],
            ctx->tcp_port);
   if (s.unix_sock.fd >= 0)
     printf("tollgate serve: listening on unix socket %s\n", cfg->unix_path);
@@ -715,6 +963,8 @@ int server_run(const server_config *cfg, cmd_ctx *ctx) {
       sweep(&s);
       next_sweep = s.now_ms + iv;
     }
+    health_log(&ctx->health, s.now_ms, stderr, ctx->store,
+               policy_name(ctx->policy), ctx->capacity);
     if (s.shutting_down && s.now_ms >= s.shutdown_deadline_ms)
       while (s.conns)
         conn_close(&s, s.conns, false);

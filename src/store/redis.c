@@ -19,11 +19,20 @@
  * Connections come from a pool of pool_size, each guarded by a mutex: a call
  * takes a free one (or waits for one), opens it if needed (AUTH, SELECT,
  * COMMAND INFO TG.STEP, else SCRIPT LOAD), sends the call and reads the
- * reply. A connection that fails is
- * closed and reopened by the next call that takes it; a failed reopen makes
- * that connection refuse calls (TG_ECONNECT) for reconnect_backoff_ms, so a
- * dead server costs a caller at most one connect timeout per backoff period
- * and connection, not one per call.
+ * reply. A connection that fails is closed and reopened by the next call
+ * that takes it.
+ *
+ * Health is the pool's, not each connection's: a server that does not answer
+ * (a timeout) or cannot be connected to makes the whole pool "down" for
+ * reconnect_backoff_ms. Meanwhile every call returns that failure's code at
+ * once, without touching a socket; when the backoff has passed, one call (the
+ * probe) tries the server while the others go on failing fast, and its
+ * outcome decides: up again, or down for another backoff. A stopped server
+ * therefore costs the whole process one timeout per backoff period, not one
+ * per call (a single-threaded server would otherwise stall on every
+ * request) nor one per connection. A connection the server merely closed
+ * (EOF: a restart, CLIENT KILL, an idle timeout) does not make the pool down:
+ * the next call reconnects, and only if that fails is the pool down.
  */
 #include "redis_script.h"
 #include "redis_value.h"
@@ -55,14 +64,13 @@ static const char SUFFIX[TG_ALGORITHM_COUNT][3] = {"fw", "pk", "sw", "tb",
                                                    "lb"};
 
 typedef struct conn {
-  pthread_mutex_t mu;   /* held by the one thread using the connection */
-  redisContext *ctx;    /* NULL: closed (never opened, or failed) */
-  pid_t pid;            /* the process that opened ctx: a child of fork()
-                           must not share the parent's socket */
-  uint64_t retry_at_ms; /* CLOCK_MONOTONIC ms before which it is not reopened */
-  bool module;          /* the server has the tollgate module: calls are
-                           TG.STEP commands, not the script */
-  char sha[41];         /* the script's SHA1, as SCRIPT LOAD answered it */
+  pthread_mutex_t mu; /* held by the one thread using the connection */
+  redisContext *ctx;  /* NULL: closed (never opened, or failed) */
+  pid_t pid;          /* the process that opened ctx: a child of fork()
+                         must not share the parent's socket */
+  bool module;        /* the server has the tollgate module: calls are
+                         TG.STEP commands, not the script */
+  char sha[41];       /* the script's SHA1, as SCRIPT LOAD answered it */
 } conn;
 
 typedef struct redis_store {
@@ -74,6 +82,10 @@ typedef struct redis_store {
   int port, db;
   uint32_t connect_timeout_ms, command_timeout_ms, backoff_ms;
   uint64_t next; /* round-robin start for picking a connection (atomic) */
+  /* The pool's health (see the top of the file), all atomic: */
+  uint64_t down_until_ms; /* CLOCK_MONOTONIC ms; 0: up */
+  uint64_t down_rc;       /* -(the code calls get while down) */
+  uint64_t probing;       /* 1 while one call is trying a down server */
   size_t nconns;
   conn conns[]; /* nconns of them */
 } redis_store;
@@ -514,13 +526,11 @@ static int conn_open(const redis_store *s, conn *k) {
     /* opened before a fork(): the socket is shared with the other process,
      * whose replies this one could read. Close our copy and open anew. */
     conn_close(k);
-    k->retry_at_ms = 0;
   }
   if (k->ctx)
     return TG_OK;
-  if (mono_ms() < k->retry_at_ms)
-    return TG_ECONNECT;
   redisContext *ctx;
+  errno = 0;
   if (s->unix_path)
     ctx = s->connect_timeout_ms
               ? redisConnectUnixWithTimeout(s->unix_path,
@@ -535,46 +545,80 @@ static int conn_open(const redis_store *s, conn *k) {
   if (!ctx) {
     rc = TG_ENOMEM;
   } else if (ctx->err) {
-    rc = TG_ECONNECT;
+    /* hiredis reports a connect timeout as an I/O error with ETIMEDOUT or
+     * EINPROGRESS in errno */
+    int err = errno;
+    rc = ctx->err == REDIS_ERR_IO && (err == ETIMEDOUT || err == EINPROGRESS)
+             ? TG_ETIMEDOUT
+             : TG_ECONNECT;
     redisFree(ctx);
   } else {
     k->ctx = ctx;
     k->pid = pid;
     rc = handshake(s, k);
   }
-  if (rc != TG_OK) {
+  if (rc != TG_OK)
     conn_close(k);
-    k->retry_at_ms = mono_ms() + s->backoff_ms;
-  }
   return rc;
 }
 
-/* Takes a connection: the first free one from a rotating start that is
- * open or may be opened now (not resting after a failed connect), else any
- * free one, else waits for the one at the start. Returns it locked. */
+/* Takes a connection: the first free one from a rotating start, else
+ * waits for the one at the start. Returns it locked. */
 static conn *acquire(redis_store *s) {
   size_t start = (size_t)(tg__fetch_add(&s->next, 1) % s->nconns);
-  uint64_t now = mono_ms();
-  conn *resting = NULL; /* a free one in backoff, kept locked */
   for (size_t i = 0; i < s->nconns; i++) {
     conn *k = &s->conns[(start + i) % s->nconns];
-    if (pthread_mutex_trylock(&k->mu) != 0)
-      continue;
-    if (k->ctx || now >= k->retry_at_ms) {
-      if (resting)
-        pthread_mutex_unlock(&resting->mu);
+    if (pthread_mutex_trylock(&k->mu) == 0)
       return k;
-    }
-    if (resting)
-      pthread_mutex_unlock(&k->mu);
-    else
-      resting = k;
   }
-  if (resting)
-    return resting;
   conn *k = &s->conns[start];
   pthread_mutex_lock(&k->mu);
   return k;
+}
+
+/* ---- the pool's health ---- */
+
+/* Whether a call may use the server now. Returns TG_OK (and sets *probe when
+ * this call is the one trying a down server), or the code of the failure
+ * that made the pool down: the call must then touch no socket. */
+static int gate(redis_store *s, bool *probe) {
+  *probe = false;
+  uint64_t until = tg__load_acquire(&s->down_until_ms);
+  if (until == 0)
+    return TG_OK;
+  int down = -(int)tg__load_relaxed(&s->down_rc);
+  if (mono_ms() < until)
+    return down;
+  uint64_t idle = 0;
+  if (!tg__cas64(&s->probing, &idle, 1))
+    return down; /* another call is probing: do not pile up behind it */
+  /* A probe that ended between the load above and the claim has set a new
+   * backoff (settle() writes it before it lets go of `probing`): honour it. */
+  until = tg__load_acquire(&s->down_until_ms);
+  if (until != 0 && mono_ms() < until) {
+    tg__store_release(&s->probing, 0);
+    return -(int)tg__load_relaxed(&s->down_rc);
+  }
+  *probe = true;
+  return TG_OK;
+}
+
+/* Records how a call that used the server went. `open_failed`: the
+ * connection could not be opened (refused, timed out, or its handshake
+ * failed); a timeout anywhere means the server does not answer. Either makes
+ * the pool down. An answer, even an error reply, means the server is there:
+ * the pool is up. A connection the server closed (TG_ECONNECT from a command)
+ * proves neither: the next call reconnects and finds out. */
+static void settle(redis_store *s, int rc, bool open_failed, bool probe) {
+  if (open_failed || rc == TG_ETIMEDOUT) {
+    uint64_t until = mono_ms() + s->backoff_ms;
+    tg__store_relaxed(&s->down_rc, (uint64_t)-rc);
+    tg__store_release(&s->down_until_ms, until ? until : 1);
+  } else if (rc != TG_ECONNECT && tg__load_relaxed(&s->down_until_ms) != 0) {
+    tg__store_release(&s->down_until_ms, 0);
+  }
+  if (probe)
+    tg__store_release(&s->probing, 0);
 }
 
 /* Sends call c and reads its reply; once more if it did not run (see
@@ -608,12 +652,18 @@ static int eval(const redis_store *s, conn *k, const tg__call *c,
 
 static int redis_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
   redis_store *s = (redis_store *)base;
+  bool probe;
+  int rc = gate(s, &probe);
+  if (rc != TG_OK)
+    return rc;
   conn *k = acquire(s);
   redisReply *r = NULL;
-  int rc = conn_open(s, k);
+  rc = conn_open(s, k);
+  bool open_failed = rc != TG_OK;
   if (rc == TG_OK)
     rc = eval(s, k, c, &r);
   pthread_mutex_unlock(&k->mu);
+  settle(s, rc, open_failed, probe);
   if (rc == TG_OK) {
     rc = outcome(c, r, o);
     freeReplyObject(r);
@@ -688,18 +738,27 @@ static void batch_chunk(redis_store *s, const tg__call *calls, size_t m,
       rc[i] = TG_ENOMEM;
     goto out;
   }
+  bool probe;
+  int orc = gate(s, &probe);
+  if (orc != TG_OK) {
+    for (size_t i = 0; i < m; i++)
+      rc[i] = orc;
+    goto out;
+  }
   for (size_t i = 0; i < m; i++) {
     idx[i] = i;
     rc[i] = TG_OK;
   }
   conn *k = acquire(s);
-  int orc = conn_open(s, k);
+  orc = conn_open(s, k);
+  bool open_failed = orc != TG_OK;
+  int failed = orc; /* the connection's failure, if any: for settle() */
   if (orc != TG_OK) {
     for (size_t i = 0; i < m; i++)
       rc[i] = orc;
   } else {
     size_t nretry = 0;
-    int failed = pipeline(s, k, calls, a, idx, m, replies, rc, retry, &nretry);
+    failed = pipeline(s, k, calls, a, idx, m, replies, rc, retry, &nretry);
     if (nretry > 0) {
       /* those calls did not run (NOSCRIPT, or the module is gone): fix the
        * connection and send them once more, after the rest (idx[] is free
@@ -714,10 +773,12 @@ static void batch_chunk(redis_store *s, const tg__call *calls, size_t m,
       } else {
         for (size_t i = 0; i < nretry; i++)
           rc[retry[i]] = orc;
+        failed = orc;
       }
     }
   }
   pthread_mutex_unlock(&k->mu);
+  settle(s, failed, open_failed, probe);
   for (size_t i = 0; i < m; i++) {
     if (replies[i]) {
       if (rc[i] == TG_OK)
@@ -747,10 +808,15 @@ static void redis_exec_batch(tg__store *base, const tg__call *calls, size_t n,
 
 static int redis_reset(tg__store *base, const void *key, size_t key_len) {
   redis_store *s = (redis_store *)base;
+  bool probe;
+  int rc = gate(s, &probe);
+  if (rc != TG_OK)
+    return rc;
   char name[NAME_MAX_BYTES];
   size_t name_len = make_name(s, name, key, key_len);
   conn *k = acquire(s);
-  int rc = conn_open(s, k);
+  rc = conn_open(s, k);
+  bool open_failed = rc != TG_OK;
   redisReply *r = NULL;
   if (rc == TG_OK) {
     const char *argv[] = {"DEL", name};
@@ -758,6 +824,7 @@ static int redis_reset(tg__store *base, const void *key, size_t key_len) {
     rc = command(k, 2, argv, len, &r);
   }
   pthread_mutex_unlock(&k->mu);
+  settle(s, rc, open_failed, probe);
   if (rc == TG_OK) {
     if (r->type == REDIS_REPLY_ERROR)
       rc = reply_error(r);

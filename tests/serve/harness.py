@@ -1,8 +1,10 @@
 """harness.py - starts `tollgate serve` for the Python tests and always
 stops it.
 
-Server(tollgate, *options) starts `tollgate serve --port 0 OPTIONS` and
-waits (up to 60 s) for its ready line, from which it reads the port. stop()
+Server(tollgate, *options, env=None, preexec_fn=None) starts `tollgate
+serve --port 0 OPTIONS` (with that environment, and preexec_fn run in the
+child first) and waits (up to 60 s) for its ready line, from which it reads
+the port. stop()
 sends SIGTERM and requires exit status 0 within 60 s (under the sanitizers:
 no leak, no report). Every server still running at exit is killed, so a
 failing test never leaves one behind.
@@ -29,11 +31,12 @@ def _kill_all():
 
 
 class Server:
-    def __init__(self, tollgate, *options):
+    def __init__(self, tollgate, *options, env=None, preexec_fn=None):
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [tollgate, "serve", "--port", "0", *options],
-            stdout=subprocess.PIPE, stderr=self.log)
+            stdout=subprocess.PIPE, stderr=self.log, env=env,
+            preexec_fn=preexec_fn)
         _running.append(self.proc)
         self.port = None
         out = b""

@@ -142,6 +142,18 @@ check "serve: a bad port is bad usage" \
   eq "$(status "$TOLLGATE" serve --port 70000)" "2"
 check "serve: a bad --shm name is bad usage" \
   eq "$(status "$TOLLGATE" serve --shm noslash)" "2"
+for bad in "--max-new-keys-per-client 10" "--max-new-keys-per-client 0/1000" \
+  "--max-new-keys-per-client 10/x" "--max-period-ms 0" "--lock-timeout-ms x" \
+  "--redis-timeout-ms 0" "--backoff-ms -1" "--sliding-max-entries 0"; do
+  # shellcheck disable=SC2086 # the option and its value are two words
+  check "serve: $bad is bad usage" eq "$(status "$TOLLGATE" serve $bad)" "2"
+done
+help=$("$TOLLGATE" serve --help)
+for opt in --requirepass --unix-mode --lock-timeout-ms --redis-timeout-ms \
+  --backoff-ms --require-store --max-period-ms --max-new-keys-per-client \
+  --sliding-max-entries --capacity; do
+  check "serve --help documents $opt" has "$help" "^  $opt "
+done
 start_server
 in_use=$(status "$TOLLGATE" serve --port "$PORT")
 stop_server

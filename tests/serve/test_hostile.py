@@ -120,7 +120,14 @@ class Hostile(unittest.TestCase):
                 (b"*1\r\n+PING\r\n", b"expected '$'"),
                 (b"*1\r\n$-1\r\n", b"invalid bulk length"),
                 (b"*1\r\n$4\r\nPINGPONG\r\n", b"bulk not followed by CRLF"),
-                (b"*1" + b"1" * 40, b"invalid multibulk length")]:
+                (b"*1" + b"1" * 40, b"invalid multibulk length"),
+                # bare LF framing: answered at once, not after the request
+                # timeout (the old behaviour: close without a word)
+                (b"*1\n$4\nPING\n", b"header line ends in LF without CR"),
+                (b"*1\r\n$4\nPING\r\n",
+                 b"header line ends in LF without CR"),
+                (b"*1\r\n$4\r\nPING\n", b"bulk not followed by CRLF"),
+                (b"*2\r\n$4\r\nECHO\r\n$1x", b"invalid bulk length")]:
             with self.subTest(payload=payload):
                 self.closed_with(payload, error)
 

@@ -2,7 +2,8 @@
 # test_redis_cli.sh - `tollgate serve` driven by redis-cli and
 # redis-benchmark, Redis's own clients: decisions, errors, INFO, pipelining
 # (redis-cli --pipe), concurrent clients on one key, the unix socket, the
-# shared-memory store across two servers, and a clean stop on SIGTERM.
+# shared-memory store across two servers, a password (redis-cli -a), and a
+# clean stop on SIGTERM.
 #
 # usage: test_redis_cli.sh PATH/TO/tollgate
 TOLLGATE=${1:?usage: $0 PATH/TO/tollgate}
@@ -110,5 +111,24 @@ check "shm: INFO names the store" \
   has "$(rc INFO server | tr -d '\r')" "^store:shm:$shm"
 stop_server
 SERVER_PID=$pid_a SERVER_LOG=$log_a
+stop_server
+
+# a password (from the environment, so it is not in ps): redis-cli -a
+TOLLGATE_REQUIREPASS='s3cret pw' start_server
+check "requirepass: without AUTH, NOAUTH" \
+  has "$(rc PING 2>&1)" "^NOAUTH Authentication required"
+check "requirepass: TG.HIT without AUTH, NOAUTH" \
+  has "$(rc TG.HIT k fixed_window 1 $H 2>&1)" "^NOAUTH"
+check "requirepass: redis-cli -a" \
+  eq "$(rc -a 's3cret pw' --no-auth-warning PING)" "PONG"
+check "requirepass: redis-cli --user default --pass" \
+  eq "$(rc --user default --pass 's3cret pw' --no-auth-warning PING)" "PONG"
+check "requirepass: a decision once authenticated" \
+  has "$(rc -a 's3cret pw' --no-auth-warning TG.HIT k fixed_window 1 $H | tr '\n' ' ')" "^1 1 0 "
+check "requirepass: a wrong password is WRONGPASS" \
+  has "$(rc -a nope --no-auth-warning PING 2>&1)" "WRONGPASS"
+check "requirepass: redis-benchmark -a" \
+  has "$(redis-benchmark -p "$PORT" -a 's3cret pw' -n 200 -q PING 2>&1 | tr '\r' '\n')" \
+  "per second"
 stop_server
 finish
