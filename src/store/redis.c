@@ -460,10 +460,12 @@ static int load_script(conn *k) {
 static int detect_module(conn *k) {
   const char *argv[] = {"COMMAND", "INFO", "TG.STEP"};
   size_t len[] = {7, 4, 7};
-  redisReply *r;
+  redisReply *r = NULL;
   int rc = command(k, 3, argv, len, &r);
   if (rc != TG_OK)
     return rc;
+  if (!r)
+    return TG_ESTORE; /* not reached: command() answers OK with a reply */
   k->module = r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
               r->element[0]->type == REDIS_REPLY_ARRAY;
   freeReplyObject(r);
