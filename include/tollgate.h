@@ -343,8 +343,21 @@ typedef struct tg_custom_store {
  * the tag. Keys are binary-safe (NUL, "{" and "}" included).
  *
  * Values are the limiter's state as decimal text (documented in
- * src/store/redis.lua); a value that is not one of ours (another program's
- * key, another type) is TG_ECORRUPT and is left untouched.
+ * src/store/redis_value.h); a value that is not one of ours (another
+ * program's key, another type) is TG_ECORRUPT and is left untouched.
+ *
+ * The Redis module: when the server has loaded tollgate.so (README.md, "The
+ * Redis module"), a connection finds it once, when it opens (COMMAND INFO
+ * TG.STEP), and sends each call as the module's TG.STEP command (TG.STEP_RO
+ * for calls that cannot write) instead of the script: the same step,
+ * compiled, in the server, on the same values and key names, with the same
+ * answers and failure codes; nothing to configure (a user whose ACL
+ * forbids COMMAND gets the script). A connection keeps what it found until
+ * it reconnects, except that one whose module is unloaded turns to the
+ * script at once and sends the call again (it did not run). The module's
+ * keys get the time until fresh rounded up to the ms (plus 1 s with a now
+ * you gave), its writes reach replicas and the AOF as SET ... PXAT or DEL,
+ * never as the clock-reading command.
  *
  * Connections: a pool of pool_size connections, each used by one thread at a
  * time (a thread takes a free one, or waits for one), so a limiter may be

@@ -34,22 +34,6 @@ const char *tg_version_string(void) {
       TG_VERSION_PATCH);
 }
 
-const char *tg_algorithm_name(tg_algorithm alg) {
-  switch (alg) {
-  case TG_FIXED_WINDOW:
-    return "fixed_window";
-  case TG_FIXED_WINDOW_PER_KEY:
-    return "fixed_window_per_key";
-  case TG_SLIDING_WINDOW:
-    return "sliding_window";
-  case TG_TOKEN_BUCKET:
-    return "token_bucket";
-  case TG_LEAKY_BUCKET:
-    return "leaky_bucket";
-  }
-  return "unknown";
-}
-
 #define SLIDING_MAX_DEFAULT 1024u
 #define SLIDING_MAX_LIMIT (1u << 24)
 #define CAPACITY_DEFAULT 65536u
@@ -241,11 +225,7 @@ static int prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
                    uint64_t arg, tg__call *c) {
   if (!lim || !key || !q)
     return TG_EINVAL;
-  if (key_len == 0 || key_len > TG_KEY_MAX)
-    return TG_EKEY;
-  if (!tg__op_supported(lim->cfg.algorithm, op))
-    return TG_ENOTSUP;
-  int rc = tg__quota_prepare(&c->q, q, lim->cfg.algorithm);
+  int rc = tg__call_check(lim->cfg.algorithm, op, key_len, q, &c->q);
   if (rc != TG_OK)
     return rc;
   c->store_time = !now && lim->store_time;

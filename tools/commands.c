@@ -20,12 +20,17 @@
  * HELLO and QUIT answers -NOAUTH until the client has authenticated, with
  * Redis's words, so client libraries react as they do to Redis.
  *
- * A library status becomes an error reply whose first word is the code's
- * name: "-TG_EQUOTA invalid quota (limit 0, period 0 or out of range)".
+ * The TG.* commands' arguments are parsed, and TG.HIT's reply shaped, by
+ * src/command/command.c, which the Redis module uses too: both servers
+ * speak one protocol. A library status becomes an error reply whose first
+ * word is the code's name: "-TG_EQUOTA invalid quota (limit 0, period 0 or
+ * out of range)".
  * Integers in requests are decimal, 0..2^63-1 (RESP integers are signed);
  * replies saturate at 2^63-1, which only a window count can reach.
  */
 #include "commands.h"
+
+#include "command/command.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -67,24 +72,11 @@ static int parse_u63(const resp_arg *a, uint64_t *out) {
 }
 
 int cmd_parse_algorithm(const char *p, size_t len, tg_algorithm *alg) {
-  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
-    const resp_arg arg = {p, len};
-    if (arg_is(&arg, tg_algorithm_name((tg_algorithm)a))) {
-      *alg = (tg_algorithm)a;
-      return 0;
-    }
-  }
-  return -1;
+  return tg__cmd_parse_algorithm(p, len, alg);
 }
 
 static void err_tg(outbuf *o, int rc) {
   out_error(o, tg_err_name(rc), tg_strerror(rc));
-}
-
-static void err_syntax(outbuf *o) { out_error(o, "ERR", "syntax error"); }
-
-static void err_int(outbuf *o) {
-  out_error(o, "ERR", "value is not an integer or out of range");
 }
 
 /* One request being run: what every handler gets. */
@@ -124,9 +116,6 @@ static void store_done(cmd_ctx *ctx, tg_algorithm a, bool patient, int rc) {
 
 /* ---- the TG.* commands ---- */
 
-/* Options a TG.* command may take after its positional arguments. */
-enum { OPT_BURST = 1, OPT_COST = 2 };
-
 /* What every TG.* command shares: key, limiter, quota, and the options. */
 typedef struct tg_args {
   const void *key;
@@ -157,62 +146,30 @@ static bool within_max_period(uint64_t max_ms, tg_algorithm alg,
          (u128)q->period_ms * burst <= (u128)max_ms * q->limit;
 }
 
-/* Parses "key algorithm limit period_ms", then `extra` positional integers
- * (0 or 1: TG.SET's value), then the options in `allowed`, in any order.
- * On error writes the reply and returns -1. */
-static int parse_tg(const call *c, int extra, unsigned allowed, tg_args *t) {
-  const resp_arg *argv = c->argv;
+/* Parses the request with the parser the Redis module shares
+ * (src/command/command.h), then checks what this server adds (a limiter
+ * for the algorithm, --max-period-ms) and picks the limiter. On error
+ * writes the reply and returns -1. */
+static int parse_tg(const call *c, tg__cmd_id id, tg_args *t) {
   outbuf *o = c->out;
-  tg_algorithm alg;
-  if (cmd_parse_algorithm(argv[2].ptr, argv[2].len, &alg) != 0) {
-    out_error_quoted(o, "ERR", "unknown algorithm '", argv[2].ptr, argv[2].len,
-                     "' (fixed_window, fixed_window_per_key, sliding_window, "
-                     "token_bucket, leaky_bucket)");
+  tg__cmd_arg av[RESP_MAX_ARGS];
+  for (size_t i = 0; i < c->argc && i < RESP_MAX_ARGS; i++)
+    av[i] = (tg__cmd_arg){c->argv[i].ptr, c->argv[i].len};
+  tg__cmd cmd;
+  tg__cmd_error err;
+  if (tg__cmd_parse(id, av, c->argc, &cmd, &err) != 0) {
+    out_error_quoted(o, "ERR", err.before, err.quoted, err.quoted_len,
+                     err.after);
     return -1;
   }
-  t->key = argv[1].ptr;
-  t->key_len = argv[1].len;
+  tg_algorithm alg = cmd.alg;
+  t->key = cmd.key;
+  t->key_len = cmd.key_len;
   t->alg = alg;
   t->lim = c->ctx->lim[alg];
-  t->q.burst = 0;
-  t->cost = 1;
-  t->value = 0;
-  if (parse_u63(&argv[3], &t->q.limit) != 0 ||
-      parse_u63(&argv[4], &t->q.period_ms) != 0) {
-    err_int(o);
-    return -1;
-  }
-  size_t i = 5;
-  if (extra) {
-    if (c->argc < 6) {
-      err_syntax(o);
-      return -1;
-    }
-    if (parse_u63(&argv[5], &t->value) != 0) {
-      err_int(o);
-      return -1;
-    }
-    i = 6;
-  }
-  for (; i < c->argc; i += 2) {
-    uint64_t *dst;
-    if ((allowed & OPT_BURST) && arg_is(&argv[i], "burst"))
-      dst = &t->q.burst;
-    else if ((allowed & OPT_COST) && arg_is(&argv[i], "cost"))
-      dst = &t->cost;
-    else {
-      err_syntax(o);
-      return -1;
-    }
-    if (i + 1 >= c->argc) {
-      err_syntax(o);
-      return -1;
-    }
-    if (parse_u63(&argv[i + 1], dst) != 0) {
-      err_int(o);
-      return -1;
-    }
-  }
+  t->q = cmd.q;
+  t->cost = cmd.arg;
+  t->value = cmd.arg;
   if (!t->lim) {
     out_error(o, "ERR", "this server holds no limiter for that algorithm");
     return -1;
@@ -279,9 +236,29 @@ static bool may_create(const call *c, tg_args *t) {
   return false;
 }
 
+/* TG.HIT's reply for what tg_hit returned, counted in the stats. */
+static void hit_out(cmd_ctx *ctx, int rc, const tg_result *r, outbuf *out) {
+  if (rc != TG_OK && !(r->degraded && ctx->policy != TG_POLICY_ERROR)) {
+    err_tg(out, rc);
+    return;
+  }
+  serve_stats *s = &ctx->stats;
+  if (r->allowed)
+    s->allowed++;
+  else
+    s->denied++;
+  if (r->degraded)
+    s->degraded++;
+  int64_t v[6];
+  tg__cmd_hit_reply(r, v);
+  out_array(out, 6);
+  for (int i = 0; i < 6; i++)
+    out_int(out, v[i]);
+}
+
 static void cmd_hit(const call *c) {
   tg_args t;
-  if (parse_tg(c, 0, OPT_BURST | OPT_COST, &t) != 0)
+  if (parse_tg(c, TG__CMD_HIT, &t) != 0)
     return;
   if (t.cost > 0 && !may_create(c, &t))
     return;
@@ -291,33 +268,12 @@ static void cmd_hit(const call *c) {
           ? tg_hit(t.lim, t.key, t.key_len, &t.q, t.cost, &r)
           : tg_hit_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.cost, &r);
   store_done(c->ctx, t.alg, t.patient, rc);
-  if (rc != TG_OK && !(r.degraded && c->ctx->policy != TG_POLICY_ERROR)) {
-    err_tg(c->out, rc);
-    return;
-  }
-  serve_stats *s = &c->ctx->stats;
-  if (r.allowed)
-    s->allowed++;
-  else
-    s->denied++;
-  if (r.degraded)
-    s->degraded++;
-  outbuf *o = c->out;
-  out_array(o, 6);
-  out_int(o, r.allowed ? 1 : 0);
-  out_uint(o, r.count);
-  out_uint(o, r.remaining);
-  if (r.retry_after_ms == TG_NEVER)
-    out_int(o, -1);
-  else
-    out_uint(o, r.retry_after_ms);
-  out_uint(o, r.reset_after_ms);
-  out_int(o, r.degraded ? 1 : 0);
+  hit_out(c->ctx, rc, &r, c->out);
 }
 
 static void cmd_inc(const call *c) {
   tg_args t;
-  if (parse_tg(c, 0, OPT_COST, &t) != 0)
+  if (parse_tg(c, TG__CMD_INC, &t) != 0)
     return;
   if (t.cost > 0 && !may_create(c, &t))
     return;
@@ -335,7 +291,7 @@ static void cmd_inc(const call *c) {
 
 static void cmd_get(const call *c) {
   tg_args t;
-  if (parse_tg(c, 0, OPT_BURST, &t) != 0)
+  if (parse_tg(c, TG__CMD_GET, &t) != 0)
     return;
   uint64_t v;
   int rc = c->ctx->store_time
@@ -350,7 +306,7 @@ static void cmd_get(const call *c) {
 
 static void cmd_set(const call *c) {
   tg_args t;
-  if (parse_tg(c, 1, OPT_BURST, &t) != 0)
+  if (parse_tg(c, TG__CMD_SET, &t) != 0)
     return;
   if (!may_create(c, &t))
     return;
@@ -366,7 +322,7 @@ static void cmd_set(const call *c) {
 
 static void cmd_expiresat(const call *c) {
   tg_args t;
-  if (parse_tg(c, 0, OPT_BURST, &t) != 0)
+  if (parse_tg(c, TG__CMD_EXPIRESAT, &t) != 0)
     return;
   uint64_t at;
   int rc =
@@ -381,16 +337,18 @@ static void cmd_expiresat(const call *c) {
 }
 
 static void cmd_reset(const call *c) {
-  int first = 0, last = TG_ALGORITHM_COUNT - 1;
-  if (c->argc == 3) {
-    tg_algorithm alg;
-    if (cmd_parse_algorithm(c->argv[2].ptr, c->argv[2].len, &alg) != 0) {
-      out_error_quoted(c->out, "ERR", "unknown algorithm '", c->argv[2].ptr,
-                       c->argv[2].len, "'");
-      return;
-    }
-    first = last = (int)alg;
+  tg__cmd_arg av[3];
+  for (size_t i = 0; i < c->argc && i < 3; i++)
+    av[i] = (tg__cmd_arg){c->argv[i].ptr, c->argv[i].len};
+  tg__cmd cmd;
+  tg__cmd_error err;
+  if (tg__cmd_parse(TG__CMD_RESET, av, c->argc, &cmd, &err) != 0) {
+    out_error_quoted(c->out, "ERR", err.before, err.quoted, err.quoted_len,
+                     err.after);
+    return;
   }
+  int first = cmd.all_algorithms ? 0 : (int)cmd.alg;
+  int last = cmd.all_algorithms ? TG_ALGORITHM_COUNT - 1 : (int)cmd.alg;
   for (int a = first; a <= last; a++) {
     if (!c->ctx->lim[a])
       continue;
@@ -833,6 +791,110 @@ static void cmd_command(const call *c) {
   }
 }
 
+/* Counts a request done, once its reply is out (so INFO does not count
+ * itself, as in Redis). */
+static void count(cmd_ctx *ctx, const outbuf *out, size_t before) {
+  ctx->stats.commands++;
+  if (out->len > before && out->data[before] == '-')
+    ctx->stats.error_replies++;
+}
+
+/* The TG.HIT request r as a batch item (its quota in *q) that this server
+ * would run as it is: it parses, its algorithm has a limiter, its quota is
+ * within --max-period-ms. Else false: cmd_execute answers it. */
+static bool hit_item(const cmd_ctx *ctx, const resp_request *r, tg_quota *q,
+                     tg_batch_item *it, tg_algorithm *alg) {
+  tg__cmd_arg av[9];
+  if (r->argc < 5 || r->argc > 9 ||
+      tg__cmd_lookup(r->argv[0].ptr, r->argv[0].len) != TG__CMD_HIT)
+    return false;
+  for (size_t i = 0; i < r->argc; i++)
+    av[i] = (tg__cmd_arg){r->argv[i].ptr, r->argv[i].len};
+  tg__cmd cmd;
+  tg__cmd_error err;
+  if (tg__cmd_parse(TG__CMD_HIT, av, r->argc, &cmd, &err) != 0 ||
+      !ctx->lim[cmd.alg] ||
+      (ctx->max_period_ms &&
+       !within_max_period(ctx->max_period_ms, cmd.alg, &cmd.q)))
+    return false;
+  *q = cmd.q;
+  *it = (tg_batch_item){cmd.key, cmd.key_len, q, cmd.arg, 0, {0}};
+  *alg = cmd.alg;
+  return true;
+}
+
+/* Runs the TG.HIT requests r[0..n) (all hit_item) with one tg_hit_batch
+ * per limiter, then replies in order. Different limiters hold different
+ * keys, so running each one's calls together, in order, decides as the
+ * requests one by one would. */
+static void hit_batch(cmd_ctx *ctx, const resp_request *r, size_t n,
+                      outbuf *out) {
+  tg_batch_item it[CMD_BATCH_MAX], sub[CMD_BATCH_MAX];
+  tg_quota q[CMD_BATCH_MAX];
+  tg_algorithm alg[CMD_BATCH_MAX];
+  size_t at[CMD_BATCH_MAX];
+  for (size_t i = 0; i < n; i++)
+    (void)hit_item(ctx, &r[i], &q[i], &it[i], &alg[i]);
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+      if (alg[i] == (tg_algorithm)a) {
+        at[m] = i;
+        sub[m++] = it[i];
+      }
+    if (m == 0)
+      continue;
+    bool patient;
+    int rc = tg_hit_batch(pick(ctx, (tg_algorithm)a, &patient), sub, m);
+    for (size_t k = 0; k < m; k++) {
+      it[at[k]] = sub[k];
+      if (rc != TG_OK) /* not reached: the items are well-formed */
+        it[at[k]].status = rc;
+      store_done(ctx, (tg_algorithm)a, patient, it[at[k]].status);
+    }
+  }
+  for (size_t i = 0; i < n; i++) {
+    size_t before = out->len;
+    hit_out(ctx, it[i].status, &it[i].result, out);
+    count(ctx, out, before);
+  }
+}
+
+cmd_after cmd_execute_batch(cmd_ctx *ctx, cmd_session *cl,
+                            const resp_request *reqs, size_t n, uint64_t now_us,
+                            outbuf *out) {
+  /* a new-key budget checks each request with a call of its own, and a
+   * client that has not authenticated gets NOAUTH: one at a time then */
+  bool batch = ctx->store_time && !ctx->new_keys &&
+               !(ctx->pass_set && !cl->authenticated);
+  size_t i = 0;
+  while (i < n) {
+    size_t j = i;
+    tg_batch_item it;
+    tg_quota q;
+    tg_algorithm alg;
+    while (batch && j < n && j - i < CMD_BATCH_MAX &&
+           hit_item(ctx, &reqs[j], &q, &it, &alg))
+      j++;
+    if (j - i >= 2) {
+      hit_batch(ctx, reqs + i, j - i, out);
+      i = j;
+      continue;
+    }
+    if (reqs[i].argc > 0) {
+      cmd_after after =
+          cmd_execute(ctx, cl, reqs[i].argv, reqs[i].argc, now_us, out);
+      if (after == CMD_CLOSE)
+        return CMD_CLOSE;
+      /* AUTH may have let the client in: the rest may batch */
+      batch = ctx->store_time && !ctx->new_keys &&
+              !(ctx->pass_set && !cl->authenticated);
+    }
+    i++;
+  }
+  return CMD_KEEP;
+}
+
 cmd_after cmd_execute(cmd_ctx *ctx, cmd_session *cl, const resp_arg *argv,
                       size_t argc, uint64_t now_us, outbuf *out) {
   size_t before = out->len;
@@ -859,9 +921,6 @@ cmd_after cmd_execute(cmd_ctx *ctx, cmd_session *cl, const resp_arg *argv,
     cmd->fn(&c);
     after = cmd->after;
   }
-  /* counted once done, so INFO does not count itself (as in Redis) */
-  ctx->stats.commands++;
-  if (out->len > before && out->data[before] == '-')
-    ctx->stats.error_replies++;
+  count(ctx, out, before);
   return after;
 }

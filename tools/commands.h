@@ -129,6 +129,21 @@ cmd_after cmd_execute(cmd_ctx *ctx, cmd_session *cl, const resp_arg *argv,
  * long. */
 int cmd_set_pass(cmd_ctx *ctx, const char *p, size_t len);
 
+/* Most requests cmd_execute_batch takes at once. */
+#define CMD_BATCH_MAX 64
+
+/* Runs the requests reqs[0..n) (n <= CMD_BATCH_MAX; empty ones answer
+ * nothing) of client cl as cmd_execute would one by one, appending their
+ * replies in order. When the limiters decide on the store's clock
+ * (store_time: the Redis store), consecutive TG.HIT requests go to their
+ * limiter as one tg_hit_batch, one pipelined round trip instead of one each
+ * (not while a new-key budget is set, whose check is a call of its own, nor
+ * for a client yet to authenticate). Stops after a request that closes the
+ * connection (QUIT) and returns CMD_CLOSE. */
+cmd_after cmd_execute_batch(cmd_ctx *ctx, cmd_session *cl,
+                            const resp_request *reqs, size_t n, uint64_t now_us,
+                            outbuf *out);
+
 /* Parses an algorithm name as tg_algorithm_name spells it, in any case.
  * Returns 0 and sets *alg, or -1. */
 int cmd_parse_algorithm(const char *p, size_t len, tg_algorithm *alg);

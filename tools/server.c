@@ -96,7 +96,7 @@ typedef struct server {
   conn *conns;
   char *scratch; /* RESP_MAX_REQUEST bytes: where reads land first */
   outbuf sout;   /* where replies are written first */
-  resp_request req;
+  resp_request req[CMD_BATCH_MAX]; /* the whole requests of one batch */
   uint64_t now_us, now_ms; /* realtime us, monotonic ms: read once a turn */
   uint64_t next_id;
   bool shutting_down;
@@ -202,22 +202,32 @@ static size_t run_requests(server *s, conn *c, const char *buf, size_t len,
       c->held = true;
       break;
     }
-    resp_status st = resp_parse(buf + pos, len - pos, &s->req);
+    /* the whole requests waiting, one at a time, or with a store on its
+     * own clock (Redis) up to a batch, which then costs one round trip */
+    size_t n = 0, used = 0, most = s->ctx->store_time ? CMD_BATCH_MAX : 1;
+    resp_status st = RESP_OK;
+    while (n < most && pos + used < len) {
+      st = resp_parse(buf + pos + used, len - pos - used, &s->req[n]);
+      if (st != RESP_OK)
+        break;
+      used += s->req[n++].used;
+    }
+    if (n > 0) {
+      pos += used;
+      if (cmd_execute_batch(s->ctx, &c->cl, s->req, n, s->now_us, o) ==
+          CMD_CLOSE)
+        c->closing = true;
+      continue; /* what stopped the batch is looked at again */
+    }
     if (st == RESP_INCOMPLETE) {
       partial = true;
       break;
     }
-    if (st != RESP_OK) {
-      out_error(o, "ERR", s->req.error);
-      s->ctx->stats.error_replies++;
-      s->ctx->stats.connections_dropped++;
-      c->closing = true;
-      return len;
-    }
-    pos += s->req.used;
-    if (s->req.argc > 0 && cmd_execute(s->ctx, &c->cl, s->req.argv, s->req.argc,
-                                       s->now_us, o) == CMD_CLOSE)
-      c->closing = true;
+    out_error(o, "ERR", s->req[0].error);
+    s->ctx->stats.error_replies++;
+    s->ctx->stats.connections_dropped++;
+    c->closing = true;
+    return len;
   }
   /* the slow-loris clock: runs while the front request is incomplete, from
    * when it began (the moment the request before it ended) */

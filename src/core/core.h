@@ -99,6 +99,12 @@ int tg__quota_prepare(tg__quota *out, const tg_quota *q, tg_algorithm alg);
 /* True when `op` is defined for `alg` (the table in tollgate.h). */
 bool tg__op_supported(tg_algorithm alg, tg__op op);
 
+/* What every call is checked for before a store sees it, in the order
+ * tollgate.h documents: the key's length (TG_EKEY), the operation
+ * (TG_ENOTSUP), the quota (TG_EQUOTA; *prepared is filled on success). */
+int tg__call_check(tg_algorithm alg, tg__op op, size_t key_len,
+                   const tg_quota *q, tg__quota *prepared);
+
 /* Runs one call on fixed-size state. *st is read and, when *changed is set
  * true, replaced by the new state, which the store must then publish (or, for
  * a CAS store, publish only if the old state is still current and otherwise
@@ -122,14 +128,6 @@ bool tg__log_plausible(const tg__log *log);
  * can expose), and recomputes the sum. */
 void tg__log_repair(tg__log *log);
 
-/* True when `st` is equivalent to absent at now (a store may delete it). */
-bool tg__state_fresh(tg_algorithm alg, const tg__state *st, uint64_t now_us);
-
-/* Runs one call on a sliding log; may drop expired entries and append one.
- * *changed says whether the log was modified. */
-int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
-                 bool *changed);
-
 /* What a sliding-log call saw, all a result needs: the sum of live costs
  * before the call (after pruning), the newest entry after the call, and for a
  * denied call that may pass later, the entry it waits for (the oldest entries
@@ -144,6 +142,18 @@ typedef struct tg__log_view {
   uint64_t wait_us;   /* its time: the call may pass once it has expired */
 } tg__log_view;
 
+/* Runs one call on a sliding log: drops expired entries, decides, appends
+ * or merges an allowed cost, and fills *v with what it saw. *changed says
+ * whether the log was modified (pruning included). A store whose log lives
+ * elsewhere (the Redis module) returns *v to the client, which reports with
+ * tg__log_report as if it had stepped the log itself. */
+int tg__log_decide(const tg__call *c, tg__log *log, tg__log_view *v,
+                   bool *changed);
+
+/* tg__log_decide then tg__log_report: one call on a log held here. */
+int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
+                 bool *changed);
+
 /* True when a sliding-log hit of cost c->arg fits beside live costs sum. */
 bool tg__log_allows(const tg__call *c, uint64_t sum);
 
@@ -153,6 +163,46 @@ int tg__log_report(const tg__call *c, const tg__log_view *v, tg__outcome *o);
 
 /* Drops entries that have expired at now_us; returns how many were dropped. */
 uint32_t tg__log_prune(tg__log *log, uint64_t period_us, uint64_t now_us);
+
+/* ---- lifetime: when a state stops mattering (lifetime.c, sliding.c) ----
+ * Every store asks these rather than re-deriving them: the memory and shm
+ * table to reclaim keys, the custom store and Redis for TTLs. */
+
+/* True when `st` is equivalent to absent at now (a store may delete it). */
+bool tg__state_fresh(tg_algorithm alg, const tg__state *st, uint64_t now_us);
+
+/* The moment, us since the epoch, from which `st` is fresh at every now: a
+ * window's end, a bucket's TAT rounded up to the us. A fixed window with
+ * count 0 is fresh before it too, but a store that keeps such a state must
+ * keep it until then (a clock stepping back may find it current). */
+uint64_t tg__state_expiry_us(tg_algorithm alg, const tg__state *st);
+
+/* ms from now until `st` is fresh, rounded up; 0 when it is fresh already.
+ * The TTL a store that may drop fresh state gives it (the custom store). */
+uint64_t tg__state_ttl_ms(tg_algorithm alg, const tg__state *st,
+                          uint64_t now_us);
+
+/* When a log stops mattering, us: its newest entry plus period_us; 0 for an
+ * empty log (fresh already). */
+uint64_t tg__log_expiry_us(const tg__log *log, uint64_t period_us);
+
+/* ms from now until the log is fresh, rounded up; 0 when it is empty. */
+uint64_t tg__log_ttl_ms(const tg__log *log, uint64_t period_us,
+                        uint64_t now_us);
+
+/* Whether call c may change the key's state, so that a store must open the
+ * key for writing (and replicate what it writes); false means the step
+ * leaves the state exactly as it found it. Which calls count is the table
+ * in tollgate.h less the steps' refusals: a window cost of 0, a bucket cost
+ * or value above the burst change nothing. Every call on a sliding log may
+ * change it: it drops the entries expired under the call's period. */
+bool tg__call_writes(const tg__call *c);
+
+/* Whether a store must write the state a step produced: the step changed it,
+ * and it is not a fresh state where the key was absent (no store creates a
+ * key for a state equivalent to none). */
+bool tg__state_store_needed(tg_algorithm alg, bool was_absent, bool changed,
+                            const tg__state *st, uint64_t now_us);
 
 /* The per-family steps behind tg__state_step (window.c, gcra.c). */
 int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,

@@ -1,7 +1,9 @@
 /*
- * quota.c - quota validation and the dispatch from (algorithm, operation) to
- * the step that implements it. Every store goes through here, so input that
- * would divide by zero or overflow is refused in one place.
+ * quota.c - the checks every call passes before any store sees it: quota
+ * validation, which operations each algorithm supports, and the algorithms'
+ * names. The limiter and the Redis module both go through here, so input
+ * that would divide by zero or overflow is refused in one place, with the
+ * same code.
  */
 #include "core.h"
 
@@ -45,4 +47,29 @@ bool tg__op_supported(tg_algorithm alg, tg__op op) {
     break;
   }
   return false;
+}
+
+int tg__call_check(tg_algorithm alg, tg__op op, size_t key_len,
+                   const tg_quota *q, tg__quota *prepared) {
+  if (key_len == 0 || key_len > TG_KEY_MAX)
+    return TG_EKEY;
+  if (!tg__op_supported(alg, op))
+    return TG_ENOTSUP;
+  return tg__quota_prepare(prepared, q, alg);
+}
+
+const char *tg_algorithm_name(tg_algorithm alg) {
+  switch (alg) {
+  case TG_FIXED_WINDOW:
+    return "fixed_window";
+  case TG_FIXED_WINDOW_PER_KEY:
+    return "fixed_window_per_key";
+  case TG_SLIDING_WINDOW:
+    return "sliding_window";
+  case TG_TOKEN_BUCKET:
+    return "token_bucket";
+  case TG_LEAKY_BUCKET:
+    return "leaky_bucket";
+  }
+  return "unknown";
 }

@@ -13,6 +13,11 @@
  * into the newest, which takes the later time: cost is then kept a little
  * longer than its true age, so the limit still holds and answers can only
  * become more conservative.
+ *
+ * Everything the log's stores need lives here too: when a log stops
+ * mattering (its TTL), and for logs read from outside (a custom store, a
+ * shared segment a process died in), whether one is plausible and how to
+ * repair one.
  */
 #include "core.h"
 
@@ -102,28 +107,83 @@ int tg__log_report(const tg__call *c, const tg__log_view *v, tg__outcome *o) {
   return TG_ENOTSUP;
 }
 
-int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
-                 bool *changed) {
-  if (c->op != TG__OP_HIT && c->op != TG__OP_GET && c->op != TG__OP_EXPIRES) {
-    *changed = false;
+int tg__log_decide(const tg__call *c, tg__log *log, tg__log_view *v,
+                   bool *changed) {
+  *changed = false;
+  if (c->op != TG__OP_HIT && c->op != TG__OP_GET && c->op != TG__OP_EXPIRES)
     return TG_ENOTSUP;
-  }
   *changed = tg__log_prune(log, c->q.period_us, c->now_us) > 0;
-  tg__log_view v = {log->sum, false, 0, false, 0};
+  *v = (tg__log_view){log->sum, false, 0, false, 0};
   if (c->op == TG__OP_HIT) {
     uint64_t cost = c->arg, limit = c->q.limit;
-    if (tg__log_allows(c, v.sum)) {
+    if (tg__log_allows(c, v->sum)) {
       if (cost > 0) {
         append(log, c->now_us, cost);
         *changed = true;
       }
     } else if (cost <= limit) {
-      v.has_wait = wait_entry(log, v.sum - (limit - cost), &v.wait_us);
+      v->has_wait = wait_entry(log, v->sum - (limit - cost), &v->wait_us);
     }
   }
   if (log->n > 0) {
-    v.has_newest = true;
-    v.newest_us = tg__log_at(log, log->n - 1)->t_us;
+    v->has_newest = true;
+    v->newest_us = tg__log_at(log, log->n - 1)->t_us;
   }
-  return tg__log_report(c, &v, o);
+  return TG_OK;
+}
+
+int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
+                 bool *changed) {
+  tg__log_view v;
+  int rc = tg__log_decide(c, log, &v, changed);
+  return rc != TG_OK ? rc : tg__log_report(c, &v, o);
+}
+
+uint64_t tg__log_expiry_us(const tg__log *log, uint64_t period_us) {
+  return log->n ? tg__log_at(log, log->n - 1)->t_us + period_us : 0;
+}
+
+uint64_t tg__log_ttl_ms(const tg__log *log, uint64_t period_us,
+                        uint64_t now_us) {
+  return log->n ? tg__ms_until(tg__log_expiry_us(log, period_us), now_us) : 0;
+}
+
+/* ---- logs read from outside: plausibility and repair ---- */
+
+bool tg__log_plausible(const tg__log *log) {
+  if (log->cap == 0 || log->head >= log->cap || log->n > log->cap)
+    return false;
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < log->n; i++) {
+    const tg__entry *e = tg__log_at(log, i);
+    if (e->t_us > TG_NOW_MAX_US ||
+        (i > 0 && e->t_us <= tg__log_at(log, i - 1)->t_us) ||
+        !tg__add(sum, e->cost, &sum))
+      return false;
+  }
+  return sum == log->sum;
+}
+
+void tg__log_repair(tg__log *log) {
+  if (log->cap == 0) {
+    log->head = log->n = 0;
+    log->sum = 0;
+    return;
+  }
+  if (log->head >= log->cap)
+    log->head = 0;
+  if (log->n > log->cap)
+    log->n = log->cap;
+  uint32_t k = 0;
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < log->n; i++) {
+    tg__entry e = *tg__log_at(log, i); /* k <= i: reads stay ahead */
+    if (k == 0 || e.t_us > tg__log_at(log, k - 1)->t_us) {
+      *tg__log_at(log, k++) = e;
+      if (!tg__add(sum, e.cost, &sum))
+        sum = UINT64_MAX;
+    }
+  }
+  log->n = k;
+  log->sum = sum;
 }

@@ -52,15 +52,6 @@ static long parse_head(const unsigned char *p, size_t len, tg_algorithm alg) {
   return (long)n;
 }
 
-/* ms until the state stops mattering (the TTL a store should give it). */
-static uint64_t ttl_state(tg_algorithm alg, const tg__state *st,
-                          uint64_t now_us) {
-  if (alg == TG_FIXED_WINDOW || alg == TG_FIXED_WINDOW_PER_KEY)
-    return tg__state_fresh(alg, st, now_us) ? 0 : tg__ms_until(st->a, now_us);
-  uint64_t now_ns = now_us * 1000;
-  return st->a > now_ns ? tg__div_ceil(st->a - now_ns, 1000000) : 0;
-}
-
 static int exec_state(custom *s, const tg__call *c, tg__outcome *o) {
   unsigned char buf[HEAD_BYTES + 16];
   size_t len = 0;
@@ -93,7 +84,8 @@ static int exec_state(custom *s, const tg__call *c, tg__outcome *o) {
   put64(buf + HEAD_BYTES, st.a);
   put64(buf + HEAD_BYTES + 8, st.b);
   if (s->cs.set_and_unlock(s->cs.ctx, c->key, c->key_len, buf, sizeof buf,
-                           ttl_state(c->alg, &st, c->now_us)) != TG_CUSTOM_OK)
+                           tg__state_ttl_ms(c->alg, &st, c->now_us)) !=
+      TG_CUSTOM_OK)
     return TG_ESTORE;
   return TG_OK;
 }
@@ -141,10 +133,7 @@ static int exec_log(custom *s, const tg__call *c, tg__outcome *o) {
     put64(buf + HEAD_BYTES + 16 * (size_t)i, en->t_us);
     put64(buf + HEAD_BYTES + 16 * (size_t)i + 8, en->cost);
   }
-  uint64_t ttl =
-      lg.n ? tg__ms_until(tg__log_at(&lg, lg.n - 1)->t_us + c->q.period_us,
-                          c->now_us)
-           : 0;
+  uint64_t ttl = tg__log_ttl_ms(&lg, c->q.period_us, c->now_us);
   if (s->cs.set_and_unlock(s->cs.ctx, c->key, c->key_len, buf,
                            HEAD_BYTES + (size_t)lg.n * 16, ttl) != TG_CUSTOM_OK)
     rc = TG_ESTORE;

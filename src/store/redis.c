@@ -10,10 +10,17 @@
  * sees comes from the one C implementation; the script's transitions mirror
  * the steps and tests/test_redis.c checks them against the memory store.
  *
+ * When the server has loaded the tollgate module (redis-module/), a call is
+ * its TG.STEP command instead: the same step in compiled code inside the
+ * server, with the same arguments' meaning and the script's reply shape, so
+ * everything below the command's name is shared. Each connection asks once,
+ * when it opens, which of the two the server has.
+ *
  * Connections come from a pool of pool_size, each guarded by a mutex: a call
  * takes a free one (or waits for one), opens it if needed (AUTH, SELECT,
- * SCRIPT LOAD), sends EVALSHA and reads the reply. A connection that fails is
- * closed and reopened by the next call that takes it.
+ * COMMAND INFO TG.STEP, else SCRIPT LOAD), sends the call and reads the
+ * reply. A connection that fails is closed and reopened by the next call
+ * that takes it.
  *
  * Health is the pool's, not each connection's: a server that does not answer
  * (a timeout) or cannot be connected to makes the whole pool "down" for
@@ -28,6 +35,7 @@
  * the next call reconnects, and only if that fails is the pool down.
  */
 #include "redis_script.h"
+#include "redis_value.h"
 #include "store.h"
 
 #include "../atomic.h"
@@ -35,7 +43,6 @@
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <hiredis/sds.h>
-#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +68,8 @@ typedef struct conn {
   redisContext *ctx;  /* NULL: closed (never opened, or failed) */
   pid_t pid;          /* the process that opened ctx: a child of fork()
                          must not share the parent's socket */
+  bool module;        /* the server has the tollgate module: calls are
+                         TG.STEP commands, not the script */
   char sha[41];       /* the script's SHA1, as SCRIPT LOAD answered it */
 } conn;
 
@@ -81,7 +90,8 @@ typedef struct redis_store {
   conn conns[]; /* nconns of them */
 } redis_store;
 
-/* One EVALSHA command: argv with its own storage for the name and numbers. */
+/* One command (EVALSHA or TG.STEP): argv with its own storage for the name
+ * and numbers. */
 typedef struct args {
   int n;
   const char *v[ARGS_MAX];
@@ -118,8 +128,7 @@ static void push(args *a, const char *s, size_t len) {
 
 static void push_u64(args *a, uint64_t v) {
   char *b = a->num[a->nnum++];
-  int k = snprintf(b, sizeof a->num[0], "%" PRIu64, v);
-  push(a, b, (size_t)k);
+  push(a, b, tg__u64_dec(b, v));
 }
 
 /* The Redis key of a call: prefix ":{" key "}:" algorithm. */
@@ -140,31 +149,52 @@ static size_t make_name(const redis_store *s, char *out, const void *key,
 
 /* The script's op letter for a call (see redis.lua): only calls that may
  * change state are sent as writes, so refusals found by the C step (a set
- * above the burst, a cost above the burst) cost no write. */
+ * above the burst, a cost above the burst) cost no write. A sliding log is
+ * always 'h': the script prunes it on every call. */
 static const char *op_letter(const tg__call *c) {
-  switch (c->alg) {
-  case TG_FIXED_WINDOW:
-  case TG_FIXED_WINDOW_PER_KEY:
-    if (c->op == TG__OP_SET)
-      return "s";
-    return (c->op == TG__OP_HIT || c->op == TG__OP_INC) && c->arg > 0 ? "w"
-                                                                      : "r";
-  case TG_TOKEN_BUCKET:
-  case TG_LEAKY_BUCKET:
-    if (c->op == TG__OP_SET)
-      return c->arg <= c->q.burst ? "s" : "r";
-    return c->op == TG__OP_HIT && c->arg > 0 && c->arg <= c->q.burst ? "h"
-                                                                     : "r";
-  case TG_SLIDING_WINDOW:
+  if (c->alg == TG_SLIDING_WINDOW)
     return "h";
-  }
-  return "r";
+  if (!tg__call_writes(c))
+    return "r";
+  if (c->op == TG__OP_SET)
+    return "s";
+  return c->alg == TG_FIXED_WINDOW || c->alg == TG_FIXED_WINDOW_PER_KEY ? "w"
+                                                                        : "h";
 }
 
-static void build_args(const redis_store *s, const tg__call *c, args *a) {
+/* The module's command for a call (redis-module/module.c): TG.STEP_RO, which
+ * a replica or a server out of memory still runs, for calls that cannot
+ * change the state, else TG.STEP; the arguments are the call itself, and
+ * the reply has the script's shape. */
+static void build_module_args(const redis_store *s, const tg__call *c,
+                              args *a) {
+  static const char DIGIT[TG__OP_COUNT_][2] = {"0", "1", "2", "3", "4"};
+  bool writes = tg__call_writes(c);
+  push(a, writes ? "TG.STEP" : "TG.STEP_RO", writes ? 7 : 10);
+  push(a, a->name, make_name(s, a->name, c->key, c->key_len));
+  push(a, DIGIT[c->alg], 1);
+  push(a, DIGIT[c->op], 1);
+  if (c->store_time)
+    push(a, "", 0);
+  else
+    push_u64(a, c->now_us);
+  push_u64(a, c->q.limit);
+  push_u64(a, c->q.period_us / 1000);
+  push_u64(a, c->q.burst);
+  push_u64(a, c->arg);
+  push_u64(a, s->log_entries);
+}
+
+/* The command for call c on a connection with the module or without. */
+static void build_args(const redis_store *s, const tg__call *c, bool module,
+                       args *a) {
   static const char ALG[TG_ALGORITHM_COUNT][2] = {"0", "1", "2", "3", "4"};
   a->n = 0;
   a->nnum = 0;
+  if (module) {
+    build_module_args(s, c, a);
+    return;
+  }
   push(a, "EVALSHA", 7);
   push(a, "", 0); /* the SHA1, set per connection when sent */
   push(a, "1", 1);
@@ -206,39 +236,31 @@ static void build_args(const redis_store *s, const tg__call *c, args *a) {
 
 /* ---- replies ---- */
 
-/* Parses a decimal u64 of 1..20 digits from [*p, end) up to a byte that is
- * not a digit; advances *p. */
-static bool scan_u64(const char **p, const char *end, uint64_t *out) {
-  const char *q = *p;
-  uint64_t v = 0;
-  while (q < end && *q >= '0' && *q <= '9') {
-    if (!tg__mul(v, 10, &v) || !tg__add(v, (uint64_t)(*q - '0'), &v))
-      return false;
-    q++;
-  }
-  if (q == *p || q - *p > 20)
-    return false;
-  *p = q;
-  *out = v;
-  return true;
-}
-
 /* A u64 from a reply string of 1..20 digits and nothing else. */
 static bool parse_u64(const redisReply *r, uint64_t *out) {
   const char *p = r->str;
-  return r->type == REDIS_REPLY_STRING && scan_u64(&p, r->str + r->len, out) &&
-         p == r->str + r->len;
+  return r->type == REDIS_REPLY_STRING &&
+         tg__scan_u64(&p, r->str + r->len, out) && p == r->str + r->len;
 }
 
 static bool is_empty(const redisReply *r) {
   return r->type == REDIS_REPLY_STRING && r->len == 0;
 }
 
-/* An error reply as a status code. NOSCRIPT never gets here. */
+/* An error reply as a status code. NOSCRIPT never gets here. The module
+ * names a library status by its code's name ("TG_ETIME ..."): that code,
+ * when it is one a store may return. */
 static int reply_error(const redisReply *r) {
   /* anywhere in the text: Redis versions before 7 prefix script errors */
   if (r->str && (strstr(r->str, "TGCORRUPT") || strstr(r->str, "WRONGTYPE")))
     return TG_ECORRUPT;
+  static const int passed[] = {TG_ECORRUPT, TG_ETIME, TG_ENOMEM};
+  for (size_t i = 0; r->str && i < sizeof passed / sizeof passed[0]; i++) {
+    const char *name = tg_err_name(passed[i]);
+    size_t n = strlen(name);
+    if (strncmp(r->str, name, n) == 0 && (r->str[n] == ' ' || !r->str[n]))
+      return passed[i];
+  }
   return TG_ESTORE; /* OOM, BUSY, READONLY, LOADING, NOAUTH, TGARG... */
 }
 
@@ -259,27 +281,6 @@ static int call_at(const tg__call *c, const redisReply *now_r, tg__call *cc) {
   return TG_OK;
 }
 
-/* The stored value of a window or bucket key (see redis.lua): "A:X:Y" with
- * A the algorithm; windows keep (end_us, count) = (X, Y), buckets their
- * TAT in ns as X * 1000 + Y, 0 <= Y <= 999. */
-static bool parse_state(tg_algorithm alg, const redisReply *r, tg__state *st) {
-  const char *p = r->str, *end = r->str + r->len;
-  uint64_t x, y;
-  if (r->len < 5 || p[0] != (char)('0' + alg) || p[1] != ':')
-    return false;
-  p += 2;
-  if (!scan_u64(&p, end, &x) || p == end || *p++ != ':' ||
-      !scan_u64(&p, end, &y) || p != end)
-    return false;
-  if (alg == TG_TOKEN_BUCKET || alg == TG_LEAKY_BUCKET) {
-    st->b = 0;
-    return y <= 999 && tg__mul(x, 1000, &st->a) && tg__add(st->a, y, &st->a);
-  }
-  st->a = x;
-  st->b = y;
-  return true;
-}
-
 static int outcome_state(const tg__call *c, const redisReply *r,
                          tg__outcome *o) {
   if (r->elements != 3 || r->element[1]->type != REDIS_REPLY_STRING ||
@@ -291,7 +292,8 @@ static int outcome_state(const tg__call *c, const redisReply *r,
     return rc;
   tg__state st = {0, 0};
   bool absent = is_empty(r->element[1]);
-  if (!absent && !parse_state(c->alg, r->element[1], &st))
+  if (!absent &&
+      !tg__rv_parse_state(c->alg, r->element[1]->str, r->element[1]->len, &st))
     return TG_ECORRUPT; /* the script checked it: not reached */
   if (!tg__state_plausible(c->alg, &st))
     return TG_ECORRUPT;
@@ -301,7 +303,7 @@ static int outcome_state(const tg__call *c, const redisReply *r,
    * not create a key for a state that is fresh already). A disagreement is a
    * bug: report a store failure rather than an answer the server's state
    * does not back. */
-  bool wrote = changed && !(absent && tg__state_fresh(c->alg, &st, cc.now_us));
+  bool wrote = tg__state_store_needed(c->alg, absent, changed, &st, cc.now_us);
   if (wrote != (r->element[2]->integer == 1))
     return TG_ESTORE;
   return rc;
@@ -452,7 +454,42 @@ static int load_script(conn *k) {
   return TG_OK;
 }
 
-/* What a fresh connection needs before its first EVALSHA. */
+/* Whether the server has the tollgate module, asked once per connection:
+ * COMMAND INFO names a command the server does not know with a nil entry.
+ * An error (a user whose ACL does not allow COMMAND) means the script. */
+static int detect_module(conn *k) {
+  const char *argv[] = {"COMMAND", "INFO", "TG.STEP"};
+  size_t len[] = {7, 4, 7};
+  redisReply *r = NULL;
+  int rc = command(k, 3, argv, len, &r);
+  if (rc != TG_OK)
+    return rc;
+  if (!r)
+    return TG_ESTORE; /* not reached: command() answers OK with a reply */
+  k->module = r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+              r->element[0]->type == REDIS_REPLY_ARRAY;
+  freeReplyObject(r);
+  return TG_OK;
+}
+
+/* Whether a reply says the command did not run and can be sent again once
+ * the connection is fixed: the server lost the script (NOSCRIPT), or the
+ * module was unloaded since the connection found it (then the connection
+ * turns to the script for good). */
+static bool not_run(const conn *k, const redisReply *r) {
+  if (r->type != REDIS_REPLY_ERROR)
+    return false;
+  return k->module ? starts(r->str, "ERR unknown command")
+                   : starts(r->str, "NOSCRIPT");
+}
+
+/* Makes the connection able to run a call again after not_run. */
+static int fix_conn(conn *k) {
+  k->module = false;
+  return load_script(k);
+}
+
+/* What a fresh connection needs before its first call. */
 static int handshake(const redis_store *s, conn *k) {
   if (s->command_timeout_ms > 0 &&
       redisSetTimeout(k->ctx, tv_ms(s->command_timeout_ms)) != REDIS_OK)
@@ -478,6 +515,8 @@ static int handshake(const redis_store *s, conn *k) {
     rc = command_ok(k, 2, argv, len, NULL);
   }
   if (rc == TG_OK)
+    rc = detect_module(k);
+  if (rc == TG_OK && !k->module)
     rc = load_script(k);
   return rc;
 }
@@ -584,19 +623,24 @@ static void settle(redis_store *s, int rc, bool open_failed, bool probe) {
     tg__store_release(&s->probing, 0);
 }
 
-/* EVALSHA, loading the script again once if the server lost it. */
-static int eval(conn *k, args *a, redisReply **out) {
+/* Sends call c and reads its reply; once more if it did not run (see
+ * not_run). */
+static int eval(const redis_store *s, conn *k, const tg__call *c,
+                redisReply **out) {
+  args a;
   for (int attempt = 0;; attempt++) {
-    a->v[1] = k->sha;
-    a->len[1] = 40;
+    build_args(s, c, k->module, &a);
+    if (!k->module) {
+      a.v[1] = k->sha;
+      a.len[1] = 40;
+    }
     redisReply *r;
-    int rc = command(k, a->n, a->v, a->len, &r);
+    int rc = command(k, a.n, a.v, a.len, &r);
     if (rc != TG_OK)
       return rc;
-    if (r->type == REDIS_REPLY_ERROR && starts(r->str, "NOSCRIPT") &&
-        attempt == 0) {
+    if (attempt == 0 && not_run(k, r)) {
       freeReplyObject(r);
-      rc = load_script(k);
+      rc = fix_conn(k);
       if (rc != TG_OK)
         return rc;
       continue;
@@ -614,14 +658,12 @@ static int redis_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
   int rc = gate(s, &probe);
   if (rc != TG_OK)
     return rc;
-  args a;
-  build_args(s, c, &a);
   conn *k = acquire(s);
   redisReply *r = NULL;
   rc = conn_open(s, k);
   bool open_failed = rc != TG_OK;
   if (rc == TG_OK)
-    rc = eval(k, &a, &r);
+    rc = eval(s, k, c, &r);
   pthread_mutex_unlock(&k->mu);
   settle(s, rc, open_failed, probe);
   if (rc == TG_OK) {
@@ -632,16 +674,20 @@ static int redis_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
 }
 
 /* Sends the calls idx[0..n) pipelined on k and reads their replies into
- * replies[]; a NOSCRIPT reply's index goes to *retry. On an I/O failure the
- * calls whose replies were not read get its code in rcs[]. */
-static int pipeline(conn *k, args *a, const size_t *idx, size_t n,
-                    redisReply **replies, int *rcs, size_t *retry,
-                    size_t *nretry) {
+ * replies[]; the index of a call that did not run (not_run) goes to *retry.
+ * On an I/O failure the calls whose replies were not read get its code in
+ * rcs[]. */
+static int pipeline(const redis_store *s, conn *k, const tg__call *calls,
+                    args *a, const size_t *idx, size_t n, redisReply **replies,
+                    int *rcs, size_t *retry, size_t *nretry) {
   size_t sent = 0;
   for (; sent < n; sent++) {
     args *x = &a[idx[sent]];
-    x->v[1] = k->sha;
-    x->len[1] = 40;
+    build_args(s, &calls[idx[sent]], k->module, x);
+    if (!k->module) {
+      x->v[1] = k->sha;
+      x->len[1] = 40;
+    }
     if (redisAppendCommandArgv(k->ctx, x->n, x->v, x->len) != REDIS_OK)
       break; /* out of memory: the rest is not sent */
   }
@@ -672,7 +718,7 @@ static int pipeline(conn *k, args *a, const size_t *idx, size_t n,
       continue;
     }
     redisReply *rr = r;
-    if (rr->type == REDIS_REPLY_ERROR && starts(rr->str, "NOSCRIPT")) {
+    if (not_run(k, rr)) {
       freeReplyObject(rr);
       retry[(*nretry)++] = idx[i];
       continue;
@@ -702,7 +748,6 @@ static void batch_chunk(redis_store *s, const tg__call *calls, size_t m,
     goto out;
   }
   for (size_t i = 0; i < m; i++) {
-    build_args(s, &calls[i], &a[i]);
     idx[i] = i;
     rc[i] = TG_OK;
   }
@@ -715,15 +760,16 @@ static void batch_chunk(redis_store *s, const tg__call *calls, size_t m,
       rc[i] = orc;
   } else {
     size_t nretry = 0;
-    failed = pipeline(k, a, idx, m, replies, rc, retry, &nretry);
+    failed = pipeline(s, k, calls, a, idx, m, replies, rc, retry, &nretry);
     if (nretry > 0) {
-      /* NOSCRIPT: those calls did not run; load the script and send them
-       * once more, after the rest (idx[] is free now: it takes what fails
-       * again). If the connection failed meanwhile, they get its code. */
-      orc = k->ctx ? load_script(k) : failed;
+      /* those calls did not run (NOSCRIPT, or the module is gone): fix the
+       * connection and send them once more, after the rest (idx[] is free
+       * now: it takes what fails again). If the connection failed
+       * meanwhile, they get its code. */
+      orc = k->ctx ? fix_conn(k) : failed;
       size_t again = 0;
       if (orc == TG_OK) {
-        pipeline(k, a, retry, nretry, replies, rc, idx, &again);
+        pipeline(s, k, calls, a, retry, nretry, replies, rc, idx, &again);
         for (size_t i = 0; i < again; i++)
           rc[idx[i]] = TG_ESTORE;
       } else {

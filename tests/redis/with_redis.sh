@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# with_redis.sh CMD [ARG...] - runs CMD beside a private redis-server.
+# with_redis.sh [--module PATH] CMD [ARG...] - runs CMD beside a private
+# redis-server; with --module, one that has loaded the Redis module at PATH
+# (tollgate.so), so the Redis store's calls go through it instead of the
+# script.
 #
 # The server listens on 127.0.0.1 at a free port and on a unix socket, keeps
 # everything in a temporary directory, persists nothing, and is killed (with
@@ -10,11 +13,19 @@
 #   TG_TEST_REDIS_CONF     config file: `redis-server $TG_TEST_REDIS_CONF`
 #                          starts it again (daemonized) after a test stopped it
 #   TG_TEST_REDIS_PIDFILE  where the running server writes its pid
+#   TG_TEST_REDIS_MODULE   the module's path when it is loaded, else empty
 # Nothing here depends on a server left running, or leaves one behind.
 set -euo pipefail
 
+module=
+if [ "${1:-}" = --module ]; then
+  module=${2:?--module needs the path of tollgate.so}
+  shift 2
+  [ -f "$module" ] || { echo "with_redis.sh: no module at $module" >&2; exit 1; }
+  module=$(cd "$(dirname "$module")" && pwd)/$(basename "$module") # the server chdirs
+fi
 if [ $# -eq 0 ]; then
-  echo "usage: with_redis.sh CMD [ARG...]" >&2
+  echo "usage: with_redis.sh [--module PATH] CMD [ARG...]" >&2
   exit 2
 fi
 for tool in redis-server redis-cli; do
@@ -51,6 +62,7 @@ logfile $dir/redis.log
 save ""
 appendonly no
 CONF
+  [ -z "$module" ] || printf "loadmodule %s\nenable-module-command local\n" "$module" >>"$dir/redis.conf"
   rm -f "$pidfile"
   redis-server "$dir/redis.conf" || continue
   for _ in $(seq 1 100); do
@@ -61,6 +73,8 @@ CONF
     sleep 0.05
   done
   [ -n "$started" ] && break
+  # a module that does not load will not load on another port either
+  grep -q "Can't load module" "$dir/redis.log" 2>/dev/null && break
   # the port was taken (or the server died): stop whatever started, retry
   [ -s "$pidfile" ] && kill -9 "$(cat "$pidfile")" 2>/dev/null || true
 done
@@ -74,4 +88,5 @@ export TG_TEST_REDIS_PORT=$port
 export TG_TEST_REDIS_SOCK=$dir/redis.sock
 export TG_TEST_REDIS_CONF=$dir/redis.conf
 export TG_TEST_REDIS_PIDFILE=$pidfile
+export TG_TEST_REDIS_MODULE=$module
 "$@"

@@ -44,6 +44,28 @@ check "TG.RESET on B forgets the key for A" \
   eq "$(rc $B TG.RESET u:1 sliding_window; rc $A TG.GET u:1 sliding_window 3 $H)" "OK
 0"
 
+# Requests pipelined to the server go to Redis as one pipeline: 200 TG.HIT
+# sent in one write cost Redis far fewer reads than 200 (one at a time, the
+# server would wait for each reply before sending the next), and every
+# reply is still in order, each key counted exactly
+reads() { rc $R INFO stats | tr -d '\r' | sed -n 's/^total_reads_processed://p'; }
+before=$(reads)
+burst=
+for ((i = 0; i < 200; i++)); do
+  burst+="TG.HIT p:$((i % 7)) fixed_window_per_key 1000 $H"$'\r\n'
+done
+replies=$(exec 3<>/dev/tcp/127.0.0.1/$A && printf '%s' "$burst" >&3 &&
+  timeout 30 head -n 1400 <&3 | tr -d '\r')
+after=$(reads)
+check "200 pipelined hits: all answered" eq "$(grep -c '^\*6$' <<<"$replies")" 200
+check "in order, each key counted exactly" eq "$(awk '
+  /^\*6$/ { n++; line = 0; next }
+  { line++ }
+  line == 2 { k = (n - 1) % 7; want = ++seen[k]; if ($0 != ":" want) bad++ }
+  END { print bad + 0 }' <<<"$replies")" 0
+check "and Redis read them in far fewer than 200 reads ($((after - before)))" \
+  test $((after - before)) -lt 100
+
 # Redis goes away: every decision is the failure policy's (fail open by
 # default), marked degraded; then it comes back, empty, and both recover
 kill -KILL "$(cat "$TG_TEST_REDIS_PIDFILE")"

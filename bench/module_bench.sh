@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# module_bench.sh [--rounds N] - the Redis module (tollgate.so) beside plain
+# INCR and the Redis store's Lua script, on one private redis-server that has
+# loaded the module (tests/redis/with_redis.sh --module: free loopback port,
+# temporary directory, killed at the end). Figures and how to read them:
+# BENCHMARKS.md, "Redis module".
+#
+# Each round measures, in turn, with redis-benchmark -P 16 -c 50 over 100,000
+# keys (-r): INCR, TG.HIT token_bucket, TG.HIT fixed_window, and EVALSHA of
+# the store's script with the arguments the library sends for a token-bucket
+# hit; before each, CONFIG RESETSTAT, after it, INFO commandstats, whose
+# usec_per_call is the server's CPU per command. Every quota admits every
+# call, so every call writes, and keeps its keys alive for the whole run, as
+# INCR's are: the fixed window 1e9 per hour, the token bucket 1000 per hour
+# with a burst of 1e6 (each hit keeps the key 3.6 s longer; the script's
+# arithmetic stays on its fast path in doubles, below 2^52). A bucket of 1e9
+# per second would be full again a few ns after each hit: its key would
+# expire at once, and the figure would measure Redis creating and expiring
+# keys. Then tollgate_redis_bench's
+# batch16 lines: tg_hit_batch of 16 through the library (which finds the
+# module and sends TG.STEP) beside redis-benchmark INCR -c 1 -P 16, rounds
+# interleaved inside the program. Medians of the rounds are printed, one
+# line per result, with the ratio to the baseline and whether the target
+# (issue 15) is met.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+rounds=5
+if [ "${1:-}" = --rounds ]; then
+  rounds=${2:?}
+  shift 2
+fi
+if [ "${1:-}" = --inside ]; then
+  # ---- runs inside with_redis.sh: TG_TEST_REDIS_PORT is the server ----
+  port=$TG_TEST_REDIS_PORT
+  cli() { redis-cli -p "$port" "$@"; }
+  sha=$(cli SCRIPT LOAD "$(cat src/store/redis.lua)")
+  out=$(mktemp)
+  trap 'rm -f "$out"' EXIT
+  # name | redis-benchmark command | commandstats name | requests (each
+  # case its own keys: a TG.HIT on an INCR counter is TG_ECORRUPT, which
+  # stops redis-benchmark)
+  cases=(
+    "incr|INCR i:__rand_int__|incr|3000000"
+    "module_tg_hit_token_bucket|TG.HIT t:__rand_int__ token_bucket 1000 3600000 BURST 1000000|tg.hit|3000000"
+    "module_tg_hit_fixed_window|TG.HIT f:__rand_int__ fixed_window 1000000000 3600000|tg.hit|3000000"
+    "script_evalsha_token_bucket|EVALSHA $sha 1 tg:{e:__rand_int__}:tb h 3 '' 3600000000 3600000000000000|evalsha|400000"
+  )
+  for r in $(seq 1 "$rounds"); do
+    for c in "${cases[@]}"; do
+      IFS='|' read -r name cmd stat n <<<"$c"
+      cli CONFIG RESETSTAT >/dev/null
+      # eval: the empty argument '' must reach redis-benchmark as one argv
+      rps=$(eval "redis-benchmark -p $port -P 16 -c 50 -r 100000 -n $n -q $cmd" \
+        2>/dev/null | tr '\r' '\n' | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -1)
+      usec=$(cli INFO commandstats | tr -d '\r' |
+        sed -n "s/^cmdstat_$stat:.*usec_per_call=\([0-9.]*\),.*failed_calls=\([0-9]*\).*/\1 \2/p")
+      echo "$name $r ${rps:-0} ${usec:-0 0}" >>"$out"
+    done
+  done
+  /usr/bin/python3 - "$out" "$rounds" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    name, _, rps, usec, failed = line.split()
+    rows.setdefault(name, []).append((float(rps), float(usec), int(failed)))
+med = {n: (statistics.median(r for r, _, _ in v),
+           statistics.median(u for _, u, _ in v),
+           sum(f for _, _, f in v)) for n, v in rows.items()}
+incr = med["incr"]
+print("name=incr requests_per_s=%.0f server_usec_per_call=%.3f failed=%d "
+      "rounds=%s stat=median" % (incr[0], incr[1], incr[2], sys.argv[2]))
+for n in ("module_tg_hit_token_bucket", "module_tg_hit_fixed_window"):
+    m = med[n]
+    print("name=%s requests_per_s=%.0f server_usec_per_call=%.3f failed=%d "
+          "baseline=incr ratio=%.2f target=ratio>=0.8 met=%s "
+          "cpu_ratio_vs_incr=%.2f rounds=%s stat=median"
+          % (n, m[0], m[1], m[2], m[0] / incr[0],
+             "yes" if m[0] / incr[0] >= 0.8 else "no", m[1] / incr[1],
+             sys.argv[2]))
+s = med["script_evalsha_token_bucket"]
+m = med["module_tg_hit_token_bucket"]
+print("name=script_evalsha_token_bucket requests_per_s=%.0f "
+      "server_usec_per_call=%.3f failed=%d rounds=%s stat=median"
+      % (s[0], s[1], s[2], sys.argv[2]))
+print("name=module_vs_script alg=token_bucket ratio=%.2f target=ratio>=5 "
+      "met=%s cpu_ratio=%.2f" % (m[0] / s[0], "yes" if m[0] / s[0] >= 5
+                                 else "no", s[1] / m[1]))
+PY
+  exec "$TG_BENCH_BIN" --reps "$rounds" --filter batch16
+fi
+
+build=${TG_BENCH_BUILD:-build/bench-release}
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DTG_WERROR=ON \
+  -DTG_WITH_REDIS=ON -DTG_BUILD_TESTS=OFF >/dev/null
+cmake --build "$build" --target tollgate_redis_bench tollgate_module \
+  -j"$(nproc)" >/dev/null
+echo "# tollgate module bench: $(git rev-parse --short HEAD 2>/dev/null || echo ?)," \
+  "$(date -u '+%Y-%m-%d %H:%M UTC'), $(redis-server --version | cut -d' ' -f3)," \
+  "load average $(cut -d' ' -f1-3 /proc/loadavg)"
+export TG_BENCH_BIN=$build/bench/tollgate_redis_bench
+exec tests/redis/with_redis.sh --module "$build/redis-module/tollgate.so" \
+  bash "$0" --rounds "$rounds" --inside
