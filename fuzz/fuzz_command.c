@@ -93,7 +93,9 @@ static void step(const tg__cmd *cmd, const tg__quota *q) {
       *q,
       cmd->op == TG__OP_GET || cmd->op == TG__OP_EXPIRES ? 0 : cmd->arg,
       T0_US,
-      false};
+      false,
+      0,
+      NULL};
   tg__outcome o;
   bool changed;
   for (int round = 0; round < 2; round++, c.now_us += 1000) {

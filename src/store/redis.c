@@ -654,6 +654,8 @@ static int eval(const redis_store *s, conn *k, const tg__call *c,
 
 static int redis_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
   redis_store *s = (redis_store *)base;
+  if (c->op > TG__OP_EXPIRES)
+    return TG_ENOTSUP; /* policies and reservations: not on Redis yet */
   bool probe;
   int rc = gate(s, &probe);
   if (rc != TG_OK)
@@ -854,9 +856,30 @@ static void redis_destroy(tg__store *base) {
   free(s);
 }
 
+/* FNV-1a over a string and a separator, for the ids below. */
+static uint64_t mix(uint64_t h, const char *s) {
+  for (; s && *s; s++)
+    h = (h ^ (unsigned char)*s) * UINT64_C(0x100000001b3);
+  return (h ^ 0xff) * UINT64_C(0x100000001b3);
+}
+
+/* Limiters on one server and database decide policies together; their
+ * states are one space per key prefix and algorithm (the key name's). */
+static void redis_ident(const tg__store *base, uint64_t group[2],
+                        uint64_t space[2]) {
+  const redis_store *s = (const redis_store *)base;
+  char num[48];
+  (void)snprintf(num, sizeof num, "%d/%d", s->port, s->db);
+  group[0] =
+      mix(mix(mix(UINT64_C(0xcbf29ce484222325), s->host), s->unix_path), num);
+  group[1] = 1;
+  space[0] = mix(mix(group[0], s->prefix), SUFFIX[s->alg]);
+  space[1] = 2;
+}
+
 static const tg__store_ops redis_ops = {
-    redis_exec, redis_reset,   redis_zero,      NULL,
-    redis_zero, redis_destroy, redis_exec_batch};
+    redis_exec,    redis_reset,      redis_zero,  NULL, redis_zero,
+    redis_destroy, redis_exec_batch, redis_ident, NULL};
 
 int tg__redis_built(void) { return 1; }
 
