@@ -32,10 +32,9 @@
  * store the same clock, or entries vanish before tollgate's time says so.
  *
  * Thread safety: every callback may be called from any thread; map_store_new
- * and map_store_free must not race with anything. A thread that holds a
- * key's lock (having called lock_and_get itself) and then asks tollgate about
- * a key of the same stripe waits for itself: with MAP_STORE_WAIT_FOREVER
- * that is a deadlock, otherwise BUSY.
+ * and map_store_free must not race with anything. The stripes' mutexes are
+ * recursive: a policy (tg_hit_rules) holds all its keys' locks at once, and
+ * two keys may share a stripe.
  */
 #ifndef CUSTOM_STORE_MAP_H
 #define CUSTOM_STORE_MAP_H

@@ -1,0 +1,735 @@
+/*
+ * test_rules.c - policies (tg_hit_rules), written from tollgate.h's
+ * "Policies" section, on every store that decides them: the custom store
+ * (all keys locked in key order) and the memory and shm stores (the
+ * optimistic CHECK/TAKE/UNDO protocol).
+ *
+ *   - the issue's scenario: 5 per second and 6 per minute over 20 calls
+ *     admit exactly what both allow, and the minute is charged only for
+ *     the admitted calls (two tg_hit calls would charge it 20);
+ *   - the answer: denied_by, the longest wait, the tightest rule, each
+ *     rule's own answer; shadow rules and shadow calls;
+ *   - refusals: invalid input, stores that cannot decide together, two
+ *     rules naming one state;
+ *   - a model test: a million random calls on two- and three-rule
+ *     policies over shared keys, every answer compared with a brute-force
+ *     reference written here from the contract (windows count, a sliding
+ *     list of admitted calls, buckets as water draining 1 ns per ns);
+ *   - threads: 4 threads on overlapping policies with time standing still
+ *     admit at most what any serial order allows, and every rule's state
+ *     ends equal to exactly what was admitted through it.
+ *
+ * Environment: TG_RULES_STEPS (model steps per store, default 1000000;
+ * 100000 under sanitizers).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../examples/custom_store_map.h"
+#include "tollgate.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+#define MS(x) ((uint64_t)(x)*UINT64_C(1000))
+#define T0 UINT64_C(1699999980000000) /* us, a multiple of 60 s */
+
+/* ---- the stores under test ---- */
+
+typedef enum kind { K_CUSTOM, K_MEMORY, K_SHM, K_COUNT } kind;
+static const char *const KIND_NAME[K_COUNT] = {"custom", "memory", "shm"};
+
+/* Whether a store kind decides policies in this build: the table stores
+ * join once their side of the protocol is there (set by main). */
+static bool kind_ready[K_COUNT];
+
+/* A hand clock shared by the limiters and the map store's TTLs. */
+static uint64_t hand_now = T0;
+static uint64_t hand_clock(void *ctx) {
+  (void)ctx;
+  return __atomic_load_n(&hand_now, __ATOMIC_RELAXED);
+}
+
+typedef struct world {
+  kind k;
+  map_store *map;
+  tg_custom_store cs;
+  tg_limiter *lim[TG_ALGORITHM_COUNT];
+  char shm_name[64];
+} world;
+
+static void world_new(world *w, kind k) {
+  memset(w, 0, sizeof *w);
+  w->k = k;
+  if (k == K_CUSTOM) {
+    map_store_options o;
+    map_store_options_init(&o);
+    o.clock = hand_clock;
+    o.lock_wait_us = MAP_STORE_WAIT_FOREVER;
+    assert_int_equal(map_store_new(&w->map, &o), 0);
+    map_store_callbacks(w->map, &w->cs);
+  }
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_config cfg;
+    tg_config_init(&cfg);
+    cfg.algorithm = (tg_algorithm)a;
+    cfg.clock = hand_clock;
+    cfg.clean_period_ms = 0;
+    cfg.capacity = 1024;
+    cfg.sliding_max_entries = 64;
+    if (k == K_CUSTOM)
+      cfg.custom_store = &w->cs;
+    if (k == K_SHM) {
+      snprintf(w->shm_name, sizeof w->shm_name, "/tg-rules-%ld-%d",
+               (long)getpid(), a);
+      tg_shm_unlink(w->shm_name);
+      cfg.shm_name = w->shm_name;
+    }
+    assert_int_equal(tg_limiter_new(&w->lim[a], &cfg), 0);
+    if (k == K_SHM)
+      tg_shm_unlink(w->shm_name);
+  }
+}
+
+static void world_free(world *w) {
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+    tg_limiter_destroy(w->lim[a]);
+  map_store_free(w->map);
+}
+
+static tg_rule rule(tg_limiter *lim, const char *key, const tg_quota *q,
+                    uint64_t cost) {
+  tg_rule r;
+  memset(&r, 0, sizeof r);
+  r.lim = lim;
+  r.key = key;
+  r.key_len = strlen(key);
+  r.q = q;
+  r.cost = cost;
+  return r;
+}
+
+/* ---- the issue's scenario ---- */
+
+/* 5 per second and 6 per minute, 20 calls 100 ms apart: the first five
+ * pass, the next five meet the second's limit, the sixth of the minute
+ * passes at 1 s, then the minute denies. The minute is charged 6. */
+static void scenario(kind k, tg_algorithm per_second) {
+  world w;
+  world_new(&w, k);
+  const tg_quota sec = {5, 1000, 5}, min = {6, 60000, 0};
+  unsigned admitted = 0;
+  for (unsigned i = 0; i < 20; i++) {
+    uint64_t now = T0 + MS(100) * i;
+    /* two keys: a custom store holds one state per key bytes */
+    tg_rule r[2] = {rule(w.lim[per_second], "s:user:42", &sec, 1),
+                    rule(w.lim[TG_FIXED_WINDOW], "m:user:42", &min, 1)};
+    tg_rules_result out;
+    assert_int_equal(tg_hit_rules_at(now, r, 2, 0, &out), 0);
+    /* a window or log: five in the first second, the sixth at 1 s; a
+     * bucket refills one per 200 ms, so the sixth passes at 500 ms */
+    bool bucket = per_second == TG_TOKEN_BUCKET;
+    bool expect = bucket ? i < 6 : i < 5 || i == 10;
+    if (out.r.allowed != expect)
+      fail_msg("%s: call %u at +%u ms: allowed %d, expected %d", KIND_NAME[k],
+               i, 100 * i, out.r.allowed, expect);
+    admitted += out.r.allowed;
+    if (!bucket && i >= 5 && i < 10) {
+      assert_int_equal(out.denied_by, 0); /* the second's rule */
+      assert_false(r[0].result.allowed);
+      assert_true(r[1].result.allowed); /* the minute alone would pass */
+      assert_int_equal(r[1].result.count, i < 10 ? 5 : 6); /* not charged */
+    }
+    if (i > 10) {
+      assert_int_equal(out.denied_by, 1);
+      /* the minute ends at T0 + 60 s: the whole policy waits that long */
+      assert_int_equal(out.r.retry_after_ms, 60000 - 100 * i);
+      assert_int_equal(out.r.remaining, 0);
+    }
+  }
+  assert_int_equal(admitted, 6);
+  uint64_t minute_count;
+  assert_int_equal(tg_get_at(w.lim[TG_FIXED_WINDOW], T0 + MS(1900), "m:user:42",
+                             9, &min, &minute_count),
+                   0);
+  assert_int_equal(minute_count, 6);
+  /* what the issue saw: the same calls as two tg_hit each charge the
+   * minute for every call, admitted or not */
+  unsigned both = 0;
+  for (unsigned i = 0; i < 20; i++) {
+    uint64_t now = T0 + MS(100) * i;
+    tg_result a, b;
+    assert_int_equal(
+        tg_hit_at(w.lim[per_second], now, "s:other", 7, &sec, 1, &a), 0);
+    assert_int_equal(
+        tg_hit_at(w.lim[TG_FIXED_WINDOW], now, "m:other", 7, &min, 1, &b), 0);
+    both += a.allowed && b.allowed;
+  }
+  assert_int_equal(tg_get_at(w.lim[TG_FIXED_WINDOW], T0 + MS(1900), "m:other",
+                             7, &min, &minute_count),
+                   0);
+  assert_int_equal(minute_count, 20);
+  assert_true(both <= 6);
+  world_free(&w);
+}
+
+static void test_scenario(void **state) {
+  (void)state;
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k])
+      continue;
+    scenario((kind)k, TG_FIXED_WINDOW);
+    scenario((kind)k, TG_TOKEN_BUCKET);
+    scenario((kind)k, TG_SLIDING_WINDOW);
+  }
+}
+
+/* The answer's fields: the longest wait of the denying rules, the tightest
+ * rule, and each rule's own numbers. */
+static void test_answer(void **state) {
+  (void)state;
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k])
+      continue;
+    world w;
+    world_new(&w, (kind)k);
+    const tg_quota a = {2, 1000, 0}, b = {3, 10000, 0}, c = {10, 1000, 10};
+    tg_rule r[3] = {rule(w.lim[TG_FIXED_WINDOW], "a", &a, 1),
+                    rule(w.lim[TG_FIXED_WINDOW_PER_KEY], "b", &b, 1),
+                    rule(w.lim[TG_LEAKY_BUCKET], "c", &c, 1)};
+    tg_rules_result out;
+    assert_int_equal(tg_hit_rules_at(T0, r, 3, 0, &out), 0);
+    assert_true(out.r.allowed);
+    assert_int_equal(out.denied_by, TG_RULE_NONE);
+    assert_int_equal(out.tightest, 0); /* a: 1 left */
+    assert_int_equal(out.r.remaining, 1);
+    assert_int_equal(out.r.count, 1);
+    assert_int_equal(r[1].result.remaining, 2);
+    assert_int_equal(r[2].result.count, 1); /* leaky level */
+    assert_int_equal(out.r.reset_after_ms, 10000);
+    assert_int_equal(tg_hit_rules_at(T0 + MS(10), r, 3, 0, &out), 0);
+    assert_true(out.r.allowed);
+    /* a is spent: denied by a until its window ends (990 ms); b's per-key
+     * window would still pass. Cost 3 on b: b denies too, until 10 s. */
+    r[1].cost = 3;
+    assert_int_equal(tg_hit_rules_at(T0 + MS(20), r, 3, 0, &out), 0);
+    assert_false(out.r.allowed);
+    assert_int_equal(out.denied_by, 0);
+    assert_int_equal(out.r.retry_after_ms, 9980);
+    assert_false(r[0].result.allowed);
+    assert_int_equal(r[0].result.retry_after_ms, 980);
+    assert_int_equal(r[0].result.count, 2); /* unchanged: not counted */
+    assert_false(r[1].result.allowed);
+    assert_true(r[2].result.allowed);
+    assert_int_equal(r[2].result.retry_after_ms, 0);
+    assert_int_equal(r[2].result.count, 2); /* as left: 2, not 3 */
+    /* a cost no rule can ever pass */
+    r[1].cost = 4;
+    assert_int_equal(tg_hit_rules_at(T0 + MS(2000), r, 3, 0, &out), 0);
+    assert_false(out.r.allowed);
+    assert_int_equal(out.denied_by, 1);
+    assert_int_equal(out.r.retry_after_ms, TG_NEVER);
+    world_free(&w);
+  }
+}
+
+/* Shadow: a shadow limiter's rule is recorded but does not deny; a shadow
+ * call is decided as usual and answered allowed. */
+static void test_shadow(void **state) {
+  (void)state;
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k])
+      continue;
+    world w;
+    world_new(&w, (kind)k);
+    tg_config cfg;
+    tg_config_init(&cfg);
+    cfg.algorithm = TG_TOKEN_BUCKET;
+    cfg.clock = hand_clock;
+    cfg.clean_period_ms = 0;
+    cfg.shadow = true;
+    if (k == K_CUSTOM)
+      cfg.custom_store = &w.cs;
+    if (k == K_SHM)
+      cfg.shm_name = NULL; /* memory and shm decide together */
+    tg_limiter *sh;
+    assert_int_equal(tg_limiter_new(&sh, &cfg), 0);
+    const tg_quota one = {1, 1000, 1}, ten = {10, 1000, 0};
+    tg_rule r[2] = {rule(w.lim[TG_FIXED_WINDOW], "real", &ten, 1),
+                    rule(sh, "new-limit", &one, 1)};
+    tg_rules_result out;
+    assert_int_equal(tg_hit_rules_at(T0, r, 2, 0, &out), 0);
+    assert_true(out.r.allowed);
+    assert_false(out.r.shadow_denied);
+    assert_int_equal(tg_hit_rules_at(T0, r, 2, 0, &out), 0);
+    assert_true(out.r.allowed); /* the shadow rule would deny */
+    assert_true(out.r.shadow_denied);
+    assert_int_equal(out.denied_by, 1);
+    assert_true(r[1].result.allowed);
+    assert_true(r[1].result.shadow_denied);
+    uint64_t v;
+    assert_int_equal(tg_get_at(w.lim[TG_FIXED_WINDOW], T0, "real", 4, &ten, &v),
+                     0);
+    assert_int_equal(v, 2); /* the real rule consumed both times */
+    /* a shadow call: decided as usual (a denial consumes nothing), answered
+     * allowed */
+    const tg_quota two = {2, 1000, 0};
+    tg_rule s[2] = {rule(w.lim[TG_FIXED_WINDOW], "real", &ten, 1),
+                    rule(w.lim[TG_FIXED_WINDOW], "small", &two, 3)};
+    assert_int_equal(tg_hit_rules_at(T0, s, 2, TG_RULES_SHADOW, &out), 0);
+    assert_true(out.r.allowed);
+    assert_true(out.r.shadow_denied);
+    assert_int_equal(out.denied_by, 1);
+    assert_int_equal(out.r.retry_after_ms, TG_NEVER);
+    assert_int_equal(tg_get_at(w.lim[TG_FIXED_WINDOW], T0, "real", 4, &ten, &v),
+                     0);
+    assert_int_equal(v, 2);
+    tg_stats st;
+    assert_int_equal(tg_limiter_stats(sh, &st, sizeof st), 0);
+    assert_int_equal(st.allowed, 1);
+    assert_int_equal(st.shadow_denied, 1);
+    assert_int_equal(st.denied, 0);
+    tg_limiter_destroy(sh);
+    world_free(&w);
+  }
+}
+
+/* Refusals: nothing is decided, the offending rule is named. */
+static void test_refusals(void **state) {
+  (void)state;
+  world w, m;
+  world_new(&w, K_CUSTOM);
+  world_new(&m, K_MEMORY);
+  const tg_quota q = {5, 1000, 0}, bad = {0, 1000, 0};
+  tg_rules_result out;
+  tg_rule r[TG_RULES_MAX + 1];
+  for (int i = 0; i <= TG_RULES_MAX; i++)
+    r[i] = rule(w.lim[TG_FIXED_WINDOW], "k", &q, 1);
+  assert_int_equal(tg_hit_rules_at(T0, r, 1, 0, NULL), TG_EINVAL);
+  assert_int_equal(tg_hit_rules_at(T0, NULL, 1, 0, &out), TG_EINVAL);
+  assert_int_equal(tg_hit_rules_at(T0, r, 0, 0, &out), TG_EINVAL);
+  assert_int_equal(tg_hit_rules_at(T0, r, TG_RULES_MAX + 1, 0, &out),
+                   TG_EINVAL);
+  assert_int_equal(tg_hit_rules_at(T0, r, 1, 8u, &out), TG_EINVAL);
+  tg_rule x[2] = {rule(w.lim[TG_FIXED_WINDOW], "a", &q, 1),
+                  rule(w.lim[TG_FIXED_WINDOW], "b", &bad, 1)};
+  assert_int_equal(tg_hit_rules_at(T0, x, 2, 0, &out), TG_EQUOTA);
+  assert_int_equal(out.denied_by, 1);
+  assert_int_equal(x[1].status, TG_EQUOTA);
+  assert_false(out.r.allowed);
+  x[1] = rule(NULL, "b", &q, 1);
+  assert_int_equal(tg_hit_rules_at(T0, x, 2, 0, &out), TG_EINVAL);
+  x[1] = rule(w.lim[TG_FIXED_WINDOW], "", &q, 1);
+  assert_int_equal(tg_hit_rules_at(T0, x, 2, 0, &out), TG_EKEY);
+  /* a custom store and a memory table cannot decide together */
+  x[1] = rule(m.lim[TG_FIXED_WINDOW], "b", &q, 1);
+  assert_int_equal(tg_hit_rules_at(T0, x, 2, 0, &out), TG_EINVAL);
+  /* one state twice: the same key on one custom store, whatever the
+   * algorithm (its callbacks see only the key) */
+  x[1] = rule(w.lim[TG_TOKEN_BUCKET], "a", &q, 1);
+  assert_int_equal(tg_hit_rules_at(T0, x, 2, 0, &out), TG_EINVAL);
+  /* ...and on one table; two tables may share a key */
+  tg_rule y[2] = {rule(m.lim[TG_FIXED_WINDOW], "a", &q, 1),
+                  rule(m.lim[TG_FIXED_WINDOW], "a", &q, 2)};
+  assert_int_equal(tg_hit_rules_at(T0, y, 2, 0, &out), TG_EINVAL);
+  /* nothing above consumed anything */
+  uint64_t v = 9;
+  assert_int_equal(tg_get_at(w.lim[TG_FIXED_WINDOW], T0, "a", 1, &q, &v), 0);
+  assert_int_equal(v, 0);
+  world_free(&w);
+  world_free(&m);
+}
+
+/* ---- the model test ----
+ * The reference keeps, per (algorithm, key), what the contract says the
+ * state is, in its own terms: a window's index and count, a sliding
+ * window's admitted calls, a bucket's water in ns (draining 1 ns per ns,
+ * a call adding cost * T, allowed while it stays within burst * T). */
+
+#define MODEL_KEYS 3
+#define MODEL_LOG 256
+
+typedef struct model_key {
+  uint64_t win_end_us, win_count; /* windows */
+  uint64_t t[MODEL_LOG], c[MODEL_LOG];
+  unsigned n;                 /* sliding: admitted calls */
+  uint64_t water_ns, last_ns; /* buckets */
+} model_key;
+
+static model_key model[TG_ALGORITHM_COUNT][MODEL_KEYS];
+
+static uint64_t t_ns(const tg_quota *q) {
+  uint64_t p = q->period_ms * UINT64_C(1000000);
+  return p / q->limit + (p % q->limit != 0);
+}
+
+static uint64_t burst(const tg_quota *q) {
+  return q->burst ? q->burst : q->limit;
+}
+
+static uint64_t ms_up(uint64_t us) { return us / 1000 + (us % 1000 != 0); }
+
+/* One rule's verdict at now on the reference, and its wait. */
+static bool model_check(tg_algorithm alg, model_key *m, const tg_quota *q,
+                        uint64_t cost, uint64_t now, uint64_t *retry) {
+  uint64_t period_us = q->period_ms * 1000;
+  *retry = 0;
+  switch (alg) {
+  case TG_FIXED_WINDOW: {
+    uint64_t end = (now / period_us + 1) * period_us;
+    uint64_t count = m->win_end_us == end ? m->win_count : 0;
+    if (count + cost <= q->limit)
+      return true;
+    *retry = cost > q->limit ? TG_NEVER : ms_up(end - now);
+    return false;
+  }
+  case TG_FIXED_WINDOW_PER_KEY: {
+    bool live = m->win_end_us > now;
+    uint64_t count = live ? m->win_count : 0;
+    if (count + cost <= q->limit)
+      return true;
+    *retry = cost > q->limit
+                 ? TG_NEVER
+                 : ms_up((live ? m->win_end_us : now + period_us) - now);
+    return false;
+  }
+  case TG_SLIDING_WINDOW: {
+    uint64_t sum = 0;
+    for (unsigned i = 0; i < m->n; i++)
+      if (m->t[i] + period_us > now)
+        sum += m->c[i];
+    if (sum + cost <= q->limit)
+      return true;
+    if (cost > q->limit) {
+      *retry = TG_NEVER;
+      return false;
+    }
+    for (unsigned i = 0; i < m->n; i++) { /* oldest first */
+      if (m->t[i] + period_us <= now)
+        continue;
+      sum -= m->c[i];
+      if (sum + cost <= q->limit) {
+        *retry = ms_up(m->t[i] + period_us - now);
+        break;
+      }
+    }
+    return false;
+  }
+  case TG_TOKEN_BUCKET:
+  case TG_LEAKY_BUCKET: {
+    uint64_t t = t_ns(q), now_ns = now * 1000;
+    uint64_t water = m->water_ns > now_ns - m->last_ns
+                         ? m->water_ns - (now_ns - m->last_ns)
+                         : 0;
+    if (m->last_ns == 0)
+      water = 0;
+    if (cost > burst(q)) {
+      *retry = TG_NEVER;
+      return false;
+    }
+    if (water + cost * t <= burst(q) * t)
+      return true;
+    uint64_t over = water + cost * t - burst(q) * t;
+    *retry = over / 1000000 + (over % 1000000 != 0);
+    return false;
+  }
+  }
+  return false;
+}
+
+static void model_take(tg_algorithm alg, model_key *m, const tg_quota *q,
+                       uint64_t cost, uint64_t now) {
+  uint64_t period_us = q->period_ms * 1000;
+  switch (alg) {
+  case TG_FIXED_WINDOW: {
+    uint64_t end = (now / period_us + 1) * period_us;
+    if (m->win_end_us != end)
+      m->win_count = 0;
+    m->win_end_us = end;
+    m->win_count += cost;
+    break;
+  }
+  case TG_FIXED_WINDOW_PER_KEY:
+    if (cost == 0)
+      break;
+    if (m->win_end_us <= now) {
+      m->win_end_us = now + period_us;
+      m->win_count = 0;
+    }
+    m->win_count += cost;
+    break;
+  case TG_SLIDING_WINDOW: {
+    if (cost == 0)
+      break;
+    unsigned k = 0; /* drop what expired */
+    for (unsigned i = 0; i < m->n; i++)
+      if (m->t[i] + period_us > now) {
+        m->t[k] = m->t[i];
+        m->c[k++] = m->c[i];
+      }
+    m->n = k;
+    if (k > 0 && m->t[k - 1] == now) {
+      m->c[k - 1] += cost;
+    } else {
+      assert_true(k < MODEL_LOG);
+      m->t[k] = now;
+      m->c[k] = cost;
+      m->n = k + 1;
+    }
+    break;
+  }
+  case TG_TOKEN_BUCKET:
+  case TG_LEAKY_BUCKET: {
+    uint64_t now_ns = now * 1000;
+    uint64_t water = m->last_ns && m->water_ns > now_ns - m->last_ns
+                         ? m->water_ns - (now_ns - m->last_ns)
+                         : 0;
+    m->water_ns = water + cost * t_ns(q);
+    m->last_ns = now_ns;
+    break;
+  }
+  }
+}
+
+static uint64_t rnd_state;
+static uint64_t rnd(uint64_t n) {
+  uint64_t z = (rnd_state += UINT64_C(0x9E3779B97F4A7C15));
+  z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+  return (z ^ (z >> 31)) % n;
+}
+
+/* A rule of the model's policies: an algorithm, a key index, a quota. */
+typedef struct mrule {
+  tg_algorithm alg;
+  unsigned key;
+  tg_quota q;
+} mrule;
+
+static void model_run(kind k, uint64_t steps) {
+  static const char *const KEYS[MODEL_KEYS] = {"k0", "k1", "k2"};
+  memset(model, 0, sizeof model);
+  world w;
+  world_new(&w, k);
+  /* eight policies of two or three rules, with quotas drawn once; rules
+   * of different policies share states (same algorithm and key) and then
+   * the same quota, as a key should keep one */
+  mrule pol[8][3];
+  unsigned len[8];
+  tg_quota quota[TG_ALGORITHM_COUNT][MODEL_KEYS];
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+    for (int i = 0; i < MODEL_KEYS; i++)
+      quota[a][i] = (tg_quota){1 + rnd(6), 100 * (1 + rnd(20)), rnd(4)};
+  for (int p = 0; p < 8; p++) {
+    len[p] = 2 + (unsigned)rnd(2);
+    for (unsigned j = 0; j < len[p]; j++) {
+      bool dup;
+      do {
+        pol[p][j].alg = (tg_algorithm)rnd(TG_ALGORITHM_COUNT);
+        pol[p][j].key = (unsigned)rnd(MODEL_KEYS);
+        dup = false;
+        for (unsigned i = 0; i < j; i++) {
+          /* one state per policy: a custom store keys by bytes only */
+          bool same_key = pol[p][i].key == pol[p][j].key;
+          if (same_key && (k == K_CUSTOM || pol[p][i].alg == pol[p][j].alg))
+            dup = true;
+        }
+      } while (dup);
+      pol[p][j].q = quota[pol[p][j].alg][pol[p][j].key];
+    }
+  }
+  /* the custom store keys by bytes only: give each algorithm its own */
+  char names[TG_ALGORITHM_COUNT][MODEL_KEYS][8];
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+    for (int i = 0; i < MODEL_KEYS; i++)
+      snprintf(names[a][i], sizeof names[a][i], "%d:%s", a, KEYS[i]);
+  uint64_t now = T0;
+  for (uint64_t step = 0; step < steps; step++) {
+    now += rnd(4) == 0 ? MS(rnd(2000)) : MS(rnd(60));
+    hand_now = now;
+    unsigned p = (unsigned)rnd(8);
+    tg_rule r[3];
+    bool expect = true;
+    size_t expect_by = TG_RULE_NONE;
+    uint64_t expect_retry = 0;
+    bool verdict[3];
+    for (unsigned j = 0; j < len[p]; j++) {
+      const mrule *m = &pol[p][j];
+      uint64_t cost = rnd(5) == 0 ? 0 : 1 + rnd(3);
+      r[j] = rule(w.lim[m->alg], names[m->alg][m->key], &pol[p][j].q, cost);
+      uint64_t retry;
+      verdict[j] =
+          model_check(m->alg, &model[m->alg][m->key], &m->q, cost, now, &retry);
+      if (!verdict[j]) {
+        expect = false;
+        if (expect_by == TG_RULE_NONE)
+          expect_by = j;
+        if (retry > expect_retry)
+          expect_retry = retry;
+      }
+    }
+    tg_rules_result out;
+    int rc = tg_hit_rules_at(now, r, len[p], 0, &out);
+    bool ok = rc == 0 && out.r.allowed == expect &&
+              out.denied_by == expect_by &&
+              (expect || out.r.retry_after_ms == expect_retry);
+    for (unsigned j = 0; ok && j < len[p]; j++)
+      ok = r[j].result.allowed == verdict[j];
+    if (!ok) {
+      fprintf(stderr,
+              "%s step %" PRIu64 " policy %u at +%" PRIu64 " us: rc %d "
+              "allowed %d (expected %d) denied_by %zu (%zu) retry %" PRIu64
+              " (%" PRIu64 ")\n",
+              KIND_NAME[k], step, p, now - T0, rc, out.r.allowed, expect,
+              out.denied_by, expect_by, out.r.retry_after_ms, expect_retry);
+      for (unsigned j = 0; j < len[p]; j++)
+        fprintf(stderr,
+                "  rule %u: %s %s q=%" PRIu64 "/%" PRIu64 "ms b%" PRIu64
+                " cost %" PRIu64 ": %d (model %d)\n",
+                j, tg_algorithm_name(pol[p][j].alg),
+                names[pol[p][j].alg][pol[p][j].key], pol[p][j].q.limit,
+                pol[p][j].q.period_ms, pol[p][j].q.burst, r[j].cost,
+                r[j].result.allowed, verdict[j]);
+      fail();
+    }
+    if (expect)
+      for (unsigned j = 0; j < len[p]; j++)
+        model_take(pol[p][j].alg, &model[pol[p][j].alg][pol[p][j].key],
+                   &pol[p][j].q, r[j].cost, now);
+  }
+  hand_now = T0;
+  world_free(&w);
+}
+
+static uint64_t model_steps(void) {
+  const char *s = getenv("TG_RULES_STEPS");
+  if (s && *s)
+    return strtoull(s, NULL, 0);
+  return SANITIZED ? 100000 : 1000000;
+}
+
+static void test_model(void **state) {
+  (void)state;
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k])
+      continue;
+    rnd_state = UINT64_C(0x5eed0fa11) + (uint64_t)k;
+    printf("model: %s, %" PRIu64 " steps\n", KIND_NAME[k], model_steps());
+    model_run((kind)k, model_steps());
+  }
+}
+
+/* ---- threads ----
+ * Four threads, time standing still: thread i decides {A, B_i} where A
+ * (shared, limit 100) is a fixed window, B_i (limit 40) thread i's own
+ * rule of a varying algorithm. Any serial order admits at most 100 in all
+ * and 40 per thread; and since nothing refills, every rule's state must
+ * end equal to exactly the cost admitted through it: a denied call that
+ * left a consumption behind, or a lost update, shows there. */
+
+#define THREADS 4
+#define CALLS 120
+
+typedef struct stress {
+  world *w;
+  unsigned id;
+  unsigned admitted;
+  int errors;
+} stress;
+
+static const tg_quota QA = {100, 60000, 0}, QB = {40, 60000, 40};
+static const tg_algorithm B_ALG[THREADS] = {TG_FIXED_WINDOW, TG_SLIDING_WINDOW,
+                                            TG_TOKEN_BUCKET, TG_LEAKY_BUCKET};
+
+static void *stress_main(void *p) {
+  stress *s = p;
+  char key[16];
+  snprintf(key, sizeof key, "B%u", s->id);
+  for (unsigned i = 0; i < CALLS; i++) {
+    tg_rule r[2] = {rule(s->w->lim[TG_FIXED_WINDOW], "A", &QA, 1),
+                    rule(s->w->lim[B_ALG[s->id]], key, &QB, 1)};
+    if (s->id % 2)
+      r[0] = rule(s->w->lim[B_ALG[s->id]], key, &QB, 1),
+      r[1] = rule(s->w->lim[TG_FIXED_WINDOW], "A", &QA, 1);
+    tg_rules_result out;
+    if (tg_hit_rules_at(T0, r, 2, 0, &out) != 0)
+      s->errors++;
+    else
+      s->admitted += out.r.allowed;
+  }
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k])
+      continue;
+    for (int round = 0; round < 5; round++) {
+      world w;
+      world_new(&w, (kind)k);
+      pthread_t th[THREADS];
+      stress s[THREADS];
+      for (unsigned i = 0; i < THREADS; i++) {
+        s[i] = (stress){&w, i, 0, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, stress_main, &s[i]), 0);
+      }
+      unsigned total = 0;
+      for (unsigned i = 0; i < THREADS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(s[i].errors, 0);
+        assert_true(s[i].admitted <= 40);
+        total += s[i].admitted;
+      }
+      assert_true(total <= 100);
+      uint64_t v;
+      assert_int_equal(tg_get_at(w.lim[TG_FIXED_WINDOW], T0, "A", 1, &QA, &v),
+                       0);
+      assert_int_equal(v, total);
+      for (unsigned i = 0; i < THREADS; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "B%u", i);
+        assert_int_equal(
+            tg_get_at(w.lim[B_ALG[i]], T0, key, strlen(key), &QB, &v), 0);
+        uint64_t used = B_ALG[i] == TG_TOKEN_BUCKET ? 40 - v : v;
+        if (used != s[i].admitted)
+          fail_msg("%s: rule B%u (%s) holds %" PRIu64 ", admitted %u",
+                   KIND_NAME[k], i, tg_algorithm_name(B_ALG[i]), used,
+                   s[i].admitted);
+      }
+      world_free(&w);
+    }
+  }
+}
+
+int main(void) {
+  kind_ready[K_CUSTOM] = true;
+  const char *t = getenv("TG_RULES_TABLE");
+  kind_ready[K_MEMORY] = kind_ready[K_SHM] = t && *t == '1';
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_scenario), cmocka_unit_test(test_answer),
+      cmocka_unit_test(test_shadow),   cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_model),    cmocka_unit_test(test_threads),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
