@@ -3,8 +3,7 @@
  * tollgate.h's "Reservations" section: exact spacing to the nanosecond of
  * GCRA's emission interval, refusals that consume nothing, nginx
  * limit_req's burst/delay mapping, what cancelling may and may not give
- * back, shadow mode; on the custom store, and on the memory store once the
- * table records what a reservation consumed (TG_RULES_TABLE=1).
+ * back, shadow mode; on the custom store and on the memory store.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -241,16 +240,13 @@ static void test_shadow(void **state) {
 }
 
 int main(void) {
-  const char *t = getenv("TG_RULES_TABLE");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_spacing), cmocka_unit_test(test_refused),
       cmocka_unit_test(test_nginx),   cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_shadow),
   };
   int rc = cmocka_run_group_tests_name("custom store", tests, NULL, NULL);
-  if (t && *t == '1') {
-    on_memory = true;
-    rc |= cmocka_run_group_tests_name("memory store", tests, NULL, NULL);
-  }
+  on_memory = true;
+  rc |= cmocka_run_group_tests_name("memory store", tests, NULL, NULL);
   return rc;
 }
