@@ -50,6 +50,7 @@ static void make(fixture *f, tg_algorithm alg, bool shadow) {
     map_store_options o;
     map_store_options_init(&o);
     o.clock = hand_clock;
+    o.recursive = 1;
     assert_int_equal(map_store_new(&f->map, &o), 0);
     map_store_callbacks(f->map, &f->cs);
     cfg.custom_store = &f->cs;

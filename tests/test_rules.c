@@ -89,6 +89,7 @@ static void world_new(world *w, kind k) {
     map_store_options o;
     map_store_options_init(&o);
     o.clock = hand_clock;
+    o.recursive = 1;
     /* the default wait: its stripes are shared by keys, so two policies
      * may meet holding them in opposite orders; BUSY lets one go */
     o.lock_wait_us = 1000;

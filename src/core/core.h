@@ -92,6 +92,14 @@ typedef struct tg__token {
   bool seen_ok;     /* seen[] is valid */
   bool seen_absent; /* the key was absent */
   uint64_t seen[2];
+  uint64_t where[2]; /* where the store found the key (table: the slot and
+                        its ctrl word), so the TAKE need not look again */
+  bool next_ok;      /* next[] is the state a TAKE writes over seen[] (the
+                        check ran the same step): a TAKE that finds seen[]
+                        unchanged publishes it without stepping again, and
+                        then sets `reused`: its answer is the CHECK's */
+  bool reused;
+  uint64_t next[2];
   /* TAKE, RESERVE -> UNDO, CANCEL: the consumption */
   bool taken;        /* something was consumed (else there is nothing to
                         give back) */

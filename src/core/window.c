@@ -70,11 +70,11 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
     bool allowed = count <= limit;
     tg__state after = w;
     if (allowed && cost > 0) {
+      /* a CHECK reports the consumed state too, without it being published
+       * (the store may publish it on the TAKE that follows) */
       after.b = count;
-      if (c->op == TG__OP_TAKE) {
-        *st = after;
-        *changed = true;
-      }
+      *st = after;
+      *changed = true;
     }
     const tg__state *left = allowed && cost > 0 ? &after : st;
     uint64_t shown = allowed ? count : w.b;

@@ -823,7 +823,22 @@ static bool gen_now(const tg__table *t, const kref *k, uint32_t *g) {
   return true;
 }
 
-static int exec_rule_state(tg__table *t, const kref *k, const tg__call *c,
+/* The key's hash and words, computed on first use: a TAKE that finds its
+ * slot where the CHECK left it never hashes the key again. */
+typedef struct lazy_key {
+  kref k;
+  bool ready;
+} lazy_key;
+
+static const kref *lazy(const tg__table *t, lazy_key *lk, const tg__call *c) {
+  if (!lk->ready) {
+    kref_init(t, &lk->k, c->key, c->key_len);
+    lk->ready = true;
+  }
+  return &lk->k;
+}
+
+static int exec_rule_state(tg__table *t, lazy_key *lk, const tg__call *c,
                            tg__outcome *o) {
   tg__token *tok = c->tok;
   const bool check = c->op == TG__OP_CHECK;
@@ -831,10 +846,18 @@ static int exec_rule_state(tg__table *t, const kref *k, const tg__call *c,
   tg__call tmp;
   bool first = !check && !give && tok->seen_ok; /* start from CHECK's pair */
   for (;;) {
-    uint64_t i, ctl, w0, w1;
-    bool found = first ? !tok->seen_absent : find(t, k, &i, &ctl);
-    if (first && found && !find(t, k, &i, &ctl))
-      found = false; /* gone since the check: it is absent now */
+    uint64_t i = 0, ctl = 0, w0, w1;
+    bool found;
+    if (first && !tok->seen_absent && tok->where[0] < t->g.nslots &&
+        tg__load_acquire(&t->ctrl[tok->where[0]]) == tok->where[1]) {
+      /* the slot the check found still holds that key: the ctrl word
+       * (status, key length, tag, generation) is unchanged */
+      i = tok->where[0];
+      ctl = tok->where[1];
+      found = true;
+    } else {
+      found = find(t, lazy(t, lk, c), &i, &ctl);
+    }
     if (!found) {
       first = false;
       if (give)
@@ -851,12 +874,12 @@ static int exec_rule_state(tg__table *t, const kref *k, const tg__call *c,
       }
       if (rc != TG_OK || !changed || tg__state_fresh(c->alg, &st, ac->now_us))
         return rc;
-      rc = insert(t, k, ac, &st, NULL, &published);
+      rc = insert(t, lazy(t, lk, c), ac, &st, NULL, &published);
       if (rc != TG_OK)
         return rc;
       if (published) {
         uint32_t g;
-        bool known = gen_now(t, k, &g);
+        bool known = gen_now(t, lazy(t, lk, c), &g);
         receipt(tok, known, known ? g : 0, &zero, &st, ac->now_us);
         return TG_OK;
       }
@@ -875,6 +898,15 @@ static int exec_rule_state(tg__table *t, const kref *k, const tg__call *c,
        * pair read around it is consistent, and a CHECK writes nothing */
       tg__load_pair(p, is_window(c->alg) ? 0 : 1, &w0, &w1);
     }
+    if (first && tok->next_ok && w0 == tok->seen[0] && w1 == tok->seen[1] &&
+        tg__cas128(p, &w0, &w1, tok->next[0], tok->next[1])) {
+      /* the state is still the one checked: publish what the check's step
+       * computed (its receipt is already in the token) */
+      tok->taken = true;
+      tok->reused = true;
+      tok->now_us = c->now_us;
+      return TG_OK;
+    }
     first = false;
     while (gen_ok(c->alg, w0, w1, g)) {
       tg__state st = decode(c->alg, w0, w1), before = st;
@@ -887,7 +919,17 @@ static int exec_rule_state(tg__table *t, const kref *k, const tg__call *c,
         tok->seen_absent = false;
         tok->seen[0] = w0;
         tok->seen[1] = w1;
+        tok->where[0] = i;
+        tok->where[1] = ctl;
         tok->gen = g;
+        /* what a TAKE from this pair would write: the same step (a CHECK
+         * computes the consumed state, it only does not publish it) */
+        tok->next_ok = rc == TG_OK && changed;
+        if (tok->next_ok) {
+          encode(c->alg, &st, g, &tok->next[0], &tok->next[1]);
+          tok->before = before;
+          tok->after = st;
+        }
         return rc;
       }
       if (rc != TG_OK || !changed) {
@@ -904,7 +946,7 @@ static int exec_rule_state(tg__table *t, const kref *k, const tg__call *c,
       }
       /* lost a race: w0, w1 are current; the step runs again on them */
     }
-    int rc = settle(t, k);
+    int rc = settle(t, lazy(t, lk, c));
     if (rc != TG_OK)
       return rc;
   }
@@ -1004,11 +1046,15 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
 }
 
 int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o) {
+  if (c->op > TG__OP_EXPIRES) { /* policies and reservations: c->tok set */
+    lazy_key lk;                /* not zeroed: kref_init fills what it uses */
+    lk.ready = false;
+    if (c->alg != TG_SLIDING_WINDOW)
+      return exec_rule_state(t, &lk, c, o);
+    return exec_rule_log(t, lazy(t, &lk, c), c, o);
+  }
   kref k;
   kref_init(t, &k, c->key, c->key_len);
-  if (c->op > TG__OP_EXPIRES) /* policies and reservations: c->tok set */
-    return c->alg == TG_SLIDING_WINDOW ? exec_rule_log(t, &k, c, o)
-                                       : exec_rule_state(t, &k, c, o);
   if (c->alg == TG_SLIDING_WINDOW)
     return exec_log(t, &k, c, o);
   return exec_state(t, &k, c, o);
