@@ -644,11 +644,9 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * Rules may use different algorithms (one limiter each) and different keys.
  * Every rule's limiter must use the same kind of store: memory and shared
  * memory limiters mix freely; custom-store limiters must share one custom
- * store (the same callbacks and ctx); Redis limiters must address the same
- * server and database, and the Redis key names of one policy must fall in
- * one Redis Cluster hash slot (see below). Two rules may not name the same
- * state (the same key on limiters that share a table, a custom store, or a
- * Redis key name). Anything else is TG_EINVAL and decides nothing.
+ * store (the same callbacks and ctx). Two rules may not name the same
+ * state (the same key on limiters that share a table or a custom store).
+ * Anything else is TG_EINVAL and decides nothing.
  *
  * Concurrency. Memory and shm: no lock is added (a process that dies
  * cannot leave a policy's lock held). A decision first checks every rule
@@ -667,16 +665,9 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * times must not exceed the policy's now for that to hold. Custom store:
  * every rule's key is locked (lock_and_get) in one fixed order (by key
  * bytes), all are decided, then each is stored (set_and_unlock) or
- * unlocked: nothing is ever given back. Redis: one script decides and
- * writes every rule atomically (the keys are read and written in one
- * EVALSHA); the Redis module's TG.POLICY command does the same for clients
- * of the module.
- *
- * Redis Cluster and hash tags: the store names a key prefix ":{" key "}:"
- * algorithm, so a name's Cluster slot is that of its key bytes up to the
- * first "}" (the hash tag). A policy's names must all be in one slot, or it
- * is TG_EINVAL: give the keys of one policy a common beginning ended by "}",
- * e.g. "acme}user:42" and "acme}tenant" (tag "acme"), or the same key.
+ * unlocked: nothing is ever given back (see "Custom stores" below). Redis:
+ * not supported yet, a policy of Redis limiters answers TG_ENOTSUP (so do
+ * tg_reserve and tg_cancel).
  *
  * Failures: a store failure on any rule stops the decision; rules applied
  * before it are given back (best effort: a failure while giving back leaves
@@ -684,12 +675,23 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * rule, and the answer (and every rule's result) is that rule's limiter's
  * failure policy answer with degraded = true.
  *
- * Shadow mode: with TG_RULES_SHADOW (or, per rule, a limiter in shadow
- * mode: tg_config.shadow), a rule's denial is recorded but does not deny the
- * call. The call is decided on the other rules; when they allow it, every
- * rule that allowed consumes and a shadow rule that denied consumes
- * nothing. The answer is allowed, with shadow_denied set, when only shadow
- * rules (or, with TG_RULES_SHADOW, any rules) denied it. */
+ * Shadow mode: a rule whose limiter is in shadow mode (tg_config.shadow)
+ * is decided and recorded but does not deny the call: the call is decided
+ * on the other rules, and when they allow it every rule that allowed
+ * consumes (a shadow rule that denied consumes nothing); the answer is
+ * allowed with shadow_denied set. With TG_RULES_SHADOW the whole call is
+ * decided and recorded exactly as without it (a denied call consumes
+ * nothing) and answered allowed, shadow_denied saying it was denied.
+ *
+ * Custom stores: a policy holds all its keys' locks at once, taken in key
+ * order (bytes, then length). A store whose keys share locks (stripes, like
+ * examples/custom_store_map.c) must let the thread that holds a lock take
+ * it again for another key (a recursive lock), and must not block forever
+ * in lock_and_get: two policies may meet holding shared locks in opposite
+ * orders. A lock that answers TG_CUSTOM_BUSY makes the policy let go of
+ * every lock and try again, up to 6 times (50 us to 800 us apart), then
+ * answer TG_EBUSY. If set_and_unlock fails for one key after others were
+ * stored, those stay consumed (the call answers TG_ESTORE). */
 
 /* Most rules in one policy. */
 #define TG_RULES_MAX 16
