@@ -62,10 +62,10 @@ static void put_sf_bytes(writer *w, const unsigned char *p, size_t n) {
       v |= (uint32_t)p[i + 1] << 8;
     if (i + 2 < n)
       v |= p[i + 2];
-    char q[4] = {B64[v >> 18 & 63], B64[v >> 12 & 63],
-                 i + 1 < n ? B64[v >> 6 & 63] : '=',
-                 i + 2 < n ? B64[v & 63] : '='};
-    put_bytes(w, q, 4);
+    put_bytes(w, &B64[v >> 18 & 63], 1);
+    put_bytes(w, &B64[v >> 12 & 63], 1);
+    put_bytes(w, i + 1 < n ? &B64[v >> 6 & 63] : "=", 1);
+    put_bytes(w, i + 2 < n ? &B64[v & 63] : "=", 1);
   }
   put(w, ":");
 }

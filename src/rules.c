@@ -203,7 +203,7 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
   rule_run rr[TG_RULES_MAX];
   /* one now for every rule, read once (a store with its own clock reads
    * it: every rule then shares that store's, see stores_fit) */
-  uint64_t t = 0;
+  uint64_t t;
   const uint64_t *tp = now;
   if (!now && rules[0].lim && !rules[0].lim->store_time) {
     t = rules[0].lim->cfg.clock(rules[0].lim->cfg.clock_ctx);
@@ -239,7 +239,7 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
   if (!stores_fit(rules, n))
     return fail(rules, n, 0, TG_EINVAL, out);
 
-  bool passed = false, shadow_calls[TG_RULES_MAX];
+  bool passed = false;
   size_t failed = 0;
   int rc;
   tg__store *s0 = rules[0].lim->store;
@@ -247,6 +247,7 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
     tg__store *stores[TG_RULES_MAX];
     tg__call calls[TG_RULES_MAX];
     tg__outcome outs[TG_RULES_MAX];
+    bool shadow_calls[TG_RULES_MAX];
     for (size_t i = 0; i < n; i++) {
       stores[i] = rules[i].lim->store;
       calls[i] = rr[i].c;
