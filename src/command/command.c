@@ -148,6 +148,53 @@ int tg__cmd_parse(tg__cmd_id id, const tg__cmd_arg *argv, size_t argc,
   return 0;
 }
 
+int tg__cmd_parse_policy(const tg__cmd_arg *argv, size_t argc, tg__cmd *rules,
+                         size_t cap, size_t *n, tg__cmd_error *err) {
+  static const char name[] = "tg.policy";
+  *n = 0;
+  size_t i = 1;
+  if (argc < 5) {
+    *err = (tg__cmd_error){"wrong number of arguments for '", name,
+                           sizeof name - 1, "' command"};
+    return -1;
+  }
+  while (i < argc) {
+    if (*n == cap)
+      return fail(err, "too many rules in one policy");
+    if (argc - i < 4) {
+      *err = (tg__cmd_error){"wrong number of arguments for '", name,
+                             sizeof name - 1, "' command"};
+      return -1;
+    }
+    tg__cmd *c = &rules[(*n)++];
+    *c = (tg__cmd){.id = TG__CMD_HIT,
+                   .op = TG__OP_HIT,
+                   .key = argv[i].ptr,
+                   .key_len = argv[i].len,
+                   .arg = 1};
+    if (tg__cmd_parse_algorithm(argv[i + 1].ptr, argv[i + 1].len, &c->alg) != 0)
+      return fail_algorithm(err, &argv[i + 1],
+                            "' (fixed_window, fixed_window_per_key, "
+                            "sliding_window, token_bucket, leaky_bucket)");
+    if (!parse_u63(&argv[i + 2], &c->q.limit) ||
+        !parse_u63(&argv[i + 3], &c->q.period_ms))
+      return fail_int(err);
+    i += 4;
+    /* options while the word is one followed by an integer */
+    uint64_t v;
+    while (i + 1 < argc && parse_u63(&argv[i + 1], &v) &&
+           (is_word(argv[i].ptr, argv[i].len, "burst") ||
+            is_word(argv[i].ptr, argv[i].len, "cost"))) {
+      if (is_word(argv[i].ptr, argv[i].len, "burst"))
+        c->q.burst = v;
+      else
+        c->arg = v;
+      i += 2;
+    }
+  }
+  return 0;
+}
+
 /* Appends n bytes of p to buf[*len..cap - 1), CR and LF as spaces. */
 static void put(char *buf, size_t cap, size_t *len, const char *p, size_t n) {
   for (size_t i = 0; i < n && *len + 1 < cap; i++) {
