@@ -36,6 +36,7 @@
 #include "command/command.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -1032,4 +1033,130 @@ cmd_after cmd_execute(cmd_ctx *ctx, cmd_session *cl, const resp_arg *argv,
   }
   count(ctx, out, before);
   return after;
+}
+
+/* ---- the metrics endpoint (--metrics-port) ---- */
+
+static void metric(outbuf *o, const char *name, const char *alg,
+                   const char *extra, uint64_t v) {
+  char line[256];
+  int n;
+  if (alg)
+    n = snprintf(line, sizeof line, "%s{algorithm=\"%s\"%s} %" PRIu64 "\n",
+                 name, alg, extra ? extra : "", v);
+  else
+    n = snprintf(line, sizeof line, "%s %" PRIu64 "\n", name, v);
+  if (n > 0)
+    out_raw(o, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+static void help(outbuf *o, const char *name, const char *type,
+                 const char *text) {
+  char line[256];
+  int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n", name,
+                   text, name, type);
+  if (n > 0)
+    out_raw(o, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+/* The body: one family at a time, a sample per algorithm served. */
+static void metrics_body(const cmd_ctx *ctx, outbuf *o) {
+  tg_stats st[TG_ALGORITHM_COUNT];
+  bool have[TG_ALGORITHM_COUNT];
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+    have[a] =
+        ctx->lim[a] && tg_limiter_stats(ctx->lim[a], &st[a], sizeof st[a]) == 0;
+  static const struct {
+    const char *name, *text;
+    size_t off;
+  } fam[] = {
+      {"tollgate_allowed_total", "Decisions the limit allowed.",
+       offsetof(tg_stats, allowed)},
+      {"tollgate_denied_total", "Decisions the limit denied.",
+       offsetof(tg_stats, denied)},
+      {"tollgate_shadow_denied_total",
+       "Shadow mode: let through, the limit would have denied.",
+       offsetof(tg_stats, shadow_denied)},
+      {"tollgate_degraded_total", "Answers the failure policy gave.",
+       offsetof(tg_stats, degraded)},
+      {"tollgate_table_full_total", "Decisions that found the table full.",
+       offsetof(tg_stats, table_full)},
+      {"tollgate_reclaimed_keys_total", "Keys cleaning passes reclaimed.",
+       offsetof(tg_stats, reclaimed)},
+  };
+  for (size_t f = 0; f < sizeof fam / sizeof fam[0]; f++) {
+    help(o, fam[f].name, "counter", fam[f].text);
+    for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+      uint64_t v;
+      if (!have[a])
+        continue;
+      memcpy(&v, (const char *)&st[a] + fam[f].off, sizeof v);
+      metric(o, fam[f].name, tg_algorithm_name((tg_algorithm)a), NULL, v);
+    }
+  }
+  help(o, "tollgate_errors_total", "counter",
+       "Decision calls that returned a status code, by code.");
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+    for (int e = 1; have[a] && e < 32; e++)
+      if (st[a].errors[e]) {
+        char extra[48];
+        snprintf(extra, sizeof extra, ",code=\"%s\"", tg_err_name(-e));
+        metric(o, "tollgate_errors_total", tg_algorithm_name((tg_algorithm)a),
+               extra, st[a].errors[e]);
+      }
+  help(o, "tollgate_keys", "gauge", "Keys the store holds now.");
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+    if (ctx->lim[a])
+      metric(o, "tollgate_keys", tg_algorithm_name((tg_algorithm)a), NULL,
+             tg_key_count(ctx->lim[a]));
+  const serve_stats *s = &ctx->stats;
+  help(o, "tollgate_commands_total", "counter", "Requests executed.");
+  metric(o, "tollgate_commands_total", NULL, NULL, s->commands);
+  help(o, "tollgate_connected_clients", "gauge", "Connections open now.");
+  metric(o, "tollgate_connected_clients", NULL, NULL, s->clients);
+  help(o, "tollgate_connections_received_total", "counter",
+       "Connections accepted.");
+  metric(o, "tollgate_connections_received_total", NULL, NULL,
+         s->connections_received);
+}
+
+static void http_reply(outbuf *o, const char *status, const char *type,
+                       const outbuf *body, bool head) {
+  char h[256];
+  int n = snprintf(h, sizeof h,
+                   "HTTP/1.1 %s\r\nContent-Type: %s\r\n"
+                   "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                   status, type, body ? body->len : 0);
+  if (n > 0)
+    out_raw(o, h, (size_t)n);
+  if (body && !head)
+    out_raw(o, body->data, body->len);
+}
+
+void cmd_metrics(const cmd_ctx *ctx, const char *req, size_t len, bool whole,
+                 outbuf *out) {
+  (void)len;
+  bool get = strncmp(req, "GET ", 4) == 0, head = strncmp(req, "HEAD ", 5) == 0;
+  const char *path = get ? req + 4 : head ? req + 5 : NULL;
+  if (!whole) {
+    http_reply(out, "400 Bad Request", "text/plain", NULL, false);
+    return;
+  }
+  if (!path) {
+    http_reply(out, "405 Method Not Allowed", "text/plain", NULL, false);
+    return;
+  }
+  size_t plen = strcspn(path, " ?\r\n");
+  if (plen != 8 || strncmp(path, "/metrics", 8) != 0) {
+    http_reply(out, "404 Not Found", "text/plain", NULL, head);
+    return;
+  }
+  outbuf body = {0};
+  metrics_body(ctx, &body);
+  if (body.failed)
+    http_reply(out, "500 Internal Server Error", "text/plain", NULL, head);
+  else
+    http_reply(out, "200 OK", "text/plain; version=0.0.4; charset=utf-8", &body,
+               head);
+  out_free(&body);
 }
