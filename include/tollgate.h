@@ -644,9 +644,11 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * Rules may use different algorithms (one limiter each) and different keys.
  * Every rule's limiter must use the same kind of store: memory and shared
  * memory limiters mix freely; custom-store limiters must share one custom
- * store (the same callbacks and ctx). Two rules may not name the same
- * state (the same key on limiters that share a table or a custom store).
- * Anything else is TG_EINVAL and decides nothing.
+ * store (the same callbacks and ctx); Redis limiters must address the same
+ * server and database, with key names in one Cluster slot (see below). Two
+ * rules may not name the same state (the same key on limiters that share a
+ * table or a custom store, or the same Redis key name). Anything else is
+ * TG_EINVAL and decides nothing.
  *
  * Concurrency. Memory and shm: no lock is added (a process that dies
  * cannot leave a policy's lock held). A decision first checks every rule
@@ -665,9 +667,21 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * times must not exceed the policy's now for that to hold. Custom store:
  * every rule's key is locked (lock_and_get) in one fixed order (by key
  * bytes), all are decided, then each is stored (set_and_unlock) or
- * unlocked: nothing is ever given back (see "Custom stores" below). Redis:
- * not supported yet, a policy of Redis limiters answers TG_ENOTSUP (so do
- * tg_reserve and tg_cancel).
+ * unlocked: nothing is ever given back (see "Custom stores" below).
+ * Redis: one script call reads every rule's key (and the server's TIME),
+ * the rules are decided here by the same core, and a second script call
+ * writes every key that consumes, atomically, only if none of the keys
+ * changed since the read; otherwise it reads again (up to 32 times, with
+ * growing pauses, then TG_EBUSY). Two round trips per decision, nothing
+ * ever written that is given back, every number the core's.
+ *
+ * Redis Cluster and hash tags: the store names a key prefix ":{" key "}:"
+ * algorithm, so a name's Cluster slot is that of its key bytes up to the
+ * first "}" (the hash tag). A policy's names must all be in one slot, or it
+ * is TG_EINVAL (denied_by names the first rule out of place): give the keys
+ * of one policy a common beginning ended by "}", e.g. "acme}user:42" and
+ * "acme}tenant" (tag "acme"). The same key under two algorithms is two
+ * names in one slot.
  *
  * Failures: a store failure on any rule stops the decision; rules applied
  * before it are given back (best effort: a failure while giving back leaves
@@ -773,7 +787,9 @@ TG_EXTERN int tg_hit_rules_at(uint64_t now_us, tg_rule *rules, size_t n,
  * the rate allows. Cancelling twice, or a refused reservation, does
  * nothing. Shadow mode: the reservation is made as usual, but the answer is
  * always ok with delay 0, shadow_denied saying the real answer was a
- * refusal or a delay. */
+ * refusal or a delay. On Redis a reservation or a cancel reads the key and
+ * writes it back only if it did not change (two round trips; the server's
+ * TIME), as a policy does. */
 typedef struct tg_reservation {
   bool ok;              /* reserved: the cost is consumed; go after the delay */
   uint64_t delay_ns;    /* the exact wait, ns (0 when not ok) */

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../examples/custom_store_map.h"
 #include "tollgate.h"
@@ -30,11 +31,13 @@ static uint64_t hand_clock(void *ctx) {
   return hand_now;
 }
 
-static bool on_memory;
+static bool on_memory, on_redis;
 
 typedef struct fixture {
   map_store *map;
   tg_custom_store cs;
+  tg_redis_config rc;
+  char prefix[64];
   tg_limiter *lim;
 } fixture;
 
@@ -46,7 +49,14 @@ static void make(fixture *f, tg_algorithm alg, bool shadow) {
   cfg.clock = hand_clock;
   cfg.clean_period_ms = 0;
   cfg.shadow = shadow;
-  if (!on_memory) {
+  if (on_redis) {
+    static unsigned n;
+    tg_redis_config_init(&f->rc);
+    f->rc.port = atoi(getenv("TG_TEST_REDIS_PORT"));
+    snprintf(f->prefix, sizeof f->prefix, "resv%u.%u", (unsigned)rand(), n++);
+    f->rc.key_prefix = f->prefix;
+    cfg.redis = &f->rc;
+  } else if (!on_memory) {
     map_store_options o;
     map_store_options_init(&o);
     o.clock = hand_clock;
@@ -246,6 +256,11 @@ int main(void) {
       cmocka_unit_test(test_nginx),   cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_shadow),
   };
+  if (getenv("TG_TEST_REDIS_PORT")) { /* under tests/redis/with_redis.sh */
+    on_redis = true;
+    srand((unsigned)time(NULL));
+    return cmocka_run_group_tests_name("redis store", tests, NULL, NULL);
+  }
   int rc = cmocka_run_group_tests_name("custom store", tests, NULL, NULL);
   on_memory = true;
   rc |= cmocka_run_group_tests_name("memory store", tests, NULL, NULL);
