@@ -235,3 +235,37 @@ void tg__cmd_hit_reply(const tg_result *r, int64_t out[6]) {
   out[4] = tg__cmd_int(r->reset_after_ms);
   out[5] = r->degraded ? 1 : 0;
 }
+
+void tg__cmd_policy_reply(const tg__outcome *checks, size_t n, bool passed,
+                          int64_t out[7]) {
+  tg_result r = {0};
+  r.allowed = passed;
+  r.remaining = UINT64_MAX;
+  size_t denied_by = n, tightest = 0;
+  for (size_t i = 0; i < n; i++) {
+    /* a rule's answer: as consumed when the call passed, else its verdict
+     * and wait with the key's numbers left as they were */
+    tg_result x = checks[i].r;
+    if (!passed) {
+      x = checks[i].peek;
+      x.allowed = checks[i].r.allowed;
+      x.retry_after_ms = x.allowed ? 0 : checks[i].r.retry_after_ms;
+    }
+    if (!x.allowed) {
+      if (denied_by == n)
+        denied_by = i;
+      if (x.retry_after_ms > r.retry_after_ms)
+        r.retry_after_ms = x.retry_after_ms;
+    }
+    if (x.remaining < r.remaining) {
+      r.remaining = x.remaining;
+      tightest = i;
+      r.count = x.count;
+    }
+    if (x.reset_after_ms > r.reset_after_ms)
+      r.reset_after_ms = x.reset_after_ms;
+  }
+  (void)tightest;
+  tg__cmd_hit_reply(&r, out);
+  out[6] = denied_by < n ? (int64_t)denied_by : -1;
+}

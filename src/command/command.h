@@ -106,6 +106,13 @@ int tg__cmd_parse(tg__cmd_id id, const tg__cmd_arg *argv, size_t argc,
 int tg__cmd_parse_policy(const tg__cmd_arg *argv, size_t argc, tg__cmd *rules,
                          size_t cap, size_t *n, tg__cmd_error *err);
 
+/* TG.POLICY's seven reply integers from each rule's CHECK outcome (r as
+ * if consumed, peek as left), for a policy that passed (every rule
+ * consumed) or not: the answer tg_hit_rules gives, for the module, which
+ * decides on the core alone. */
+void tg__cmd_policy_reply(const tg__outcome *checks, size_t n, bool passed,
+                          int64_t out[7]);
+
 /* Writes the error's reply text ("ERR ...", no CR or LF: they become
  * spaces) into buf, at most cap - 1 bytes and a NUL; returns the length. */
 size_t tg__cmd_error_text(const tg__cmd_error *err, char *buf, size_t cap);
