@@ -21,6 +21,12 @@ struct tg_limiter {
   tg__cleaner *cleaner;    /* owned; NULL when no thread runs */
   tg__clean_bridge bridge; /* before_clean as the cleaning pass calls it */
   tg__stats *stats;        /* owned: the counters */
+  bool shadow;             /* cfg.shadow, and */
+  bool hook;               /* cfg.on_decision != NULL, kept beside stats so
+                              a decision reads one cache line of the handle */
+  bool ident_ok;           /* the store can decide policies: */
+  uint64_t group[2];       /* its ops->ident, asked once at creation */
+  uint64_t space[2];
 };
 
 /* Everything every operation checks, in the order the header documents,
@@ -52,13 +58,35 @@ void tg__limiter_hook(tg_limiter *lim, tg__shard *sh, bool own, int rc,
                       const tg_result *r, bool real_allowed,
                       const tg__decided *d);
 
+/* tg__limiter_done for everything but a plain answer without shadow mode
+ * or hook (not inlined). */
+void tg__limiter_done_slow(tg_limiter *lim, int rc, tg_result *r, bool shadow,
+                           const tg__decided *d);
+
 /* After a decision: counts its real answer *r (and rc), turns *r into
  * shadow mode's answer when `shadow`, then calls the hook if one is set.
- * Inline: every tg_hit goes through it. */
+ * Inline, for its common case: an answer (no failure), no shadow mode, no
+ * hook costs one counter in the thread's own shard (the decision's
+ * description is built only for the slow path). */
 static inline void tg__limiter_done(tg_limiter *lim, int rc, tg_result *r,
-                                    bool shadow, const tg__decided *d) {
+                                    bool shadow, const void *key,
+                                    size_t key_len, const tg_quota *q,
+                                    uint64_t cost, bool in_rules) {
+  if (__builtin_expect(rc == TG_OK && !shadow && !lim->hook, 1)) {
+    bool own;
+    tg__shard *sh = tg__shard_get(lim->stats, &own);
+    tg__count(sh, own, r->allowed ? TG__N_ALLOWED : TG__N_DENIED);
+    return;
+  }
+  tg__decided d = {key, key_len, q, cost, in_rules};
+  tg__limiter_done_slow(lim, rc, r, shadow, &d);
+}
+
+/* The whole of it (see tg__limiter_done). */
+static inline void tg__limiter_done_all(tg_limiter *lim, int rc, tg_result *r,
+                                        bool shadow, const tg__decided *d) {
   bool own;
-  tg__shard *sh = tg__shard_get(lim->stats, tg__thread_number(), &own);
+  tg__shard *sh = tg__shard_get(lim->stats, &own);
   bool real = r->allowed;
   if (rc == TG_OK) {
     tg__count(sh, own,

@@ -48,9 +48,9 @@ static int reserve(tg_limiter *lim, const uint64_t *now, const void *key,
     tg__limiter_failure(lim, rc, q, &out->result);
   }
   if (lim) {
-    bool shadow = lim->cfg.shadow;
-    tg__decided d = {key, key_len, q, cost, false};
-    tg__limiter_done(lim, rc, &out->result, shadow, &d);
+    bool shadow = lim->shadow;
+    tg__limiter_done(lim, rc, &out->result, shadow, key, key_len, q, cost,
+                     false);
     if (shadow && out->delay_ns > 0) {
       out->result.shadow_denied = true;
       out->delay_ns = out->delay_ms = 0;

@@ -35,26 +35,23 @@ typedef struct rule_run {
 } rule_run;
 
 /* Two rules of one policy name the same state: same space, same key. */
-static bool same_state(const tg_rule *a, const uint64_t sa[2], const tg_rule *b,
-                       const uint64_t sb[2]) {
-  return sa[0] == sb[0] && sa[1] == sb[1] && a->key_len == b->key_len &&
+static bool same_state(const tg_rule *a, const tg_rule *b) {
+  return a->lim->space[0] == b->lim->space[0] &&
+         a->lim->space[1] == b->lim->space[1] && a->key_len == b->key_len &&
          memcmp(a->key, b->key, a->key_len) == 0;
 }
 
-/* The stores must be of one kind and one group, and no two rules may name
- * one state. */
+/* The stores must be of one kind and one group (each limiter asked its
+ * store once, at creation), and no two rules may name one state. */
 static bool stores_fit(const tg_rule *rules, size_t n) {
-  uint64_t group[TG_RULES_MAX][2], space[TG_RULES_MAX][2];
-  const tg__store_ops *ops = rules[0].lim->store->ops;
+  const tg_limiter *l0 = rules[0].lim;
   for (size_t i = 0; i < n; i++) {
-    const tg__store *s = rules[i].lim->store;
-    if (s->ops != ops || !ops->ident)
-      return false;
-    ops->ident(s, group[i], space[i]);
-    if (group[i][0] != group[0][0] || group[i][1] != group[0][1])
+    const tg_limiter *l = rules[i].lim;
+    if (!l->ident_ok || l->store->ops != l0->store->ops ||
+        l->group[0] != l0->group[0] || l->group[1] != l0->group[1])
       return false;
     for (size_t j = 0; j < i; j++)
-      if (same_state(&rules[i], space[i], &rules[j], space[j]))
+      if (same_state(&rules[i], &rules[j]))
         return false;
   }
   return true;
@@ -103,12 +100,11 @@ static int optimistic(tg_rule *rules, rule_run *rr, size_t n, bool at,
       return TG_OK; /* denied: nothing was written */
   for (size_t i = 0; i < n; i++) {
     if (!rr[i].o.r.allowed)
-      continue; /* a shadow rule that denied consumes nothing */
-    tg__call t = rr[i].c;
-    t.op = TG__OP_TAKE;
+      continue;               /* a shadow rule that denied consumes nothing */
+    rr[i].c.op = TG__OP_TAKE; /* the call stays as checked otherwise */
     tg__outcome o;
     tg__store *s = rules[i].lim->store;
-    int rc = s->ops->exec(s, &t, &o);
+    int rc = s->ops->exec(s, &rr[i].c, &o);
     if (rc != TG_OK) {
       give_back(rules, rr, i, at);
       *failed = i;
@@ -220,8 +216,8 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
     if (rc != TG_OK) {
       fail(rules, n, i, rc, out);
       if (ru->lim) {
-        tg__decided d = {ru->key, ru->key_len, ru->q, ru->cost, true};
-        tg__limiter_done(ru->lim, rc, &ru->result, false, &d);
+        tg__limiter_done(ru->lim, rc, &ru->result, false, ru->key, ru->key_len,
+                         ru->q, ru->cost, true);
       }
       return rc;
     }
@@ -233,7 +229,7 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
     tk->gen = 0;
     tk->entry_us = 0;
     rr[i].c.tok = &rr[i].tok;
-    rr[i].shadow = ru->lim->cfg.shadow;
+    rr[i].shadow = ru->lim->shadow;
     rr[i].taken = false;
   }
   if (!stores_fit(rules, n))
@@ -266,9 +262,8 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
       failed = 0;
     fail(rules, n, failed, rc, out);
     tg_rule *ru = &rules[failed];
-    tg__decided d = {ru->key, ru->key_len, ru->q, ru->cost, true};
     tg__limiter_done(ru->lim, rc, &ru->result, rr[failed].shadow || all_shadow,
-                     &d);
+                     ru->key, ru->key_len, ru->q, ru->cost, true);
     if (all_shadow && !out->r.allowed) {
       out->r.allowed = true;
       out->r.shadow_denied = true;
@@ -286,9 +281,8 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
     tg_rule *ru = &rules[i];
     bool allowed = ru->result.allowed;
     if (!allowed || passed) {
-      tg__decided d = {ru->key, ru->key_len, ru->q, ru->cost, true};
       tg__limiter_done(ru->lim, TG_OK, &ru->result, rr[i].shadow || all_shadow,
-                       &d);
+                       ru->key, ru->key_len, ru->q, ru->cost, true);
     }
   }
   if (all_shadow && !out->r.allowed) {

@@ -3,14 +3,14 @@
  *
  * A decision must not write a cache line other threads write, or counting
  * would cost more than deciding on a hot key. So the counters live in
- * shards of their own cache lines, and a thread owns one: the first thread
- * to use a shard claims it, and only its owner ever writes it, with plain
- * relaxed loads and stores (no locked instruction). A thread whose shard
- * another thread owns counts in the shared shard with atomic adds: correct
- * and only slower, for programs with more threads than shards. Threads are
- * told apart by a number each takes once (a thread-local), never reused.
- * Reading adds up every shard with relaxed loads: each counter is exact,
- * the set is not one snapshot.
+ * shards of their own cache lines, one per thread: threads are numbered
+ * once, from 1, in the order of their first decision, and numbers are
+ * never reused, so thread k (k < TG__SHARDS) alone ever writes shard k and
+ * counts there with plain relaxed loads and stores (no locked instruction,
+ * no ownership to check). Threads numbered beyond count in one shared
+ * shard with atomic adds: correct and only slower, for programs that have
+ * run more threads than that. Reading adds every shard up with relaxed
+ * loads: each counter is exact, the set is not one snapshot.
  */
 #ifndef TG_STATS_H
 #define TG_STATS_H
@@ -20,8 +20,8 @@
 
 #include <stddef.h>
 
-/* Shards a thread may own; one more is shared by everyone else. */
-#define TG__SHARDS 16u
+/* Shards threads own, by number; one more (the last) is shared. */
+#define TG__SHARDS 64u
 
 /* What a shard counts: tg_stats's fields, in its order, then the hook's
  * sampling sequence. */
@@ -38,7 +38,6 @@ enum {
 };
 
 typedef struct tg__shard {
-  uint64_t owner; /* the owning thread's number; 0: free */
   uint64_t n[TG__N_COUNT_];
 } __attribute__((aligned(64))) tg__shard;
 
@@ -60,27 +59,14 @@ extern _Thread_local uint64_t tg__my_number TG__TLS_FAST;
 /* Gives the calling thread its number (>= 1, never reused). */
 uint64_t tg__thread_number_new(void);
 
-/* The calling thread's number (>= 1), taken on first use. */
-static inline uint64_t tg__thread_number(void) {
+/* The shard the calling thread counts in; *own: it is the thread's own
+ * (else the shared one). */
+static inline tg__shard *tg__shard_get(tg__stats *st, bool *own) {
   uint64_t me = tg__my_number;
-  return me ? me : tg__thread_number_new();
-}
-
-/* The shard the calling thread counts in (owned by it, or the shared one);
- * *own says which. */
-static inline tg__shard *tg__shard_get(tg__stats *st, uint64_t me, bool *own) {
-  tg__shard *sh = &st->shard[me % TG__SHARDS];
-  uint64_t owner = tg__load_relaxed(&sh->owner);
-  if (owner == me) {
-    *own = true;
-    return sh;
-  }
-  if (owner == 0 && tg__cas64(&sh->owner, &owner, me)) {
-    *own = true;
-    return sh;
-  }
-  *own = false;
-  return &st->shard[TG__SHARDS];
+  if (__builtin_expect(me == 0, 0))
+    me = tg__thread_number_new();
+  *own = me < TG__SHARDS;
+  return &st->shard[*own ? me : TG__SHARDS];
 }
 
 /* Adds 1 to counter i of shard sh. */

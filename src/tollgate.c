@@ -149,6 +149,8 @@ int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
   if (!lim)
     return TG_ENOMEM;
   lim->cfg = *cfg;
+  lim->shadow = cfg->shadow;
+  lim->hook = cfg->on_decision != NULL;
   lim->stats = tg__stats_new();
   if (!lim->stats) {
     free(lim);
@@ -158,6 +160,10 @@ int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
                                    cfg->before_clean_ctx};
   int rc = store_new(lim);
   lim->cfg.redis = NULL; /* the caller's struct may go away now */
+  if (rc == TG_OK && lim->store->ops->ident) {
+    lim->store->ops->ident(lim->store, lim->group, lim->space);
+    lim->ident_ok = true;
+  }
   if (rc == TG_OK && lim->store->ops->clean && cfg->clean_period_ms > 0)
     rc = tg__cleaner_start(&lim->cleaner, lim, cfg->clean_period_ms);
   if (rc != TG_OK) {
@@ -296,8 +302,7 @@ static int hit(tg_limiter *lim, const uint64_t *now, const void *key,
   else
     tg__limiter_failure(lim, rc, q, out);
   if (lim) {
-    tg__decided d = {key, key_len, q, cost, false};
-    tg__limiter_done(lim, rc, out, lim->cfg.shadow, &d);
+    tg__limiter_done(lim, rc, out, lim->shadow, key, key_len, q, cost, false);
   }
   return rc;
 }
@@ -341,8 +346,8 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
       pos[m++] = i;
     } else {
       tg__limiter_failure(lim, it->status, it->q, &it->result);
-      tg__decided d = {it->key, it->key_len, it->q, it->cost, false};
-      tg__limiter_done(lim, it->status, &it->result, lim->cfg.shadow, &d);
+      tg__limiter_done(lim, it->status, &it->result, lim->shadow, it->key,
+                       it->key_len, it->q, it->cost, false);
     }
   }
   if (together && m > 0) {
@@ -354,8 +359,8 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
         it->result = outs[j].r;
       else
         tg__limiter_failure(lim, rcs[j], it->q, &it->result);
-      tg__decided d = {it->key, it->key_len, it->q, it->cost, false};
-      tg__limiter_done(lim, it->status, &it->result, lim->cfg.shadow, &d);
+      tg__limiter_done(lim, it->status, &it->result, lim->shadow, it->key,
+                       it->key_len, it->q, it->cost, false);
     }
   }
   free(calls);
@@ -448,6 +453,11 @@ int tg_reset(tg_limiter *lim, const void *key, size_t key_len) {
   if (key_len == 0 || key_len > TG_KEY_MAX)
     return TG_EKEY;
   return lim->store->ops->reset(lim->store, key, key_len);
+}
+
+void tg__limiter_done_slow(tg_limiter *lim, int rc, tg_result *r, bool shadow,
+                           const tg__decided *d) {
+  tg__limiter_done_all(lim, rc, r, shadow, d);
 }
 
 void tg__limiter_hook(tg_limiter *lim, tg__shard *sh, bool own, int rc,

@@ -73,6 +73,42 @@ static void give_back(const tg__call *c, tg__state *st, bool *changed) {
   *changed = true;
 }
 
+/* CHECK, TAKE, RESERVE: a hit (a CHECK reports the consumed state without
+ * it being published), a reservation accepted up to c->wait_ns late
+ * (<= TG__WAIT_MAX_NS: with tau and the TAT bounds every sum stays below
+ * 2^64), its delay in o->value. d is the debt at now. */
+static int take(const tg__call *c, tg__state *st, uint64_t d, tg__outcome *o,
+                bool *changed) {
+  const tg__quota *q = &c->q;
+  uint64_t now = c->now_us * 1000;
+  uint64_t cost = c->arg;
+  uint64_t late = c->op == TG__OP_RESERVE ? c->wait_ns : 0;
+  if (c->op == TG__OP_CHECK)
+    tg__result_set(&o->peek, d <= q->tau_ns, report(c, d), tokens(q, d), 0,
+                   tg__div_ceil(d, NS_PER_MS));
+  if (c->op == TG__OP_RESERVE)
+    o->value = 0;
+  if (cost > q->burst) {
+    tg__result_set(&o->r, false, report(c, d), tokens(q, d), TG_NEVER,
+                   tg__div_ceil(d, NS_PER_MS));
+    return TG_OK;
+  }
+  uint64_t d2 = d + cost * q->t_ns;
+  bool allowed = d2 <= q->tau_ns + late;
+  if (allowed && cost > 0) {
+    st->a = now + d2;
+    st->b = 0;
+    *changed = true;
+  }
+  if (allowed && c->op == TG__OP_RESERVE && d2 > q->tau_ns)
+    o->value = d2 - q->tau_ns;
+  uint64_t after = allowed ? d2 : d;
+  tg__result_set(&o->r, allowed, report(c, after), tokens(q, after),
+                 allowed ? 0 : tg__div_ceil(d2 - q->tau_ns - late, NS_PER_MS),
+                 tg__div_ceil(after, NS_PER_MS));
+  return TG_OK;
+}
+
 int tg__gcra_step(const tg__call *c, tg__state *st, tg__outcome *o,
                   bool *changed) {
   const tg__quota *q = &c->q;
@@ -81,39 +117,32 @@ int tg__gcra_step(const tg__call *c, tg__state *st, tg__outcome *o,
   uint64_t d = base - now;
   *changed = false;
   switch (c->op) {
-  case TG__OP_HIT:
-  case TG__OP_CHECK:
-  case TG__OP_TAKE:
-  case TG__OP_RESERVE: {
+  case TG__OP_HIT: {
+    /* kept apart from the policy operations below: a plain decision runs
+     * exactly this */
     uint64_t cost = c->arg;
-    /* a reservation may be admitted up to wait_ns late (<= TG__WAIT_MAX_NS:
-     * with tau and the TAT bounds every sum stays below 2^64) */
-    uint64_t late = c->op == TG__OP_RESERVE ? c->wait_ns : 0;
-    if (c->op == TG__OP_CHECK)
-      tg__result_set(&o->peek, d <= q->tau_ns, report(c, d), tokens(q, d), 0,
-                     tg__div_ceil(d, NS_PER_MS));
-    if (c->op == TG__OP_RESERVE)
-      o->value = 0;
     if (cost > q->burst) {
       tg__result_set(&o->r, false, report(c, d), tokens(q, d), TG_NEVER,
                      tg__div_ceil(d, NS_PER_MS));
       return TG_OK;
     }
     uint64_t d2 = d + cost * q->t_ns;
-    bool allowed = d2 <= q->tau_ns + late;
-    if (allowed && cost > 0) { /* a CHECK's is not published */
+    bool allowed = d2 <= q->tau_ns;
+    if (allowed && cost > 0) {
       st->a = now + d2;
       st->b = 0;
       *changed = true;
     }
-    if (allowed && c->op == TG__OP_RESERVE && d2 > q->tau_ns)
-      o->value = d2 - q->tau_ns;
     uint64_t after = allowed ? d2 : d;
     tg__result_set(&o->r, allowed, report(c, after), tokens(q, after),
-                   allowed ? 0 : tg__div_ceil(d2 - q->tau_ns - late, NS_PER_MS),
+                   allowed ? 0 : tg__div_ceil(d2 - q->tau_ns, NS_PER_MS),
                    tg__div_ceil(after, NS_PER_MS));
     return TG_OK;
   }
+  case TG__OP_CHECK:
+  case TG__OP_TAKE:
+  case TG__OP_RESERVE:
+    return take(c, st, d, o, changed);
   case TG__OP_UNDO:
   case TG__OP_CANCEL:
     give_back(c, st, changed);

@@ -34,6 +34,8 @@ int tg__quota_prepare(tg__quota *out, const tg_quota *q, tg_algorithm alg) {
 }
 
 bool tg__op_supported(tg_algorithm alg, tg__op op) {
+  if (op == TG__OP_HIT) /* every decision asks: first, alone */
+    return true;
   switch (op) {
   case TG__OP_HIT:
   case TG__OP_GET:

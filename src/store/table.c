@@ -901,9 +901,11 @@ static int exec_rule_state(tg__table *t, lazy_key *lk, const tg__call *c,
     if (first && tok->next_ok && w0 == tok->seen[0] && w1 == tok->seen[1] &&
         tg__cas128(p, &w0, &w1, tok->next[0], tok->next[1])) {
       /* the state is still the one checked: publish what the check's step
-       * computed (its receipt is already in the token) */
+       * computed; the receipt is the pair it replaced and the one written */
       tok->taken = true;
       tok->reused = true;
+      tok->before = decode(c->alg, tok->seen[0], tok->seen[1]);
+      tok->after = decode(c->alg, tok->next[0], tok->next[1]);
       tok->now_us = c->now_us;
       return TG_OK;
     }
@@ -925,11 +927,8 @@ static int exec_rule_state(tg__table *t, lazy_key *lk, const tg__call *c,
         /* what a TAKE from this pair would write: the same step (a CHECK
          * computes the consumed state, it only does not publish it) */
         tok->next_ok = rc == TG_OK && changed;
-        if (tok->next_ok) {
+        if (tok->next_ok)
           encode(c->alg, &st, g, &tok->next[0], &tok->next[1]);
-          tok->before = before;
-          tok->after = st;
-        }
         return rc;
       }
       if (rc != TG_OK || !changed) {
