@@ -952,7 +952,7 @@ static int multi(redis_store *s, mkey *m, size_t n, const tg__call *orig,
       rc = TG_EBUSY; /* the keys kept changing under it */
       break;
     }
-    uint64_t now;
+    uint64_t now = 0;
     rc = read_keys(k, m, n, orig->store_time, orig->now_us, &now);
     if (rc != TG_OK)
       break;
