@@ -707,12 +707,16 @@ static void test_model(void **state) {
 }
 
 /* ---- threads ----
- * Four threads, time standing still: thread i decides {A, B_i} where A
- * (shared, limit 100) is a fixed window, B_i (limit 40) thread i's own
- * rule of a varying algorithm. Any serial order admits at most 100 in all
- * and 40 per thread; and since nothing refills, every rule's state must
- * end equal to exactly the cost admitted through it: a denied call that
- * left a consumption behind, or a lost update, shows there. */
+ * Four threads, released together by a barrier, time standing still:
+ * thread i decides {A, C, B_i}, rules in an order that differs between
+ * threads, where A (a fixed window, limit 100) and C (a token bucket,
+ * limit 60) are shared and B_i (limit 40) is thread i's own, of a varying
+ * algorithm. C runs out first while the others still pass, so threads
+ * often lose the race for its last units after taking A: those calls must
+ * give A (and B_i) back. Any serial order admits at most 60 in all and 40
+ * per thread; and since nothing refills, every rule's state must end equal
+ * to exactly the cost admitted through it: a denied call that left a
+ * consumption behind, or a lost update, shows there. */
 
 #define THREADS 4
 #define CALLS 120
@@ -722,9 +726,11 @@ typedef struct stress {
   unsigned id;
   unsigned admitted;
   int errors;
+  pthread_barrier_t *go;
 } stress;
 
-static const tg_quota QA = {100, 60000, 0}, QB = {40, 60000, 40};
+static const tg_quota QA = {100, 60000, 0}, QB = {40, 60000, 40},
+                      QC = {60, 60000, 60};
 static const tg_algorithm B_ALG[THREADS] = {TG_FIXED_WINDOW, TG_SLIDING_WINDOW,
                                             TG_TOKEN_BUCKET, TG_LEAKY_BUCKET};
 
@@ -732,14 +738,25 @@ static void *stress_main(void *p) {
   stress *s = p;
   char key[16];
   snprintf(key, sizeof key, "B%u", s->id);
+  pthread_barrier_wait(s->go);
   for (unsigned i = 0; i < CALLS; i++) {
-    tg_rule r[2] = {rule(s->w->lim[TG_FIXED_WINDOW], "A", &QA, 1),
-                    rule(s->w->lim[B_ALG[s->id]], key, &QB, 1)};
-    if (s->id % 2)
-      r[0] = rule(s->w->lim[B_ALG[s->id]], key, &QB, 1),
-      r[1] = rule(s->w->lim[TG_FIXED_WINDOW], "A", &QA, 1);
+    tg_rule a = rule(s->w->lim[TG_FIXED_WINDOW], "A", &QA, 1),
+            b = rule(s->w->lim[B_ALG[s->id]], key, &QB, 1),
+            c = rule(s->w->lim[TG_TOKEN_BUCKET], "C", &QC, 1);
+    tg_rule r[3];
+    switch ((s->id + i) % 3) {
+    case 0:
+      r[0] = a, r[1] = c, r[2] = b;
+      break;
+    case 1:
+      r[0] = b, r[1] = a, r[2] = c;
+      break;
+    default:
+      r[0] = c, r[1] = b, r[2] = a;
+      break;
+    }
     tg_rules_result out;
-    if (tg_hit_rules_at(T0, r, 2, 0, &out) != 0)
+    if (tg_hit_rules_at(T0, r, 3, 0, &out) != 0)
       s->errors++;
     else
       s->admitted += out.r.allowed;
@@ -752,13 +769,15 @@ static void test_threads(void **state) {
   for (int k = 0; k < K_COUNT; k++) {
     if (!kind_ready[k])
       continue;
-    for (int round = 0; round < 5; round++) {
+    for (int round = 0; round < 25; round++) {
       world w;
       world_new(&w, (kind)k);
       pthread_t th[THREADS];
       stress s[THREADS];
+      pthread_barrier_t go;
+      pthread_barrier_init(&go, NULL, THREADS);
       for (unsigned i = 0; i < THREADS; i++) {
-        s[i] = (stress){&w, i, 0, 0};
+        s[i] = (stress){&w, i, 0, 0, &go};
         assert_int_equal(pthread_create(&th[i], NULL, stress_main, &s[i]), 0);
       }
       unsigned total = 0;
@@ -768,10 +787,17 @@ static void test_threads(void **state) {
         assert_true(s[i].admitted <= 40);
         total += s[i].admitted;
       }
-      assert_true(total <= 100);
+      pthread_barrier_destroy(&go);
+      assert_true(total <= 60);
       uint64_t v;
       assert_int_equal(get_at(w.lim[TG_FIXED_WINDOW], T0, "A", &QA, &v), 0);
-      assert_int_equal(v, total);
+      if (v != total)
+        fail_msg("%s: A holds %" PRIu64 ", admitted %u", KIND_NAME[k], v,
+                 total);
+      assert_int_equal(get_at(w.lim[TG_TOKEN_BUCKET], T0, "C", &QC, &v), 0);
+      if (60 - v != total)
+        fail_msg("%s: C holds %" PRIu64 ", admitted %u", KIND_NAME[k], 60 - v,
+                 total);
       for (unsigned i = 0; i < THREADS; i++) {
         char key[16];
         snprintf(key, sizeof key, "B%u", i);
