@@ -671,9 +671,9 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * Redis: one script call reads every rule's key (and the server's TIME),
  * the rules are decided here by the same core, and a second script call
  * writes every key that consumes, atomically, only if none of the keys
- * changed since the read; otherwise it reads again (up to 32 times, with
- * growing pauses, then TG_EBUSY). Two round trips per decision, nothing
- * ever written that is given back, every number the core's.
+ * changed since the read; otherwise it reads again (up to 64 times, with
+ * growing pauses, then TG_EBUSY: it wrote nothing). Two round trips per
+ * decision, nothing ever written that is given back, every number the core's.
  *
  * Redis Cluster and hash tags: the store names a key prefix ":{" key "}:"
  * algorithm, so a name's Cluster slot is that of its key bytes up to the

@@ -69,8 +69,9 @@ static const char *const KIND_NAME[K_COUNT] = {"custom", "memory", "shm",
  * "Policies"). tk() gives a key as the kind being tested names it. */
 static bool tagged;
 static const char *tk(const char *key) {
-  static char pool[64][300];
-  static unsigned next;
+  /* per thread: the stress threads name keys at once */
+  static _Thread_local char pool[64][300];
+  static _Thread_local unsigned next;
   if (!tagged)
     return key;
   char *p = pool[next++ % 64];
@@ -726,6 +727,7 @@ typedef struct stress {
   unsigned id;
   unsigned admitted;
   int errors;
+  int last_error;
   pthread_barrier_t *go;
 } stress;
 
@@ -756,10 +758,17 @@ static void *stress_main(void *p) {
       break;
     }
     tg_rules_result out;
-    if (tg_hit_rules_at(T0, r, 3, 0, &out) != 0)
+    int rc = tg_hit_rules_at(T0, r, 3, 0, &out);
+    /* Redis gives up with TG_EBUSY when the keys keep changing under a
+     * decision (it then wrote nothing: the states below stay exact) */
+    if (rc == TG_EBUSY && kind_ready[K_REDIS])
+      continue;
+    if (rc != 0) {
       s->errors++;
-    else
+      s->last_error = rc;
+    } else {
       s->admitted += out.r.allowed;
+    }
   }
   return NULL;
 }
@@ -777,13 +786,15 @@ static void test_threads(void **state) {
       pthread_barrier_t go;
       pthread_barrier_init(&go, NULL, THREADS);
       for (unsigned i = 0; i < THREADS; i++) {
-        s[i] = (stress){&w, i, 0, 0, &go};
+        s[i] = (stress){&w, i, 0, 0, 0, &go};
         assert_int_equal(pthread_create(&th[i], NULL, stress_main, &s[i]), 0);
       }
       unsigned total = 0;
       for (unsigned i = 0; i < THREADS; i++) {
         pthread_join(th[i], NULL);
-        assert_int_equal(s[i].errors, 0);
+        if (s[i].errors)
+          fail_msg("%s: %d calls failed, the last with %s", KIND_NAME[k],
+                   s[i].errors, tg_err_name(s[i].last_error));
         assert_true(s[i].admitted <= 40);
         total += s[i].admitted;
       }

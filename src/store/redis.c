@@ -933,7 +933,7 @@ static int step_key(mkey *m, const tg__call *orig, bool write, tg__outcome *o,
 /* Read, decide, write-if-unchanged, as often as the keys change under it
  * (at most MULTI_TRIES times, then TG_EBUSY), on one connection. decide()
  * runs the core on what was read and says whether to write. */
-#define MULTI_TRIES 32
+#define MULTI_TRIES 64
 
 typedef int (*decide_fn)(mkey *m, size_t n, const tg__call *orig, void *ctx,
                          bool *write, size_t *failed);
