@@ -5,9 +5,7 @@
  */
 #include "tollgate.h"
 
-#include "cleanup.h"
-#include "core/core.h"
-#include "store/store.h"
+#include "limiter.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -16,16 +14,6 @@
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
-
-struct tg_limiter {
-  tg_config cfg;           /* copied at creation (cfg.redis is then NULL:
-                              the store copied what it needs) */
-  bool store_time;         /* the store reads its own clock (Redis TIME) */
-  tg_custom_store custom;  /* copy of *cfg.custom_store (cfg points here) */
-  tg__store *store;        /* owned */
-  tg__cleaner *cleaner;    /* owned; NULL when no thread runs */
-  tg__clean_bridge bridge; /* before_clean as the cleaning pass calls it */
-};
 
 unsigned tg_version(void) { return TG_VERSION_HEX; }
 
@@ -62,6 +50,11 @@ void tg_config_init(tg_config *cfg) {
   cfg->shm_mode = 0600;
   cfg->lock_timeout_ms = LOCK_TIMEOUT_DEFAULT_MS;
   cfg->redis = NULL;
+  cfg->shadow = false;
+  cfg->on_decision = NULL;
+  cfg->on_decision_ctx = NULL;
+  cfg->on_decision_every = 1;
+  cfg->on_decision_denied_only = false;
 }
 
 void tg_redis_config_init(tg_redis_config *rc) {
@@ -156,15 +149,27 @@ int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
   if (!lim)
     return TG_ENOMEM;
   lim->cfg = *cfg;
+  lim->shadow = cfg->shadow;
+  lim->hook = cfg->on_decision != NULL;
+  lim->stats = tg__stats_new();
+  if (!lim->stats) {
+    free(lim);
+    return TG_ENOMEM;
+  }
   lim->bridge = (tg__clean_bridge){cfg->algorithm, cfg->before_clean,
                                    cfg->before_clean_ctx};
   int rc = store_new(lim);
   lim->cfg.redis = NULL; /* the caller's struct may go away now */
+  if (rc == TG_OK && lim->store->ops->ident) {
+    lim->store->ops->ident(lim->store, lim->group, lim->space);
+    lim->ident_ok = true;
+  }
   if (rc == TG_OK && lim->store->ops->clean && cfg->clean_period_ms > 0)
     rc = tg__cleaner_start(&lim->cleaner, lim, cfg->clean_period_ms);
   if (rc != TG_OK) {
     if (lim->store)
       lim->store->ops->destroy(lim->store);
+    tg__stats_free(lim->stats);
     free(lim);
     return rc;
   }
@@ -177,6 +182,7 @@ void tg_limiter_destroy(tg_limiter *lim) {
     return;
   tg__cleaner_stop(lim->cleaner);
   lim->store->ops->destroy(lim->store);
+  tg__stats_free(lim->stats);
   free(lim);
 }
 
@@ -206,6 +212,9 @@ static int clean(tg_limiter *lim, const uint64_t *now, size_t *removed) {
                                   tg__clean_bridge_cb, &lim->bridge, &n);
   if (removed)
     *removed = n;
+  if (n > 0)
+    __atomic_fetch_add(&lim->stats->shard[TG__SHARDS].n[TG__N_RECLAIMED], n,
+                       __ATOMIC_RELAXED);
   return rc;
 }
 
@@ -217,12 +226,9 @@ int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed) {
   return clean(lim, &now_us, removed);
 }
 
-/* Everything every operation checks, in the order the header documents,
- * and the call built from it. now is NULL to read the limiter's clock (once),
- * or, for a store with its own clock, to let the store read it. */
-static int prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
-                   const void *key, size_t key_len, const tg_quota *q,
-                   uint64_t arg, tg__call *c) {
+int tg__limiter_prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
+                        const void *key, size_t key_len, const tg_quota *q,
+                        uint64_t arg, tg__call *c) {
   if (!lim || !key || !q)
     return TG_EINVAL;
   int rc = tg__call_check(lim->cfg.algorithm, op, key_len, q, &c->q);
@@ -242,6 +248,8 @@ static int prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
   c->key_len = key_len;
   c->arg = arg;
   c->now_us = now_us;
+  c->wait_ns = 0;
+  c->tok = NULL;
   return TG_OK;
 }
 
@@ -250,25 +258,23 @@ static int run(tg_limiter *lim, tg__op op, const uint64_t *now, const void *key,
                size_t key_len, const tg_quota *q, uint64_t arg,
                tg__outcome *o) {
   tg__call c;
-  int rc = prepare(lim, op, now, key, key_len, q, arg, &c);
+  int rc = tg__limiter_prepare(lim, op, now, key, key_len, q, arg, &c);
   if (rc != TG_OK)
     return rc;
   return lim->store->ops->exec(lim->store, &c, o);
 }
 
-static bool store_failure(int rc) {
+bool tg__store_failure(int rc) {
   return rc == TG_ENOMEM || rc == TG_EFULL || rc == TG_ESTORE ||
          rc == TG_EBUSY || rc == TG_ECORRUPT || rc == TG_ECONNECT ||
          rc == TG_ETIMEDOUT;
 }
 
-/* The result written when a hit fails: the policy's answer for a store
- * failure, "not allowed, never" for invalid input. */
-static void failure_result(const tg_limiter *lim, int rc, const tg_quota *q,
-                           tg_result *out) {
+void tg__limiter_failure(const tg_limiter *lim, int rc, const tg_quota *q,
+                         tg_result *out) {
   *out = (tg_result){0};
   out->retry_after_ms = TG_NEVER;
-  if (!lim || !q || !store_failure(rc))
+  if (!lim || !q || !tg__store_failure(rc))
     return;
   out->degraded = true;
   switch (lim->cfg.on_failure) {
@@ -294,7 +300,10 @@ static int hit(tg_limiter *lim, const uint64_t *now, const void *key,
   if (rc == TG_OK)
     *out = o.r;
   else
-    failure_result(lim, rc, q, out);
+    tg__limiter_failure(lim, rc, q, out);
+  if (lim) {
+    tg__limiter_done(lim, rc, out, lim->shadow, key, key_len, q, cost, false);
+  }
   return rc;
 }
 
@@ -331,12 +340,15 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
           hit(lim, now, it->key, it->key_len, it->q, it->cost, &it->result);
       continue;
     }
-    it->status = prepare(lim, TG__OP_HIT, now, it->key, it->key_len, it->q,
-                         it->cost, &calls[m]);
-    if (it->status == TG_OK)
+    it->status = tg__limiter_prepare(lim, TG__OP_HIT, now, it->key, it->key_len,
+                                     it->q, it->cost, &calls[m]);
+    if (it->status == TG_OK) {
       pos[m++] = i;
-    else
-      failure_result(lim, it->status, it->q, &it->result);
+    } else {
+      tg__limiter_failure(lim, it->status, it->q, &it->result);
+      tg__limiter_done(lim, it->status, &it->result, lim->shadow, it->key,
+                       it->key_len, it->q, it->cost, false);
+    }
   }
   if (together && m > 0) {
     ops->exec_batch(lim->store, calls, m, outs, rcs);
@@ -346,7 +358,9 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
       if (rcs[j] == TG_OK)
         it->result = outs[j].r;
       else
-        failure_result(lim, rcs[j], it->q, &it->result);
+        tg__limiter_failure(lim, rcs[j], it->q, &it->result);
+      tg__limiter_done(lim, it->status, &it->result, lim->shadow, it->key,
+                       it->key_len, it->q, it->cost, false);
     }
   }
   free(calls);
@@ -439,4 +453,38 @@ int tg_reset(tg_limiter *lim, const void *key, size_t key_len) {
   if (key_len == 0 || key_len > TG_KEY_MAX)
     return TG_EKEY;
   return lim->store->ops->reset(lim->store, key, key_len);
+}
+
+void tg__limiter_done_slow(tg_limiter *lim, int rc, tg_result *r, bool shadow,
+                           const tg__decided *d) {
+  tg__limiter_done_all(lim, rc, r, shadow, d);
+}
+
+void tg__limiter_hook(tg_limiter *lim, tg__shard *sh, bool own, int rc,
+                      const tg_result *r, bool real_allowed,
+                      const tg__decided *d) {
+  const tg_config *cfg = &lim->cfg;
+  if (cfg->on_decision_denied_only && rc == TG_OK && real_allowed)
+    return;
+  uint64_t seq;
+  if (own) {
+    seq = tg__load_relaxed(&sh->n[TG__N_HOOK]);
+    tg__store_relaxed(&sh->n[TG__N_HOOK], seq + 1);
+  } else {
+    seq = __atomic_fetch_add(&sh->n[TG__N_HOOK], 1, __ATOMIC_RELAXED);
+  }
+  if (cfg->on_decision_every > 1 && seq % cfg->on_decision_every != 0)
+    return;
+  tg_decision ev = {d->key, d->key_len, cfg->algorithm, d->q, d->cost,
+                    rc,     r,          d->in_rules};
+  cfg->on_decision(&ev, cfg->on_decision_ctx);
+}
+
+int tg_limiter_stats(const tg_limiter *lim, tg_stats *out, size_t size) {
+  if (!lim || !out || size == 0)
+    return TG_EINVAL;
+  tg_stats all;
+  tg__stats_read(lim->stats, &all);
+  memcpy(out, &all, size < sizeof all ? size : sizeof all);
+  return TG_OK;
 }

@@ -1,0 +1,113 @@
+/*
+ * limiter.h - the limiter's insides (tollgate.c) that the policy code
+ * (rules.c) and the reservations (reserve.c) share: the handle itself, the
+ * validation every call goes through, the failure policy's answer, and the
+ * bookkeeping after a decision (counters, shadow mode, the hook).
+ */
+#ifndef TG_LIMITER_H
+#define TG_LIMITER_H
+
+#include "cleanup.h"
+#include "core/core.h"
+#include "stats.h"
+#include "store/store.h"
+
+struct tg_limiter {
+  tg_config cfg;           /* copied at creation (cfg.redis is then NULL:
+                              the store copied what it needs) */
+  bool store_time;         /* the store reads its own clock (Redis TIME) */
+  tg_custom_store custom;  /* copy of *cfg.custom_store (cfg points here) */
+  tg__store *store;        /* owned */
+  tg__cleaner *cleaner;    /* owned; NULL when no thread runs */
+  tg__clean_bridge bridge; /* before_clean as the cleaning pass calls it */
+  tg__stats *stats;        /* owned: the counters */
+  bool shadow;             /* cfg.shadow, and */
+  bool hook;               /* cfg.on_decision != NULL, kept beside stats so
+                              a decision reads one cache line of the handle */
+  bool ident_ok;           /* the store can decide policies: */
+  uint64_t group[2];       /* its ops->ident, asked once at creation */
+  uint64_t space[2];
+};
+
+/* Everything every operation checks, in the order the header documents,
+ * and the call built from it. now is NULL to read the limiter's clock
+ * (once), or, for a store with its own clock, to let the store read it. */
+int tg__limiter_prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
+                        const void *key, size_t key_len, const tg_quota *q,
+                        uint64_t arg, tg__call *c);
+
+/* True for the codes a store fails with (the failure policy answers). */
+bool tg__store_failure(int rc);
+
+/* The result written when a call fails: the policy's answer for a store
+ * failure, "not allowed, never" for invalid input. */
+void tg__limiter_failure(const tg_limiter *lim, int rc, const tg_quota *q,
+                         tg_result *out);
+
+/* What a decision reports to the bookkeeping. */
+typedef struct tg__decided {
+  const void *key;
+  size_t key_len;
+  const tg_quota *q;
+  uint64_t cost;
+  bool in_rules;
+} tg__decided;
+
+/* Calls the hook for a decision (not inlined: only when one is set). */
+void tg__limiter_hook(tg_limiter *lim, tg__shard *sh, bool own, int rc,
+                      const tg_result *r, bool real_allowed,
+                      const tg__decided *d);
+
+/* tg__limiter_done for everything but a plain answer without shadow mode
+ * or hook (not inlined). */
+void tg__limiter_done_slow(tg_limiter *lim, int rc, tg_result *r, bool shadow,
+                           const tg__decided *d);
+
+/* After a decision: counts its real answer *r (and rc), turns *r into
+ * shadow mode's answer when `shadow`, then calls the hook if one is set.
+ * Inline, for its common case: an answer (no failure), no shadow mode, no
+ * hook costs one counter in the thread's own shard (the decision's
+ * description is built only for the slow path). */
+static inline void tg__limiter_done(tg_limiter *lim, int rc, tg_result *r,
+                                    bool shadow, const void *key,
+                                    size_t key_len, const tg_quota *q,
+                                    uint64_t cost, bool in_rules) {
+  if (__builtin_expect(rc == TG_OK && !shadow && !lim->hook, 1)) {
+    bool own;
+    tg__shard *sh = tg__shard_get(lim->stats, &own);
+    tg__count(sh, own, r->allowed ? TG__N_ALLOWED : TG__N_DENIED);
+    return;
+  }
+  tg__decided d = {key, key_len, q, cost, in_rules};
+  tg__limiter_done_slow(lim, rc, r, shadow, &d);
+}
+
+/* The whole of it (see tg__limiter_done). */
+static inline void tg__limiter_done_all(tg_limiter *lim, int rc, tg_result *r,
+                                        bool shadow, const tg__decided *d) {
+  bool own;
+  tg__shard *sh = tg__shard_get(lim->stats, &own);
+  bool real = r->allowed;
+  if (rc == TG_OK) {
+    tg__count(sh, own,
+              real     ? TG__N_ALLOWED
+              : shadow ? TG__N_SHADOW
+                       : TG__N_DENIED);
+  } else {
+    tg__count(sh, own, TG__N_ERR0 + ((unsigned)-rc & 31u));
+    if (r->degraded)
+      tg__count(sh, own, TG__N_DEGRADED);
+    if (rc == TG_EFULL)
+      tg__count(sh, own, TG__N_FULL);
+    if (shadow && !real)
+      tg__count(sh, own, TG__N_SHADOW);
+  }
+  if (shadow && !real) {
+    r->allowed = true;
+    r->shadow_denied = true;
+  }
+  if (lim->cfg.on_decision)
+    tg__limiter_hook(lim, sh, own, rc, r, real, d);
+}
+
+#endif /* TG_LIMITER_H */
