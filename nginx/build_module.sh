@@ -36,5 +36,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     { tail -30 "$build/configure.log" >&2; exit 1; }
   echo "$want" >"$stamp"
 fi
+unset MAKEFLAGS MFLAGS MAKELEVEL
 make -s -f "$build/objs/Makefile" -C "$tree" modules
 cp "$build/objs/ngx_http_tollgate_module.so" "$out"

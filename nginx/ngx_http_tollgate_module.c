@@ -126,6 +126,8 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 static char *tg_ngx_limit_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                                     void *conf);
 static ngx_int_t tg_ngx_init_process(ngx_cycle_t *cycle);
+static char *tg_ngx_set_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+static char *tg_ngx_set_enum(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
 
 static ngx_conf_enum_t tg_ngx_log_levels[] = {
     {ngx_string("info"), NGX_LOG_INFO},
@@ -140,9 +142,6 @@ static ngx_conf_enum_t tg_ngx_header_modes[] = {
     {ngx_string("legacy"), TG_NGX_HEADERS_LEGACY},
     {ngx_null_string, 0}};
 
-static ngx_conf_num_bounds_t tg_ngx_status_bounds = {ngx_conf_check_num_bounds,
-                                                     400, 599};
-
 static ngx_command_t tg_ngx_commands[] = {
     {ngx_string("tollgate_zone"), NGX_HTTP_MAIN_CONF | NGX_CONF_2MORE,
      tg_ngx_zone_directive, 0, 0, NULL},
@@ -153,8 +152,8 @@ static ngx_command_t tg_ngx_commands[] = {
     {ngx_string("tollgate_status"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
          NGX_CONF_TAKE1,
-     ngx_conf_set_num_slot, NGX_HTTP_LOC_CONF_OFFSET,
-     offsetof(tg_ngx_loc_conf, status), &tg_ngx_status_bounds},
+     tg_ngx_set_status, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(tg_ngx_loc_conf, status), NULL},
     {ngx_string("tollgate_dry_run"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF | NGX_CONF_FLAG,
      ngx_conf_set_flag_slot, NGX_HTTP_LOC_CONF_OFFSET,
@@ -162,12 +161,12 @@ static ngx_command_t tg_ngx_commands[] = {
     {ngx_string("tollgate_log_level"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
          NGX_CONF_TAKE1,
-     ngx_conf_set_enum_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     tg_ngx_set_enum, NGX_HTTP_LOC_CONF_OFFSET,
      offsetof(tg_ngx_loc_conf, log_level), &tg_ngx_log_levels},
     {ngx_string("tollgate_headers"),
      NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
          NGX_CONF_TAKE1,
-     ngx_conf_set_enum_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     tg_ngx_set_enum, NGX_HTTP_LOC_CONF_OFFSET,
      offsetof(tg_ngx_loc_conf, headers), &tg_ngx_header_modes},
     ngx_null_command};
 
@@ -529,6 +528,43 @@ static char *tg_ngx_limit_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     return NGX_CONF_ERROR;
   }
   return NGX_CONF_OK;
+}
+
+/* nginx's own slots do not name the directive in every message: these do. */
+static char *tg_ngx_set_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf) {
+  ngx_uint_t *field = (ngx_uint_t *)((char *)conf + cmd->offset);
+  ngx_str_t *value = cf->args->elts;
+  if (*field != NGX_CONF_UNSET_UINT)
+    return "is duplicate";
+  ngx_int_t code = ngx_atoi(value[1].data, value[1].len);
+  if (code < 400 || code > 599) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_status: invalid status \"%V\" (400 to 599)",
+                       &value[1]);
+    return NGX_CONF_ERROR;
+  }
+  *field = (ngx_uint_t)code;
+  return NGX_CONF_OK;
+}
+
+static char *tg_ngx_set_enum(ngx_conf_t *cf, ngx_command_t *cmd, void *conf) {
+  ngx_uint_t *field = (ngx_uint_t *)((char *)conf + cmd->offset);
+  ngx_str_t *value = cf->args->elts;
+  if (*field != NGX_CONF_UNSET_UINT)
+    return "is duplicate";
+  for (ngx_conf_enum_t *e = cmd->post; e->name.len; e++)
+    if (e->name.len == value[1].len &&
+        ngx_strncmp(e->name.data, value[1].data, value[1].len) == 0) {
+      *field = e->value;
+      return NGX_CONF_OK;
+    }
+  u_char choices[128], *p = choices;
+  for (ngx_conf_enum_t *e = cmd->post; e->name.len; e++)
+    p = ngx_slprintf(p, choices + sizeof(choices), "%s%V",
+                     p == choices ? "" : ", ", &e->name);
+  ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "%V: invalid value \"%V\" (%*s)",
+                     &cmd->name, &value[1], (size_t)(p - choices), choices);
+  return NGX_CONF_ERROR;
 }
 
 /* Finds the line's zone and works out how it decides: with its zone's
