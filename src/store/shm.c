@@ -82,10 +82,14 @@ static int open_segment(const char *name, unsigned mode, int *fd) {
     }
     if (errno != EEXIST)
       break;
-    /* glibc's shm_open adds O_NOFOLLOW: a symbolic link is refused */
+    /* glibc's shm_open adds O_NOFOLLOW: a symbolic link is refused; and
+     * it turns EISDIR into EINVAL, which for a name that exists (and that
+     * O_EXCL took as well formed) can only mean a directory */
     *fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
     if (*fd >= 0)
       return TG_OK;
+    if (errno == EINVAL)
+      errno = EISDIR;
     if (errno != ENOENT) /* ENOENT: unlinked in between; try again */
       break;
   }
