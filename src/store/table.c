@@ -670,7 +670,10 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
   uint64_t i, ctl, chunk = 0, bi = 0;
   if (find(t, k, &i, &ctl) && !settle_slot(t, i, ctl))
     goto out; /* someone else created it meanwhile */
-  for (int pass = 0; tg__load_relaxed(&h->live) >= t->g.capacity && pass < 4;
+  /* one bounded scan; an eviction can lose its CAS to a racing decision,
+   * so evicting tries a few more */
+  for (int pass = 0; tg__load_relaxed(&h->live) >= t->g.capacity &&
+                     pass < (t->g.evict ? 4 : 1);
        pass++)
     reclaim_some(t, c->now_us, NEED_SLOT, t->g.evict);
   rc = TG_EFULL;
