@@ -277,8 +277,11 @@ static int ref_step(model *m, mkey *k, const tg__call *c, tg__outcome *o,
     return rc;
   }
   tg__state st = k->st;
+  bool blank = st.a == 0 && st.b == 0;
   int rc = tg__state_step(c, &st, o, changed);
-  if (keep && rc == TG_OK && *changed)
+  /* a reset key, like an absent one, takes no state that is fresh */
+  if (keep && rc == TG_OK && *changed &&
+      !(blank && tg__state_fresh(m->alg, &st, c->now_us)))
     k->st = st;
   return rc;
 }

@@ -13,7 +13,10 @@
  *   2. 8 bytes written into a segment's horizon (5 years ahead) do not hold
  *      new keys in the future, nor after a restart;
  *   3. a key whose window lies 10 years ahead (it was written then) is
- *      fresh again after tg_reset;
+ *      fresh again after tg_reset; and a reset key is an absent key even
+ *      for a clock stepping back: a write that leaves it fresh creates
+ *      nothing an earlier call could see (the Redis store's differential
+ *      test found the difference);
  *   4. within its reach the horizon still does its job: a clock stepping
  *      back 30 s does not revive a reclaimed window's count; 2 minutes back
  *      (beyond the 1-minute period) the call runs at its own time;
@@ -215,6 +218,38 @@ static void reset_makes_a_key_fresh_now(void **state) {
     }
 }
 
+/* The same calls on a reset key and on a key never seen: tg_set to a value
+ * that leaves the state fresh at X, then a hit 30 ms before X. */
+static void reset_key_is_absent_stepping_back(void **state) {
+  (void)state;
+  const tg_algorithm algs[] = {TG_FIXED_WINDOW, TG_TOKEN_BUCKET,
+                               TG_LEAKY_BUCKET};
+  for (int shared = 0; shared < 2; shared++)
+    for (size_t a = 0; a < sizeof algs / sizeof algs[0]; a++) {
+      tg_algorithm alg = algs[a];
+      tg_limiter *lim = make(alg, shared), *fresh = make(alg, false);
+      const uint64_t x = T0 + 10 * S_US;
+      /* the value a key never seen has: setting it changes nothing */
+      const uint64_t v = alg == TG_TOKEN_BUCKET ? q.burst : 0;
+      hit(lim, T0, "k", &q, 2);
+      assert_int_equal(tg_reset(lim, "k", 1), TG_OK);
+      tg_limiter *both[2] = {lim, fresh};
+      tg_result r[2];
+      uint64_t got[2];
+      for (int i = 0; i < 2; i++) {
+        assert_int_equal(tg_set_at(both[i], x, "k", 1, &q, v), TG_OK);
+        r[i] = hit(both[i], x - 30000, "k", &q, 1);
+        assert_int_equal(tg_get_at(both[i], x - 30000, "k", 1, &q, &got[i]),
+                         TG_OK);
+      }
+      same(&r[0], &r[1], tg_algorithm_name(alg));
+      assert_int_equal(got[0], got[1]);
+      tg_limiter_destroy(fresh);
+      tg_limiter_destroy(lim);
+      unlink_seg(NULL);
+    }
+}
+
 /* ---- 4. ---- */
 
 static void within_reach_still_applies(void **state) {
@@ -283,6 +318,7 @@ int main(void) {
       cmocka_unit_test_teardown(clock_jump_forward_and_back, unlink_seg),
       cmocka_unit_test_teardown(hostile_horizon_bytes, unlink_seg),
       cmocka_unit_test_teardown(reset_makes_a_key_fresh_now, unlink_seg),
+      cmocka_unit_test_teardown(reset_key_is_absent_stepping_back, unlink_seg),
       cmocka_unit_test_teardown(within_reach_still_applies, unlink_seg),
       cmocka_unit_test_teardown(bucket_reach_is_its_tolerance, unlink_seg),
   };

@@ -615,8 +615,10 @@ static void do_call(model *m, mkey *k, int op, uint64_t arg) {
       k->n = n;
       if (n > 0)
         k->last_us = e[n - 1].t_us;
-    } else {
-      k->st = st;
+    } else if (!(k->in_table && k->st.a == 0 && k->st.b == 0 &&
+                 tg__state_fresh(m->alg, &st, m->now_us))) {
+      k->st = st; /* (a reset key, like an absent one, takes no fresh
+                     state: see exec_state) */
     }
   }
 }

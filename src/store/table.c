@@ -798,10 +798,14 @@ static int exec_state(tg__table *t, const kref *k, const tg__call *c,
       tg__state st = decode(c->alg, w0, w1);
       if (t->g.shared && !tg__state_plausible(c->alg, &st))
         return TG_ECORRUPT; /* a hostile segment: never let it wrap */
-      bool changed;
+      /* the all-zero state (a reset key) stands for an absent key, which
+       * a step that leaves fresh is not created for: writing that state
+       * here would make it matter to an earlier now, as absent never does */
+      bool blank = st.a == 0 && st.b == 0, changed;
       int rc = tg__state_step(c, &st, o, &changed);
       uint64_t n0 = w0, n1 = w1;
-      if (rc == TG_OK && changed)
+      if (rc == TG_OK && changed &&
+          !(blank && tg__state_fresh(c->alg, &st, c->now_us)))
         encode(c->alg, &st, g, &n0, &n1);
       else if (!win)
         return rc; /* consistent snapshot, nothing to write */
