@@ -12,12 +12,13 @@
  *   create SIZE_HINT  a table whose header, ctrl words and slots do not fit:
  *                     tg_limiter_new answers TG_ENOMEM and says why, leaves
  *                     no memory held, and a smaller table then fits;
- *   sliding           20000 new sliding-window keys (each log 16 KiB) on
+ *   sliding           12000 new sliding-window keys (each log 16 KiB) on
  *                     64 MiB: the first ones are created, the rest answer
  *                     TG_ENOMEM, old keys go on, and once logs decay new
  *                     keys reuse their memory;
- *   long              long keys (a 256-byte chunk each) until the tmpfs is
- *                     full: TG_ENOMEM, short keys still created;
+ *   long              long keys (a 256-byte chunk each) on 2 MiB until
+ *                     the tmpfs is full: TG_ENOMEM, short keys still
+ *                     created;
  *   nearly-full       the tmpfs filled by a file after the limiter was
  *                     created: the very first new key answers TG_ENOMEM (it
  *                     used to die), another limiter still attaches, and the
@@ -138,9 +139,9 @@ static int scenario_sliding(void) {
   if (rc != TG_OK)
     return failures;
   const tg_quota q = {100, 1000, 0};
-  tally t = hit_new(lim, "user:", 0, 20000, T0, &q);
+  tally t = hit_new(lim, "user:", 0, 12000, T0, &q);
   fprintf(stderr,
-          "shm_tmpfs: sliding: 20000 new keys: %u created, %u TG_ENOMEM, %u "
+          "shm_tmpfs: sliding: 12000 new keys: %u created, %u TG_ENOMEM, %u "
           "other; /dev/shm holds %llu KiB\n",
           t.ok, t.enomem, t.other, shm_used_kib());
   CHECK(t.ok > 1000, "only %u keys created", t.ok);
@@ -162,7 +163,7 @@ static int scenario_sliding(void) {
 
 static int scenario_long(void) {
   tg_shm_unlink(NAME);
-  tg_config cfg = config(TG_FIXED_WINDOW, 65536); /* 16 MiB of chunks */
+  tg_config cfg = config(TG_FIXED_WINDOW, 16384); /* 4 MiB of chunks */
   tg_limiter *lim;
   int rc = tg_limiter_new(&lim, &cfg);
   CHECK(rc == TG_OK, "create: %s (%s)", tg_err_name(rc), tg_last_error());
@@ -172,9 +173,9 @@ static int scenario_long(void) {
   char prefix[120];
   memset(prefix, 'L', sizeof prefix - 1);
   prefix[sizeof prefix - 1] = '\0';
-  tally t = hit_new(lim, prefix, 0, 60000, T0, &q);
+  tally t = hit_new(lim, prefix, 0, 12000, T0, &q);
   fprintf(stderr,
-          "shm_tmpfs: long: 60000 new long keys: %u created, %u TG_ENOMEM, "
+          "shm_tmpfs: long: 12000 new long keys: %u created, %u TG_ENOMEM, "
           "%u other; /dev/shm holds %llu KiB\n",
           t.ok, t.enomem, t.other, shm_used_kib());
   CHECK(t.ok > 1000 && t.enomem > 0 && t.other == 0,
