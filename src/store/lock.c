@@ -57,9 +57,10 @@ typedef struct proc_stat {
  * may hold spaces and parentheses, so the fields are counted from the last
  * ')'. */
 static int read_stat(const char *path, proc_stat *st) {
+  memset(st, 0, sizeof *st);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    return errno;
+    return errno ? errno : EIO;
   char buf[1024];
   size_t len = 0;
   while (len < sizeof buf - 1) {
@@ -77,8 +78,6 @@ static int read_stat(const char *path, proc_stat *st) {
     return EINVAL;
   st->pid = strtoull(buf, NULL, 10);
   st->state = rp[2];
-  st->threads = 0;
-  st->start = 0;
   unsigned field = 3;
   for (const char *p = rp + 2; *p && field < 22; p++) {
     if (*p != ' ')
