@@ -447,9 +447,10 @@ typedef struct tg_config {
                                     65536, at most 2^40). The table takes about 64
                                     bytes per key, reserved up front; a sliding
                                     window table also reserves, as address space
-                                    backed only once used, 80 + 16 *
-                                    sliding_max_entries bytes per key (TG_ENOMEM if
-                                    the address space cannot hold it). */
+                                    backed only once used, 48 + 16 *
+                                    sliding_max_entries bytes per key, rounded
+                                    up to 64 (TG_ENOMEM if the address space
+                                    cannot hold it). */
   uint64_t long_keys;           /* memory store: most keys longer than 32 bytes
                                     held at once; 0 (the default) means "as many
                                     as capacity". 256 bytes each, backed by the
