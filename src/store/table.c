@@ -588,8 +588,9 @@ static void reclaim_some(tg__table *t, uint64_t now_us, enum need need,
   if (scan > RECLAIM_SCAN)
     scan = RECLAIM_SCAN;
   bool freed = false, have = false;
-  uint64_t best_expiry = 0;
-  tg__clean_item it, best;
+  uint64_t best_expiry = 0, best_slot = 0, best_ctrl = 0, best_w0 = 0,
+           best_w1 = 0;
+  tg__clean_item it;
   for (uint64_t n = 0; n != scan; n++, i = next(t, i)) {
     uint64_t c = tg__load_acquire(&t->ctrl[i]), expiry;
     if (ctrl_status(c) != LIVE || !inspect(t, i, c, &it, &expiry))
@@ -601,12 +602,15 @@ static void reclaim_some(tg__table *t, uint64_t now_us, enum need need,
     } else if (evict && useful && (!have || expiry < best_expiry)) {
       have = true;
       best_expiry = expiry;
-      best = it;
+      best_slot = i;
+      best_ctrl = c;
+      best_w0 = it.w0;
+      best_w1 = it.w1;
     }
   }
   h->cursor = i;
   if (evict && !freed && have)
-    (void)reclaim(t, best.slot, best.ctrl, best.w0, best.w1, now_us, 0, true);
+    (void)reclaim(t, best_slot, best_ctrl, best_w0, best_w1, now_us, 0, true);
 }
 
 /* ---- insert ---- */
