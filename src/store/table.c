@@ -767,6 +767,16 @@ static int settle(tg__table *t, const kref *k, tg__wait *wt) {
 
 /* ---- operations ---- */
 
+/* The all-zero state (a reset key) stands for an absent key, for which a
+ * step that leaves the state fresh creates nothing: writing that state
+ * would make it matter to an earlier now, as an absent key never does.
+ * True when (w0, w1) is that state and *st is fresh: nothing to write. */
+static bool blank_stays(const tg__call *c, uint64_t w0, uint64_t w1,
+                        const tg__state *st) {
+  tg__state was = decode(c->alg, w0, w1);
+  return was.a == 0 && was.b == 0 && tg__state_fresh(c->alg, st, c->now_us);
+}
+
 /* Windows and buckets: one CAS per decision. A bucket reads its pair without
  * writing and publishes only a changed state, so a denied decision writes
  * nothing; a window snapshot is validated by the CAS itself. */
@@ -802,14 +812,10 @@ static int exec_state(tg__table *t, const kref *k, const tg__call *c,
       tg__state st = decode(c->alg, w0, w1);
       if (t->g.shared && !tg__state_plausible(c->alg, &st))
         return TG_ECORRUPT; /* a hostile segment: never let it wrap */
-      /* the all-zero state (a reset key) stands for an absent key, which
-       * a step that leaves fresh is not created for: writing that state
-       * here would make it matter to an earlier now, as absent never does */
-      bool blank = st.a == 0 && st.b == 0, changed;
+      bool changed;
       int rc = tg__state_step(c, &st, o, &changed);
       uint64_t n0 = w0, n1 = w1;
-      if (rc == TG_OK && changed &&
-          !(blank && tg__state_fresh(c->alg, &st, c->now_us)))
+      if (rc == TG_OK && changed && !blank_stays(c, w0, w1, &st))
         encode(c->alg, &st, g, &n0, &n1);
       else if (!win)
         return rc; /* consistent snapshot, nothing to write */
