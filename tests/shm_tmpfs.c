@@ -12,10 +12,12 @@
  *   create SIZE_HINT  a table whose header, ctrl words and slots do not fit:
  *                     tg_limiter_new answers TG_ENOMEM and says why, leaves
  *                     no memory held, and a smaller table then fits;
- *   sliding           12000 new sliding-window keys (each log 16 KiB) on
- *                     64 MiB: the first ones are created, the rest answer
- *                     TG_ENOMEM, old keys go on, and once logs decay new
- *                     keys reuse their memory;
+ *   sliding           20000 new sliding-window keys (a page, 4 KiB, for
+ *                     each one-entry log) on 64 MiB: about 15000 are
+ *                     created (the issue's server died at ~10500), the rest
+ *                     answer TG_ENOMEM, old keys go on (but for a log whose
+ *                     next entry needs a page of its own), and once logs
+ *                     decay new keys reuse their memory;
  *   long              long keys (a 256-byte chunk each) on 2 MiB until
  *                     the tmpfs is full: TG_ENOMEM, short keys still
  *                     created;
@@ -139,19 +141,31 @@ static int scenario_sliding(void) {
   if (rc != TG_OK)
     return failures;
   const tg_quota q = {100, 1000, 0};
-  tally t = hit_new(lim, "user:", 0, 12000, T0, &q);
+  tally t = hit_new(lim, "user:", 0, 20000, T0, &q);
   fprintf(stderr,
-          "shm_tmpfs: sliding: 12000 new keys: %u created, %u TG_ENOMEM, %u "
+          "shm_tmpfs: sliding: 20000 new keys: %u created, %u TG_ENOMEM, %u "
           "other; /dev/shm holds %llu KiB\n",
           t.ok, t.enomem, t.other, shm_used_kib());
-  CHECK(t.ok > 1000, "only %u keys created", t.ok);
+  CHECK(t.ok > 10000,
+        "only %u keys created (a log's memory should follow "
+        "its entries)",
+        t.ok);
   CHECK(t.enomem > 0, "the tmpfs never ran out (is it 64 MiB?)");
   CHECK(t.other == 0, "%u other codes, first %s", t.other,
         tg_err_name(t.first_other));
   CHECK(t.policy_ok, "TG_ENOMEM without the fail-open answer");
-  /* the keys that were created go on */
+  /* the keys that were created go on, but for the few whose second entry
+   * needs a page of its own: on a full tmpfs that is TG_ENOMEM too */
   tally old = hit_new(lim, "user:", 0, t.ok, T0 + 1000, &q);
-  CHECK(old.ok == t.ok, "old keys: %u of %u answered", old.ok, t.ok);
+  fprintf(stderr,
+          "shm_tmpfs: sliding: a second hit on each: %u answered, %u "
+          "TG_ENOMEM\n",
+          old.ok, old.enomem);
+  CHECK(old.ok + old.enomem == t.ok && old.other == 0 && old.policy_ok,
+        "old keys: %u answered, %u TG_ENOMEM, %u other", old.ok, old.enomem,
+        old.other);
+  CHECK(old.ok > t.ok / 10 * 9, "old keys: only %u of %u answered", old.ok,
+        t.ok);
   /* two periods later every log has decayed: new keys reuse their memory */
   tally later = hit_new(lim, "later:", 0, 1000, T0 + 3000000, &q);
   CHECK(later.ok == 1000, "after decay: %u created, %u TG_ENOMEM, %u other",

@@ -22,9 +22,9 @@
  * SIGBUS. So nothing is touched before it is backed: the header, ctrl words
  * and slots are fallocated on creation and on every attach (cheap when
  * already there), and the arenas (long-key chunks, log blocks), which would
- * cost their full size up front, an extent at a time through the table's
- * backing hook, with the descriptor kept open for it. A failure is
- * TG_ENOMEM for that call, never a signal.
+ * cost their full size up front, a page at a time through the table's
+ * backing hook as they are first touched, with the descriptor kept open for
+ * it. A failure is TG_ENOMEM for that call, never a signal.
  */
 #include "../error.h"
 #include "store.h"
@@ -40,9 +40,9 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Extents of the arenas are at least this large (2^16 = 64 KiB), and the
- * bitmap that remembers them at most 2^20 bits. */
-#define EXTENT_SHIFT_MIN 16u
+/* Extents of the arenas are a page (so a sliding log with a few entries
+ * costs a page, as it would in anonymous memory), or larger when that
+ * keeps the bitmap that remembers them within 2^20 bits (128 KiB). */
 #define EXTENTS_MAX (UINT64_C(1) << 20)
 
 static int errno_code(int e) {
@@ -194,13 +194,17 @@ static int shm_back(tg__backing *b, uint64_t off, uint64_t len) {
   shm_backing *s = (shm_backing *)(void *)b;
   if (len == 0 || off + len <= b->lazy_from)
     return TG_OK;
-  uint64_t first = (off < b->lazy_from ? 0 : off - b->lazy_from) >> b->shift;
-  uint64_t last = (off + len - 1 - b->lazy_from) >> b->shift;
+  if (off < b->lazy_from) {
+    len -= b->lazy_from - off;
+    off = b->lazy_from;
+  }
+  uint64_t first = (off - b->ext_base) >> b->shift;
+  uint64_t last = (off + len - 1 - b->ext_base) >> b->shift;
   for (uint64_t e = first; e <= last && e < b->nextents; e++) {
     uint64_t bit = UINT64_C(1) << (e % 64);
     if (__atomic_load_n(&b->done[e / 64], __ATOMIC_RELAXED) & bit)
       continue;
-    uint64_t start = b->lazy_from + (e << b->shift);
+    uint64_t start = b->ext_base + (e << b->shift);
     uint64_t end = start + (UINT64_C(1) << b->shift);
     if (end > s->size)
       end = s->size;
@@ -221,10 +225,16 @@ static void shm_release(tg__backing *b) {
 /* Takes over fd. */
 static int backing_new(int fd, size_t size, size_t core, tg__backing **out) {
   shm_backing *s = calloc(1, sizeof *s);
-  uint64_t span = size > core ? size - core : 0;
-  unsigned shift = EXTENT_SHIFT_MIN;
-  while ((span >> shift) >= EXTENTS_MAX)
+  long ps = sysconf(_SC_PAGESIZE);
+  unsigned shift = 12;
+  while (ps > 0 && (UINT64_C(1) << shift) < (uint64_t)ps)
     shift++;
+  uint64_t base = core & ~((UINT64_C(1) << shift) - 1), span = size - base;
+  while ((span >> shift) >= EXTENTS_MAX) {
+    shift++;
+    base = core & ~((UINT64_C(1) << shift) - 1);
+    span = size - base;
+  }
   uint64_t n = (span + (UINT64_C(1) << shift) - 1) >> shift;
   uint64_t *done = calloc((size_t)(n / 64 + 1), sizeof *done);
   if (!s || !done) {
@@ -240,6 +250,7 @@ static int backing_new(int fd, size_t size, size_t core, tg__backing **out) {
   s->b.release = shm_release;
   s->b.lazy_from = core;
   s->b.shift = shift;
+  s->b.ext_base = base;
   s->b.nextents = n;
   s->b.done = done;
   *out = &s->b;

@@ -193,15 +193,26 @@ static void read_pair(tg_algorithm alg, tg__pair *p, uint64_t *w0,
 
 /* ---- log blocks and their locks ---- */
 
-/* Block idx, backed; NULL when idx is out of range or its memory cannot be
- * backed (a block in use always is: that index is corrupt). */
+/* Block idx, its header backed; NULL when idx is out of range or that
+ * memory cannot be backed (a block in use always is: that index is
+ * corrupt). Its entries are backed as the log grows (entries_backed), so
+ * that a log's memory follows its entries, as in anonymous memory. */
 static tg__log_block *block(const tg__table *t, uint64_t idx) {
   if (idx >= t->g.nlogs)
     return NULL;
   uint64_t off = t->g.log_off + idx * t->g.log_block_bytes;
-  if (!tg__backed(t->bk, off, t->g.log_block_bytes))
+  if (!tg__backed(t->bk, off, sizeof(tg__log_block)))
     return NULL;
   return (tg__log_block *)(void *)(t->base + off);
+}
+
+/* Backs the first `count` entries of block b's ring. */
+static bool entries_backed(const tg__table *t, const tg__log_block *b,
+                           uint64_t count) {
+  if (!t->bk)
+    return true;
+  uint64_t off = (uint64_t)((const unsigned char *)b - t->base);
+  return tg__backed(t->bk, off + sizeof *b, count * sizeof(tg__entry));
 }
 
 /* A block's log as the steps see it, head and n clamped to the ring (a
@@ -249,10 +260,29 @@ static void log_clear(tg__log_block *b) {
  * answer), a head advanced with n not yet shrunk (stale slots past the
  * tail, all older than the newest live entry), or a stale sum: repair keeps
  * each entry newer than the last kept and recomputes the sum. */
+static bool log_backed(const tg__table *t, tg__log_block *b);
+
 static void repair_log(const tg__table *t, tg__log_block *b) {
+  if (!log_backed(t, b)) { /* entries never written: nothing to keep */
+    log_clear(b);
+    return;
+  }
   tg__log lg = log_view(t, b);
   tg__log_repair(&lg);
   log_store(b, &lg);
+}
+
+/* Backs every entry a step on b may read or write: the ring is filled from
+ * its start, so the entries up to the one after the last in use are all it
+ * ever wrote, plus the one it may append. Block lock held. False: a log no
+ * legitimate writer left (its entries were never backed) on a full file
+ * system; the caller treats it as such. */
+static bool log_backed(const tg__table *t, tg__log_block *b) {
+  if (!t->bk)
+    return true;
+  tg__log lg = log_view(t, b);
+  uint64_t used = (uint64_t)lg.head + lg.n + 1;
+  return entries_backed(t, b, used < lg.cap ? used : lg.cap);
 }
 
 static int lock_block(const tg__table *t, tg__log_block *b, tg__wait *wt) {
@@ -509,6 +539,10 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
     tg__log_block *b = w0 >= 1 ? block(t, w0 - 1) : NULL;
     if (!b || try_block(t, b) != TG_OK)
       return false; /* a corrupt index (only a reset drops it), or in use */
+    if (!log_backed(t, b)) {
+      unlock_block(t, b);
+      return false;
+    }
     uint64_t expiry = log_expiry(t, b);
     bool ok = evict || decayed(now_us, expiry, older_than_us);
     if (ok && !evict)
@@ -553,6 +587,10 @@ static bool inspect(tg__table *t, uint64_t i, uint64_t c, tg__clean_item *it,
     tg__log_block *b = w0 >= 1 ? block(t, w0 - 1) : NULL;
     if (!b || try_block(t, b) != TG_OK)
       return false;
+    if (!log_backed(t, b)) {
+      unlock_block(t, b);
+      return false;
+    }
     tg__log lg = log_view(t, b);
     *expiry = log_expiry(t, b);
     unlock_block(t, b);
@@ -690,6 +728,10 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
     goto out;
   if (sliding && !(bi = take_block(t, c->now_us, &rc)))
     goto fail;
+  if (sliding && !entries_backed(t, block(t, bi - 1), init_log->n)) {
+    rc = TG_ENOMEM;
+    goto fail;
+  }
   i = home(t, k->hash);
   uint64_t cc = 0, probes;
   for (probes = 0; probes < t->g.nslots; probes++, i = next(t, i)) {
@@ -872,6 +914,10 @@ static int exec_log(tg__table *t, const kref *k, const tg__call *c,
       if ((rc = settle(t, k, wt)) != TG_OK)
         return rc;
       continue;
+    }
+    if (!log_backed(t, b)) {
+      unlock_block(t, b);
+      return TG_ENOMEM;
     }
     tg__log lg = log_view(t, b);
     if (t->g.shared && !tg__log_plausible(&lg)) {
@@ -1296,6 +1342,11 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
       if (died) { /* left mid-step: repair, as a lock would */
         repair_log(t, b);
         r->pending++;
+      }
+      if (!log_backed(t, b)) {
+        check_fail(r, "log entries never backed", i);
+        unlock_block(t, b);
+        continue;
       }
       tg__log lg = {b->e, b->head, b->n, t->g.log_entries, b->sum};
       if (!tg__log_plausible(&lg))

@@ -138,7 +138,9 @@ struct tg__backing {
   /* Frees what the store allocated for it (called when the store goes). */
   void (*release)(tg__backing *b);
   uint64_t lazy_from; /* bytes before this offset were backed at attach */
-  unsigned shift;     /* an extent is 2^shift bytes from lazy_from on */
+  unsigned shift;     /* an extent is 2^shift bytes (a page or more), */
+  uint64_t ext_base;  /* from this offset on: lazy_from rounded down to one,
+                         so that extents are whole pages */
   uint64_t nextents;
   uint64_t *done; /* one bit per extent this process has seen backed */
 };
@@ -149,8 +151,12 @@ struct tg__backing {
 static inline bool tg__backed(tg__backing *b, uint64_t off, uint64_t len) {
   if (!b || off + len <= b->lazy_from)
     return true;
-  uint64_t first = (off < b->lazy_from ? 0 : off - b->lazy_from) >> b->shift;
-  uint64_t last = (off + len - 1 - b->lazy_from) >> b->shift;
+  if (off < b->lazy_from) {
+    len -= b->lazy_from - off;
+    off = b->lazy_from;
+  }
+  uint64_t first = (off - b->ext_base) >> b->shift;
+  uint64_t last = (off + len - 1 - b->ext_base) >> b->shift;
   for (uint64_t e = first; e <= last && e < b->nextents; e++)
     if (!(__atomic_load_n(&b->done[e / 64], __ATOMIC_RELAXED) >> (e % 64) & 1u))
       return b->back(b, off, len) == TG_OK;
