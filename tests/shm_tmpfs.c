@@ -24,8 +24,13 @@
  *   nearly-full       the tmpfs filled by a file after the limiter was
  *                     created: the very first new key answers TG_ENOMEM (it
  *                     used to die), another limiter still attaches, and the
- *                     key is created once the file is gone.
+ *                     key is created once the file is gone;
+ *   hostile-log       on a full tmpfs, a log whose header claims entries in
+ *                     pages nobody backed (bytes another process wrote):
+ *                     its key answers TG_ENOMEM and a cleaning pass skips
+ *                     it; nothing reads those pages.
  */
+#include "store/table.h"
 #include "tollgate.h"
 
 #include <errno.h>
@@ -70,6 +75,22 @@ static unsigned long long shm_used_kib(void) {
   if (statvfs("/dev/shm", &v) != 0)
     return 0;
   return (unsigned long long)(v.f_blocks - v.f_bfree) * v.f_frsize / 1024;
+}
+
+/* Fills the tmpfs with a file, whose name it returns. */
+static const char *fill_tmpfs(void) {
+  const char *filler = "/dev/shm/tg-tmpfs-filler";
+  int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  CHECK(fd >= 0, "open %s: %s", filler, strerror(errno));
+  static char buf[1 << 16];
+  memset(buf, 1, sizeof buf);
+  while (fd >= 0 && write(fd, buf, sizeof buf) > 0)
+    ;
+  while (fd >= 0 && write(fd, buf, 1) > 0)
+    ;
+  if (fd >= 0)
+    close(fd);
+  return filler;
 }
 
 /* Hits n new keys "PREFIXi" (i from first) at now; counts the codes. */
@@ -212,17 +233,7 @@ static int scenario_nearly_full(void) {
   if (rc != TG_OK)
     return failures;
   /* another user's file takes every page left */
-  const char *filler = "/dev/shm/tg-tmpfs-filler";
-  int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  CHECK(fd >= 0, "open %s: %s", filler, strerror(errno));
-  static char buf[1 << 16];
-  memset(buf, 1, sizeof buf);
-  while (fd >= 0 && write(fd, buf, sizeof buf) > 0)
-    ;
-  while (fd >= 0 && write(fd, buf, 1) > 0)
-    ;
-  if (fd >= 0)
-    close(fd);
+  const char *filler = fill_tmpfs();
   fprintf(stderr, "shm_tmpfs: nearly-full: /dev/shm holds %llu KiB\n",
           shm_used_kib());
   const tg_quota q = {10, 1000, 0};
@@ -247,9 +258,56 @@ static int scenario_nearly_full(void) {
   return failures;
 }
 
+static int scenario_hostile_log(void) {
+  tg_shm_unlink(NAME);
+  tg_config cfg = config(TG_SLIDING_WINDOW, 16); /* 16 KiB logs */
+  cfg.key_older_than_ms = 0;
+  tg_limiter *lim;
+  int rc = tg_limiter_new(&lim, &cfg);
+  CHECK(rc == TG_OK, "create: %s (%s)", tg_err_name(rc), tg_last_error());
+  if (rc != TG_OK)
+    return failures;
+  const tg_quota q = {10, 1000, 0};
+  tg_result r;
+  rc = tg_hit_at(lim, T0, "k", 1, &q, 1, &r); /* one entry: one page */
+  CHECK(rc == TG_OK, "the key: %s", tg_err_name(rc));
+  const char *filler = fill_tmpfs();
+  /* another process writes n = the ring's size into the log's header */
+  int fd = shm_open(NAME, O_RDWR, 0);
+  struct stat st;
+  CHECK(fd >= 0 && fstat(fd, &st) == 0, "reopen");
+  unsigned char *m =
+      mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  CHECK(m != MAP_FAILED, "mmap");
+  if (m == MAP_FAILED)
+    return failures;
+  const tg__table_hdr *h = (const tg__table_hdr *)(void *)m;
+  tg__log_block *b = (tg__log_block *)(void *)(m + h->log_off);
+  __atomic_store_n(&b->n, h->log_entries, __ATOMIC_RELEASE);
+  rc = tg_hit_at(lim, T0 + 1000, "k", 1, &q, 1, &r);
+  CHECK(rc == TG_ENOMEM && r.degraded, "hit on the log: %s", tg_err_name(rc));
+  size_t removed = 9;
+  rc = tg_clean_at(lim, T0 + 60000000, &removed);
+  CHECK(rc == TG_OK && removed == 0, "a pass: %s, %zu removed", tg_err_name(rc),
+        removed);
+  munmap(m, (size_t)st.st_size);
+  fprintf(stderr, "shm_tmpfs: hostile-log: hit %s, pass removed %zu\n",
+          tg_err_name(TG_ENOMEM), removed);
+  unlink(filler);
+  /* with room again, the same log is backed, found implausible, and the
+   * key answers as a corrupt one does */
+  rc = tg_hit_at(lim, T0 + 2000, "k", 1, &q, 1, &r);
+  CHECK(rc == TG_ECORRUPT || rc == TG_OK, "with room: %s", tg_err_name(rc));
+  tg_limiter_destroy(lim);
+  tg_shm_unlink(NAME);
+  return failures;
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
-    fprintf(stderr, "usage: shm_tmpfs create|sliding|long|nearly-full\n");
+    fprintf(stderr,
+            "usage: shm_tmpfs create|sliding|long|nearly-full|hostile-log\n");
     return 2;
   }
   const char *s = argv[1];
@@ -261,6 +319,8 @@ int main(int argc, char **argv) {
     return scenario_long() ? 1 : 0;
   if (strcmp(s, "nearly-full") == 0)
     return scenario_nearly_full() ? 1 : 0;
+  if (strcmp(s, "hostile-log") == 0)
+    return scenario_hostile_log() ? 1 : 0;
   fprintf(stderr, "shm_tmpfs: unknown scenario %s\n", s);
   return 2;
 }

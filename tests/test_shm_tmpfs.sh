@@ -39,4 +39,5 @@ run 1m create
 run 64m sliding
 run 2m long
 run 16m nearly-full
+run 16m hostile-log
 exit $status
