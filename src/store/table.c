@@ -104,20 +104,46 @@ static const uint64_t *key_words(const tg__table *t, uint64_t i, size_t len) {
   return chunk_words(t, tg__load_relaxed(&s->key[0]));
 }
 
-static bool key_equal(const tg__table *t, uint64_t i, const kref *k) {
-  const uint64_t *w = key_words(t, i, k->len);
-  if (!w)
-    return false;
+/* Whether this process has seen every extent of chunk ci backed: a bit
+ * test, no call, so that the lookup stays a leaf function. */
+static bool chunk_seen(const tg__table *t, uint64_t ci) {
+  const tg__backing *b = t->bk;
+  if (!b)
+    return true;
+  uint64_t off = t->g.chunk_off + ci * TG_KEY_MAX;
+  uint64_t e = (off - b->ext_base) >> b->shift,
+           last = (off + TG_KEY_MAX - 1 - b->ext_base) >> b->shift;
+  for (; e <= last && e < b->nextents; e++)
+    if (!(__atomic_load_n(&b->done[e / 64], __ATOMIC_RELAXED) >> (e % 64) & 1u))
+      return false;
+  return true;
+}
+
+/* Slot i's key equals k's. A long key whose chunk this process has not
+ * seen backed is not compared: its index goes to *unseen, for find() to
+ * back it and look again. */
+static bool key_equal(const tg__table *t, uint64_t i, const kref *k,
+                      uint64_t *unseen) {
+  const uint64_t *w = t->slots[i].key;
+  if (k->len > TG__INLINE_KEY) {
+    uint64_t ci = tg__load_relaxed(&w[0]);
+    if (ci >= t->g.nchunks)
+      return false;
+    if (!chunk_seen(t, ci)) {
+      *unseen = ci;
+      return false;
+    }
+    w = t->chunks + ci * CHUNK_WORDS;
+  }
   for (size_t j = 0; j < k->nw; j++)
     if (tg__load_relaxed(&w[j]) != k->w[j])
       return false;
   return true;
 }
 
-/* Lock-free lookup. On success *idx is the slot and *ctrl the ctrl word that
- * was valid before and after the key comparison. */
-static bool find(const tg__table *t, const kref *k, uint64_t *idx,
-                 uint64_t *ctrl) {
+/* The lookup proper (see find). */
+static bool find_leaf(const tg__table *t, const kref *k, uint64_t *idx,
+                      uint64_t *ctrl, uint64_t *unseen) {
   uint64_t n = t->g.nslots, i = home(t, k->hash);
   /* the slot's address is known from the hash: start fetching it now, so
    * its miss overlaps the ctrl word's instead of following it */
@@ -128,7 +154,7 @@ static bool find(const tg__table *t, const kref *k, uint64_t *idx,
     if (st == EMPTY)
       return false;
     if (st == LIVE && ctrl_tag(c) == k->tag && ctrl_len(c) == k->len &&
-        key_equal(t, i, k)) {
+        key_equal(t, i, k, unseen)) {
       tg__fence_acquire();
       if (tg__load_acquire(&t->ctrl[i]) == c) {
         *idx = i;
@@ -140,6 +166,20 @@ static bool find(const tg__table *t, const kref *k, uint64_t *idx,
     i = next(t, i);
   }
   return false;
+}
+
+/* Lock-free lookup. On success *idx is the slot and *ctrl the ctrl word that
+ * was valid before and after the key comparison. A long key whose chunk
+ * this process has not touched yet is backed first (on a full file system
+ * it cannot be: such an index is no key's, and is skipped). */
+static inline bool find(const tg__table *t, const kref *k, uint64_t *idx,
+                        uint64_t *ctrl) {
+  for (;;) {
+    uint64_t unseen = UINT64_MAX;
+    bool found = find_leaf(t, k, idx, ctrl, &unseen);
+    if (found || unseen == UINT64_MAX || !chunk_words(t, unseen))
+      return found;
+  }
 }
 
 /* ---- state encodings ---- */
@@ -823,7 +863,8 @@ static bool blank_stays(const tg__call *c, uint64_t w0, uint64_t w1,
  * writing and publishes only a changed state, so a denied decision writes
  * nothing; a window snapshot is validated by the CAS itself. */
 static int exec_state(tg__table *t, const kref *k, const tg__call *c,
-                      tg__outcome *o, tg__wait *wt) {
+                      tg__outcome *o) {
+  tg__wait wait = tg__wait_bound(t->g.lock_timeout_ms), *wt = &wait;
   bool win = is_window(c->alg);
   tg__call tmp; /* c with its time clamped to the horizon, when needed */
   for (;;) {
@@ -875,7 +916,8 @@ static int exec_state(tg__table *t, const kref *k, const tg__call *c,
 
 /* Sliding log: the block's lock serialises the key's log. */
 static int exec_log(tg__table *t, const kref *k, const tg__call *c,
-                    tg__outcome *o, tg__wait *wt) {
+                    tg__outcome *o) {
+  tg__wait wait = tg__wait_bound(t->g.lock_timeout_ms), *wt = &wait;
   tg__call tmp; /* c with its time clamped to the horizon, when needed */
   for (;;) {
     uint64_t i, ctl;
@@ -936,10 +978,9 @@ static int exec_log(tg__table *t, const kref *k, const tg__call *c,
 int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o) {
   kref k;
   kref_init(t, &k, c->key, c->key_len);
-  tg__wait wt = tg__wait_bound(t->g.lock_timeout_ms);
   if (c->alg == TG_SLIDING_WINDOW)
-    return exec_log(t, &k, c, o, &wt);
-  return exec_state(t, &k, c, o, &wt);
+    return exec_log(t, &k, c, o);
+  return exec_state(t, &k, c, o);
 }
 
 /* Drops a sliding key whose block index is corrupt (nothing to lock or
