@@ -608,13 +608,13 @@ typedef struct tg_limiter tg_limiter;
  * stores). Returns TG_EINVAL for a bad algorithm, policy, on_full,
  * sliding_max_entries, capacity or long_keys, a custom store without its
  * three callbacks, more than one of custom_store, shm_name, redis and
- * region, a region below tg_region_bytes(cfg) or not 64-byte aligned, or a
- * bad tg_redis_config (pool_size, port, prefix, a username without a
- * password); TG_ENOTSUP for redis in a build without hiredis; TG_ENOMEM or
- * TG_ESTORE if memory or the thread cannot be had (for a shared segment:
- * its file system cannot hold the table's header, ctrl words and slots);
- * for a shared segment also TG_EPERM, TG_EMISMATCH, TG_ECORRUPT (see
- * shm_name) and TG_EBUSY (another process kept the segment's creation lock
+ * region, a region not 64-byte aligned or, to be initialised, below
+ * tg_region_bytes(cfg), or a bad tg_redis_config (pool_size, port, prefix, a
+ * username without a password); TG_ENOTSUP for redis in a build without
+ * hiredis; TG_ENOMEM or TG_ESTORE if memory or the thread cannot be had (for a
+ * shared segment: its file system cannot hold the table's header, ctrl words
+ * and slots); for a shared segment also TG_EPERM, TG_EMISMATCH, TG_ECORRUPT
+ * (see shm_name) and TG_EBUSY (another process kept the segment's creation lock
  * for lock_timeout_ms). *out is then NULL and tg_last_error() says why. A
  * Redis limiter does not connect here: see "Redis store" above. */
 TG_EXTERN int tg_limiter_new(tg_limiter **out, const tg_config *cfg);
@@ -1008,9 +1008,11 @@ TG_EXTERN size_t tg_store_bytes(const tg_limiter *lim);
  * overwritten, the first tg_region_bytes(cfg) bytes zeroed), and attaches
  * when it holds one made with the same algorithm, capacity, long_keys and
  * sliding_max_entries: then nothing in it changes, keys and counts are
- * kept. A table made with other parameters, by another format version or in
- * another PID namespace is TG_EMISMATCH, one whose header is not sound
- * TG_ECORRUPT, and the region is left as it was. tg_limiter_destroy leaves
+ * kept. A table made with other parameters (whatever region_bytes they
+ * would need), by another format version or in another PID namespace is
+ * TG_EMISMATCH, one whose header is not sound TG_ECORRUPT, and the region is
+ * left as it was. A region to initialise must have tg_region_bytes(cfg)
+ * bytes (TG_EINVAL otherwise). tg_limiter_destroy leaves
  * the region alone (it is the caller's, and so is unmapping it). So a server
  * that re-reads its configuration keeps the counts by creating a new limiter
  * on the same region, and learns from TG_EMISMATCH that the parameters

@@ -39,9 +39,13 @@ typedef struct {
   ngx_str_t name;               /* also NUL-terminated, for the headers */
   ngx_http_complex_value_t key; /* the key, e.g. $binary_remote_addr */
   tg_algorithm algorithm;
-  tg_quota q;      /* rate and burst as the zone line says (burst 0:
-                      tollgate's default, = limit) */
-  size_t size;     /* bytes of shared memory asked for */
+  tg_quota q;           /* rate and burst as the zone line says (burst 0:
+                           tollgate's default, = limit) */
+  size_t size;          /* bytes of shared memory asked for */
+  uint64_t capacity;    /* most keys: what fits in the zone */
+  uint32_t log_entries; /* sliding_window: entries per key's log */
+  void *region;         /* the table, in the zone (nginx's shared memory) */
+  size_t region_bytes;
   tg_limiter *lim; /* made by the master in init_zone */
   ngx_shm_zone_t *shm_zone;
   ngx_str_t file; /* where it was defined, for messages */
@@ -265,6 +269,53 @@ static ngx_int_t is_bucket(tg_algorithm alg) {
 
 static ngx_int_t tg_ngx_init_zone(ngx_shm_zone_t *shm_zone, void *data);
 
+static void zone_config(const tg_ngx_zone *z, tg_config *cfg) {
+  tg_config_init(cfg);
+  cfg->algorithm = z->algorithm;
+  cfg->capacity = z->capacity;
+  cfg->sliding_max_entries = z->log_entries;
+  /* no thread: the master forks the workers; worker 0 cleans on a timer */
+  cfg->clean_period_ms = 0;
+}
+
+/* How many keys the zone holds: the most whose table fits in what nginx's
+ * slab pool leaves of the zone (its header and a page descriptor per page,
+ * counted generously), in whole pages. A sliding log keeps up to `limit`
+ * entries (at most 1024): enough that entries never merge, so the window is
+ * exact. */
+static ngx_int_t size_zone(ngx_conf_t *cf, tg_ngx_zone *z) {
+  size_t pages = z->size / ngx_pagesize;
+  size_t overhead = 8 * ngx_pagesize + pages * 2 * sizeof(ngx_slab_page_t);
+  size_t usable = z->size > overhead ? z->size - overhead : 0;
+  usable -= usable % ngx_pagesize;
+  z->log_entries = z->algorithm == TG_SLIDING_WINDOW && z->q.limit < 1024
+                       ? (uint32_t)z->q.limit
+                       : 1024;
+  tg_config cfg;
+  uint64_t lo = 0, hi = usable / 48 + 1; /* a key needs a 48-byte slot */
+  while (lo + 1 < hi) {
+    uint64_t mid = lo + (hi - lo) / 2;
+    z->capacity = mid;
+    zone_config(z, &cfg);
+    size_t need = tg_region_bytes(&cfg);
+    if (need != 0 && need <= usable)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  if (lo < 16) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_zone: zone \"%V\" is too small for %s: it "
+                       "would hold %uL keys",
+                       &z->name, tg_algorithm_name(z->algorithm), lo);
+    return NGX_ERROR;
+  }
+  z->capacity = lo;
+  zone_config(z, &cfg);
+  z->region_bytes = tg_region_bytes(&cfg);
+  return NGX_OK;
+}
+
 static void tg_ngx_zone_cleanup(void *data) {
   tg_ngx_zone *z = data;
   tg_limiter_destroy(z->lim);
@@ -405,6 +456,9 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
       return NGX_CONF_ERROR;
     }
   }
+  if (size_zone(cf, z) != NGX_OK)
+    return NGX_CONF_ERROR;
+
   /* NUL-terminated copy: the headers want a C string */
   u_char *name = ngx_pnalloc(cf->pool, z->name.len + 1);
   if (name == NULL)
@@ -671,28 +725,64 @@ static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
 /* ---- zones ------------------------------------------------------------ */
 
 /* Runs in the master (and in `nginx -t`) once the zone's shared memory is
- * mapped, before the workers are forked. */
+ * mapped, before the workers are forked. On a reload, nginx hands a zone of
+ * the same name and size the old one's memory and context (data): the new
+ * limiter attaches to the same table, so the counts go on. */
 static ngx_int_t tg_ngx_init_zone(ngx_shm_zone_t *shm_zone, void *data) {
   tg_ngx_zone *z = shm_zone->data;
-  (void)data;
+  tg_ngx_zone *old = data;
+  if (old) {
+    if (old->key.value.len != z->key.value.len ||
+        ngx_strncmp(old->key.value.data, z->key.value.data, z->key.value.len) !=
+            0) {
+      ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                    "tollgate_zone \"%V\" uses the key \"%V\" while "
+                    "previously it used \"%V\": give the zone another name "
+                    "or restart nginx",
+                    &z->name, &z->key.value, &old->key.value);
+      return NGX_ERROR;
+    }
+    if (old->algorithm != z->algorithm || old->capacity != z->capacity ||
+        old->log_entries != z->log_entries) {
+      ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                    "tollgate_zone \"%V\" changed: it holds a table of %uL "
+                    "keys for %s (%uD log entries), the new configuration "
+                    "wants %uL keys for %s (%uD): a zone keeps its counts "
+                    "across a reload only with the same algorithm and, for "
+                    "sliding_window, the same limit; give the zone another "
+                    "name or restart nginx",
+                    &z->name, old->capacity, tg_algorithm_name(old->algorithm),
+                    old->log_entries, z->capacity,
+                    tg_algorithm_name(z->algorithm), z->log_entries);
+      return NGX_ERROR;
+    }
+    z->region = old->region;
+    z->region_bytes = old->region_bytes;
+  } else {
+    ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
+    if (shm_zone->shm.exists) {
+      z->region = shpool->data; /* Windows: mapped again, already made */
+    } else {
+      z->region = ngx_slab_alloc(shpool, z->region_bytes);
+      if (z->region == NULL) {
+        ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                      "tollgate_zone \"%V\": %uz bytes for %uL keys do not "
+                      "fit in the zone of %uz bytes",
+                      &z->name, z->region_bytes, z->capacity, z->size);
+        return NGX_ERROR;
+      }
+      shpool->data = z->region;
+    }
+  }
   tg_config cfg;
-  tg_config_init(&cfg);
-  cfg.algorithm = z->algorithm;
-  /* no thread: the master forks the workers; worker 0 cleans on a timer */
-  cfg.clean_period_ms = 0;
-  cfg.capacity = z->size / 256 < 16 ? 16 : z->size / 256;
-  char name[128];
-  u_char *end = ngx_snprintf((u_char *)name, sizeof(name) - 1,
-                             "/tollgate-nginx-%P-%V", ngx_pid, &z->name);
-  *end = '\0';
-  cfg.shm_name = name;
+  zone_config(z, &cfg);
+  cfg.region = z->region;
+  cfg.region_bytes = z->region_bytes;
   int rc = tg_limiter_new(&z->lim, &cfg);
-  /* The workers inherit the mapping; nothing else needs the name. */
-  (void)tg_shm_unlink(name);
   if (rc != 0) {
     ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
-                  "tollgate_zone \"%V\": cannot make its table: %s (%s)",
-                  &z->name, tg_strerror(rc), tg_err_name(rc));
+                  "tollgate_zone \"%V\": cannot use its table: %s (%s: %s)",
+                  &z->name, tg_strerror(rc), tg_err_name(rc), tg_last_error());
     return NGX_ERROR;
   }
   return NGX_OK;

@@ -176,6 +176,9 @@ static void test_mismatch_and_corrupt(void **state) {
   changed.algorithm = TG_LEAKY_BUCKET;
   assert_int_equal(tg_limiter_new(&other, &changed), TG_EMISMATCH);
   changed = cfg;
+  changed.capacity = 100000; /* would need more than the region has */
+  assert_int_equal(tg_limiter_new(&other, &changed), TG_EMISMATCH);
+  changed = cfg;
   changed.long_keys = 10;
   assert_int_equal(tg_limiter_new(&other, &changed), TG_EMISMATCH);
   assert_memory_equal(copy, mem, bytes); /* refusals change nothing */

@@ -107,22 +107,18 @@ int tg__region_store_new(tg__store **out, void *mem, size_t size,
   tg__table_params p = *params;
   p.shared = true; /* other processes map it: locks name their owners */
   size_t bytes = tg__table_bytes(&p);
-  if (bytes == 0 || size < bytes || (uintptr_t)mem % 64 != 0) {
+  if (bytes == 0 || mem == NULL || (uintptr_t)mem % 64 != 0) {
     tg__error_set("invalid tg_config: region %s",
-                  bytes == 0     ? "parameters out of range"
-                  : size < bytes ? "smaller than tg_region_bytes(cfg)"
-                                 : "not 64-byte aligned");
+                  bytes == 0 ? "parameters out of range"
+                             : "not 64-byte aligned");
     return TG_EINVAL;
   }
   const tg__table_hdr *h = mem;
   tg__table t;
   int rc;
-  if (tg__load_acquire(&h->magic) != TG__TABLE_MAGIC) {
-    memset(mem, 0, bytes);
-    rc = tg__table_init(&t, mem, &p);
-  } else {
-    /* the size its own header claims, so that other parameters read as
-     * TG_EMISMATCH rather than as a layout that does not fit */
+  if (size >= sizeof *h && tg__load_acquire(&h->magic) == TG__TABLE_MAGIC) {
+    /* a table already: judged by the size its own header claims, so that
+     * other parameters read as TG_EMISMATCH, whatever they would need */
     size_t claimed = h->total_bytes <= size ? (size_t)h->total_bytes : size;
     const char *why;
     rc = tg__table_check_header(h, claimed, &p, &why);
@@ -130,6 +126,13 @@ int tg__region_store_new(tg__store **out, void *mem, size_t size,
       rc = tg__table_attach(&t, mem, claimed, &p);
     else
       tg__error_set("region: %s", why);
+  } else if (size < bytes) {
+    tg__error_set("invalid tg_config: region smaller than "
+                  "tg_region_bytes(cfg)");
+    return TG_EINVAL;
+  } else {
+    memset(mem, 0, bytes);
+    rc = tg__table_init(&t, mem, &p);
   }
   if (rc != TG_OK)
     return rc;

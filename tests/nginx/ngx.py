@@ -187,6 +187,7 @@ http {
                 pass
         if self in _running:
             _running.remove(self)
+        self.proc.stderr.close()
         self.proc = None
         shutil.rmtree(self.prefix, ignore_errors=True)
 

@@ -367,6 +367,50 @@ class Exactness(unittest.TestCase):
             n.stop()
 
 
+class Reload(unittest.TestCase):
+    def conf(self, alg="fixed_window_per_key", key="$arg_k", extra=""):
+        rate = "3/1d" if "bucket" not in alg else "3r/d burst=3"
+        return ("tollgate_zone %s zone=r:1m algorithm=%s rate=%s;\n"
+                "tollgate_zone $arg_k zone=s:1m algorithm=sliding_window "
+                "rate=3/1d;\n%s\n"
+                "server { listen 127.0.0.1:PORT;"
+                " location /r { tollgate zone=r; try_files /index.html =404; }"
+                " location /s { tollgate zone=s; try_files /index.html =404; }"
+                " }" % (key, alg, rate, extra))
+
+    def test_reload_keeps_counts_and_refuses_changes(self):
+        n = ngx.Nginx(self.conf())
+        try:
+            self.assertEqual(statuses(n, "/r?k=a", 2), [200, 200])
+            self.assertEqual(statuses(n, "/s?k=a", 2), [200, 200])
+            old_workers = n.worker_pids()
+            # same zones (another directive added): the counts go on
+            self.assertTrue(n.reload(self.conf(extra="tollgate_status 503;")))
+            self.assertNotEqual(n.worker_pids(), old_workers)
+            self.assertEqual(statuses(n, "/r?k=a", 2), [200, 503])
+            self.assertEqual(statuses(n, "/s?k=a", 2), [200, 503])
+            # another algorithm in the same zone: refused, named, and the
+            # running configuration (and its counts) stays
+            workers = n.worker_pids()
+            self.assertFalse(n.reload(self.conf(alg="token_bucket")))
+            self.assertIn('tollgate_zone "r" changed: it holds a table of',
+                          n.error_log())
+            self.assertIn("for fixed_window_per_key", n.error_log())
+            self.assertEqual(n.worker_pids(), workers)
+            self.assertEqual(statuses(n, "/r?k=a", 1), [503])
+            self.assertEqual(statuses(n, "/r?k=b", 1), [200])
+            # another key: refused too
+            self.assertFalse(n.reload(self.conf(key="$arg_other")))
+            self.assertIn('tollgate_zone "r" uses the key "$arg_other" while '
+                          'previously it used "$arg_k"', n.error_log())
+            self.assertEqual(n.worker_pids(), workers)
+            # a new zone name starts afresh
+            self.assertTrue(n.reload(self.conf().replace("zone=r", "zone=r2")))
+            self.assertEqual(statuses(n, "/r?k=a", 4), [200] * 3 + [429])
+        finally:
+            n.stop()
+
+
 class LimitReq(unittest.TestCase):
     """The same request times through limit_req and through tollgate's
     leaky bucket with the same burst/nodelay give the same answers. The
