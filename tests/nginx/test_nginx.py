@@ -10,6 +10,7 @@ request sequence through limit_req and through tollgate's leaky bucket.
 """
 import os
 import signal
+import socket
 import threading
 import time
 import unittest
@@ -487,6 +488,47 @@ class LimitReq(unittest.TestCase):
                     self.assertEqual(sorted(o[2] for o in out),
                                      ["DELAYED", "DELAYED", "PASSED",
                                       "REJECTED"])
+        finally:
+            n.stop()
+
+
+class Cancel(unittest.TestCase):
+    def test_abandoned_wait_gives_its_slot_back(self):
+        # burst=2 at 1r/s: A passes, B waits ~1 s, C ~2 s. C's client goes
+        # away: its reservation is cancelled (the last one, so its slot is
+        # free again), and D, which would have been rejected, waits ~2 s.
+        # (limit_req keeps an abandoned request's slot.)
+        zones = ("tollgate_zone $arg_k zone=tg:1m algorithm=leaky_bucket "
+                 "rate=1r/s;\n")
+        locs = ("location /tg { tollgate zone=tg burst=2;"
+                " add_header X-Status $tollgate_status always;"
+                " try_files /index.html =404; }\n")
+        n = server(locs, zones)
+        try:
+            out = {}
+
+            def one(name):
+                out[name] = n.request("/tg?k=c")
+            a = threading.Thread(target=one, args=("a",))
+            a.start()
+            a.join()
+            b = threading.Thread(target=one, args=("b",))
+            b.start()
+            time.sleep(0.2)
+            c = socket.create_connection(("127.0.0.1", n.port))
+            c.sendall(b"GET /tg?k=c HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.3)  # C is queued
+            c.close()
+            time.sleep(0.3)  # nginx has seen the close
+            d = threading.Thread(target=one, args=("d",))
+            d.start()
+            b.join()
+            d.join()
+            self.assertEqual(out["a"][0], 200)
+            self.assertEqual((out["b"][0], out["b"][1]["x-status"]),
+                             (200, "DELAYED"))
+            self.assertEqual((out["d"][0], out["d"][1]["x-status"]),
+                             (200, "DELAYED"))
         finally:
             n.stop()
 
