@@ -273,12 +273,17 @@ static void zone_config(const tg_ngx_zone *z, tg_config *cfg) {
   tg_config_init(cfg);
   cfg->algorithm = z->algorithm;
   cfg->capacity = z->capacity;
+  /* keys of more than 32 bytes take a 256-byte chunk each, counted in the
+   * zone's size: a quarter of the keys may be that long ($binary_remote_addr
+   * never is) */
+  cfg->long_keys = z->capacity / 4 ? z->capacity / 4 : 1;
   cfg->sliding_max_entries = z->log_entries;
   /* no thread: the master forks the workers; worker 0 cleans on a timer */
   cfg->clean_period_ms = 0;
 }
 
-/* How many keys the zone holds: the most whose table fits in what nginx's
+/* How many keys the zone holds (about 128 bytes each): the most whose
+ * table fits in what nginx's
  * slab pool leaves of the zone (its header and a page descriptor per page,
  * counted generously), in whole pages. A sliding log keeps up to `limit`
  * entries (at most 1024): enough that entries never merge, so the window is
@@ -785,6 +790,10 @@ static ngx_int_t tg_ngx_init_zone(ngx_shm_zone_t *shm_zone, void *data) {
                   &z->name, tg_strerror(rc), tg_err_name(rc), tg_last_error());
     return NGX_ERROR;
   }
+  ngx_log_error(NGX_LOG_INFO, shm_zone->shm.log, 0,
+                "tollgate_zone \"%V\": %s, room for %uL keys%s", &z->name,
+                tg_algorithm_name(z->algorithm), z->capacity,
+                old ? " (kept from the previous configuration)" : "");
   return NGX_OK;
 }
 

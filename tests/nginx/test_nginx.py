@@ -92,6 +92,10 @@ location /big { tollgate zone=big;
                 try_files /index.html =404; }
 location /level { tollgate zone=w; tollgate_log_level info;
                   try_files /index.html =404; }
+location /redir { tollgate zone=w; try_files /nope @named; }
+location @named { tollgate zone=w;
+                  add_header X-Remaining $tollgate_remaining always;
+                  try_files /index.html =404; }
 location /free { try_files /index.html =404;
                  add_header X-Status "[$tollgate_status]" always; }
 """
@@ -186,12 +190,45 @@ location /free { try_files /index.html =404;
         st, h, _ = n.request("/big?k=p")
         self.assertEqual((st, h["x-remaining"]), (200, "1"))
 
+    def test_decided_once_across_internal_redirects(self):
+        got = [self.n.request("/redir?k=i") for _ in range(4)]
+        self.assertEqual([g[0] for g in got], [200, 200, 200, 429])
+        self.assertEqual([g[1]["x-remaining"] for g in got[:3]],
+                         ["2", "1", "0"])
+
     def test_log_level(self):
         for _ in range(4):
             self.n.request("/level?k=l")
         log = self.n.error_log()
         self.assertIn('[info]', log)
         self.assertIn('tollgate: rejecting request by zone "w"', log)
+
+
+class FullZone(unittest.TestCase):
+    def test_full_zone_lets_through_and_says_so(self):
+        # the smallest zone (64k) holds some hundreds of keys; past that a
+        # new key is let through (fail open), FAILED, and logged
+        n = server("location / { tollgate zone=z;"
+                   " add_header X-Status $tollgate_status always;"
+                   " try_files /index.html =404; }",
+                   "tollgate_zone $arg_k zone=z:64k "
+                   "algorithm=fixed_window_per_key rate=1/1d;")
+        try:
+            seen = {}
+            for i in range(3000):
+                st, h, _ = n.request("/?k=key%d" % i)
+                self.assertEqual(st, 200)
+                seen[h["x-status"]] = seen.get(h["x-status"], 0) + 1
+                if h["x-status"] == "FAILED":
+                    break
+            self.assertIn("FAILED", seen, seen)
+            self.assertGreater(seen["PASSED"], 150)
+            self.assertIn("store is full (TG_EFULL); the request is let "
+                          "through", n.error_log())
+            # keys it holds are still limited
+            self.assertEqual(n.request("/?k=key0")[0], 429)
+        finally:
+            n.stop()
 
 
 class ConfigErrors(unittest.TestCase):
