@@ -324,7 +324,8 @@ static void test_processes_one_killed(void **state) {
     assert_int_equal(waitpid(late, &st, 0), late);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     if (sum(sc->errors))
-      fail_msg("%s: %llu calls failed, e.g. %s", tg_algorithm_name(a),
+      fail_msg("%s: %llu calls failed, e.g. %s",
+               tg_algorithm_name((tg_algorithm)a),
                (unsigned long long)sum(sc->errors),
                tg_err_name((int)(sc->first_error[0] ? sc->first_error[0]
                                                     : sc->first_error[1])));
