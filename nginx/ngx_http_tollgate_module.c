@@ -707,6 +707,15 @@ static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
       if (!l[i].resolved && resolve_limit(cf, mcf, &l[i]) != NGX_CONF_OK)
         return NGX_CONF_ERROR;
       reserving += l[i].mode == TG_NGX_RESERVE;
+      for (ngx_uint_t j = 0; j < i; j++)
+        if (l[j].zone == l[i].zone) {
+          /* one state cannot be two rules of a policy */
+          ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                        "tollgate: zone \"%V\" is used twice in one place "
+                        "(one request, one key, one state), in %V:%ui",
+                        &l[i].zone_name, &l[i].file, l[i].line);
+          return NGX_CONF_ERROR;
+        }
     }
     if (reserving && conf->limits->nelts > 1) {
       ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
@@ -972,6 +981,8 @@ static ngx_int_t tg_ngx_handler(ngx_http_request_t *r) {
       /* what shadow mode does: decided and recorded, let through now */
       ctx->rr.r.shadow_denied = 1;
       ctx->rr.r.allowed = 1;
+      ctx->rules[0].result.shadow_denied = 1;
+      ctx->rules[0].result.allowed = 1; /* no Retry-After in a dry run */
       ctx->waiting = 0;
       ctx->state =
           ctx->res.ok ? TG_NGX_DELAYED_DRY_RUN : TG_NGX_REJECTED_DRY_RUN;

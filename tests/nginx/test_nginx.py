@@ -64,6 +64,7 @@ class Directives(unittest.TestCase):
 tollgate_zone $arg_k zone=w:1m algorithm=fixed_window_per_key rate=3/1d;
 tollgate_zone $arg_k zone=big:1m algorithm=fixed_window_per_key rate=5/1d;
 tollgate_zone $arg_k zone=tb:1m algorithm=token_bucket rate=10r/d burst=10;
+tollgate_zone $arg_k zone=lb:1m algorithm=leaky_bucket rate=1r/d;
 """
         locs = """
 location /on { tollgate zone=w; try_files /index.html =404; }
@@ -90,6 +91,9 @@ location /two { tollgate zone=w; tollgate zone=big;
 location /big { tollgate zone=big;
                 add_header X-Remaining $tollgate_remaining always;
                 try_files /index.html =404; }
+location /dryq { tollgate zone=lb burst=1; tollgate_dry_run on;
+                 add_header X-Status $tollgate_status always;
+                 try_files /index.html =404; }
 location /level { tollgate zone=w; tollgate_log_level info;
                   try_files /index.html =404; }
 location /redir { tollgate zone=w; try_files /nope @named; }
@@ -150,6 +154,17 @@ location /free { try_files /index.html =404;
         self.assertNotIn("retry-after", got[4][1])
         self.assertIn("dry run: would reject request by zone \"w\"",
                       self.n.error_log())
+
+    def test_dry_run_of_a_queue(self):
+        # burst=1 at 1 per day: the first passes, the second would wait a
+        # day (DELAYED_DRY_RUN, let through at once), the third would be
+        # refused; no Retry-After for either
+        got = [self.n.request("/dryq?k=q") for _ in range(3)]
+        self.assertEqual([g[0] for g in got], [200] * 3)
+        self.assertEqual([g[1]["x-status"] for g in got],
+                         ["PASSED", "DELAYED_DRY_RUN", "REJECTED_DRY_RUN"])
+        for g in got:
+            self.assertNotIn("retry-after", g[1])
 
     def test_variables(self):
         got = [self.n.request("/vars?k=v")[1] for _ in range(4)]
@@ -292,6 +307,9 @@ class ConfigErrors(unittest.TestCase):
              "rate=1r/s; server { location / { tollgate zone=a burst=3; "
              "tollgate zone=b nodelay; } }",
              "tollgate: a tollgate line that delays"),
+            (ok + "server { location / { tollgate zone=a; "
+             "tollgate zone=a cost=2; } }",
+             'tollgate: zone "a" is used twice in one place'),
             (ok + "server { location / { tollgate zone=a; "
              "tollgate_status 200; } }",
              'tollgate_status: invalid status "200" (400 to 599)'),
