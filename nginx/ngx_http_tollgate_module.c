@@ -898,106 +898,124 @@ static void tg_ngx_delay_done(ngx_http_request_t *r) {
   ngx_http_core_run_phases(r);
 }
 
-static ngx_int_t tg_ngx_handler(ngx_http_request_t *r) {
-  if (r != r->main)
-    return NGX_DECLINED;
-  tg_ngx_loc_conf *lcf =
-      ngx_http_get_module_loc_conf(r, ngx_http_tollgate_module);
-  tg_ngx_ctx *ctx = get_ctx(r);
-  if (ctx)
-    return NGX_DECLINED; /* decided already (delayed, or redirected) */
-  if (lcf->limits == NULL)
-    return NGX_DECLINED;
-
-  ngx_uint_t n_lines = lcf->limits->nelts;
-  tg_ngx_limit *lines = lcf->limits->elts;
-  ngx_pool_cleanup_t *cln = ngx_pool_cleanup_add(r->pool, sizeof(*ctx));
+/* The request's context, kept as a cleanup of its pool (see get_ctx). */
+static tg_ngx_ctx *new_ctx(ngx_http_request_t *r, tg_ngx_loc_conf *lcf) {
+  ngx_uint_t n = lcf->limits->nelts;
+  ngx_pool_cleanup_t *cln = ngx_pool_cleanup_add(r->pool, sizeof(tg_ngx_ctx));
   if (cln == NULL)
-    return NGX_HTTP_INTERNAL_SERVER_ERROR;
-  ctx = cln->data;
+    return NULL;
+  tg_ngx_ctx *ctx = cln->data;
   ngx_memzero(ctx, sizeof(*ctx));
   cln->handler = tg_ngx_ctx_cleanup;
   ngx_http_set_ctx(r, ctx, ngx_http_tollgate_module);
   ctx->headers = lcf->headers;
-  ctx->rules = ngx_pcalloc(r->pool, n_lines * sizeof(tg_rule));
-  ctx->limits = ngx_palloc(r->pool, n_lines * sizeof(tg_ngx_limit *));
-  if (ctx->rules == NULL || ctx->limits == NULL)
-    return NGX_HTTP_INTERNAL_SERVER_ERROR;
+  ctx->rules = ngx_pcalloc(r->pool, n * sizeof(tg_rule));
+  ctx->limits = ngx_palloc(r->pool, n * sizeof(tg_ngx_limit *));
+  return ctx->rules && ctx->limits ? ctx : NULL;
+}
 
-  ngx_uint_t n = 0;
-  for (ngx_uint_t i = 0; i < n_lines; i++) {
+/* One rule per line whose key is not empty: key and cost evaluated. */
+static ngx_int_t collect_rules(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
+                               tg_ngx_ctx *ctx) {
+  tg_ngx_limit *lines = lcf->limits->elts;
+  for (ngx_uint_t i = 0; i < lcf->limits->nelts; i++) {
     tg_ngx_limit *l = &lines[i];
     ngx_str_t key;
     if (ngx_http_complex_value(r, &l->zone->key, &key) != NGX_OK)
-      return NGX_HTTP_INTERNAL_SERVER_ERROR;
+      return NGX_ERROR;
     if (key.len == 0)
       continue; /* as limit_req: an empty key is not limited */
     if (key.len > TG_KEY_MAX && shorten_key(r, &key) != NGX_OK)
-      return NGX_HTTP_INTERNAL_SERVER_ERROR;
+      return NGX_ERROR;
     uint64_t cost = l->cost;
     if (l->cost_cv) {
       ngx_str_t c;
       if (ngx_http_complex_value(r, l->cost_cv, &c) != NGX_OK)
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_ERROR;
       off_t v = c.len ? ngx_atoof(c.data, c.len) : NGX_ERROR;
       if (v == NGX_ERROR) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "tollgate: zone \"%V\": cost \"%V\" is not a whole "
                       "number",
                       &l->zone->name, &c);
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_ERROR;
       }
       cost = (uint64_t)v;
     }
-    tg_rule *rule = &ctx->rules[n];
+    tg_rule *rule = &ctx->rules[ctx->n];
     rule->lim = l->zone->lim;
     rule->key = key.data;
     rule->key_len = key.len;
     rule->q = &l->q;
     rule->cost = cost;
-    ctx->limits[n++] = l;
+    ctx->limits[ctx->n++] = l;
   }
-  ctx->n = n;
-  if (n == 0) {
+  return NGX_OK;
+}
+
+/* A delaying line (the only one of its location): tg_reserve, its answer
+ * copied where a policy's would be. *delay_ms: how long to wait. */
+static int reserve(tg_ngx_loc_conf *lcf, tg_ngx_ctx *ctx, uint64_t *delay_ms) {
+  tg_rule *rule = &ctx->rules[0];
+  int rc = tg_reserve(rule->lim, rule->key, rule->key_len, rule->q, rule->cost,
+                      ctx->limits[0]->max_wait_ms, &ctx->res);
+  rule->status = rc;
+  rule->result = ctx->res.result;
+  ctx->rr.r = ctx->res.result;
+  ctx->rr.tightest = 0;
+  ctx->rr.denied_by = ctx->res.ok ? TG_RULE_NONE : 0;
+  *delay_ms = ctx->res.ok ? ctx->res.delay_ms : 0;
+  if (lcf->dry_run && (!ctx->res.ok || *delay_ms)) {
+    /* what shadow mode does: decided and recorded, let through now */
+    ctx->rr.r.shadow_denied = 1;
+    ctx->rr.r.allowed = 1;
+    rule->result.shadow_denied = 1;
+    rule->result.allowed = 1; /* no Retry-After in a dry run */
+    ctx->state = ctx->res.ok ? TG_NGX_DELAYED_DRY_RUN : TG_NGX_REJECTED_DRY_RUN;
+    *delay_ms = 0;
+  }
+  return rc;
+}
+
+/* Parks the request on a timer; tg_ngx_delay_done runs the phases again. */
+static ngx_int_t delay(ngx_http_request_t *r, tg_ngx_ctx *ctx,
+                       uint64_t delay_ms) {
+  ctx->state = TG_NGX_DELAYED;
+  ctx->waiting = 1;
+  if (ngx_handle_read_event(r->connection->read, 0) != NGX_OK)
+    return NGX_HTTP_INTERNAL_SERVER_ERROR;
+  r->read_event_handler = ngx_http_test_reading;
+  r->write_event_handler = tg_ngx_delay_done;
+  r->connection->write->delayed = 1;
+  ngx_add_timer(r->connection->write, (ngx_msec_t)delay_ms);
+  return NGX_AGAIN;
+}
+
+/* The preaccess handler: decide once, then pass, refuse or wait. */
+static ngx_int_t tg_ngx_handler(ngx_http_request_t *r) {
+  tg_ngx_loc_conf *lcf =
+      ngx_http_get_module_loc_conf(r, ngx_http_tollgate_module);
+  if (r != r->main || lcf->limits == NULL || get_ctx(r) != NULL)
+    return NGX_DECLINED; /* not limited, or decided already */
+  tg_ngx_ctx *ctx = new_ctx(r, lcf);
+  if (ctx == NULL || collect_rules(r, lcf, ctx) != NGX_OK)
+    return NGX_HTTP_INTERNAL_SERVER_ERROR;
+  if (ctx->n == 0) {
     ctx->state = TG_NGX_PASSED;
     return NGX_DECLINED;
   }
-
-  int rc;
-  const tg_result *res;
   uint64_t delay_ms = 0;
-  if (ctx->limits[0]->mode == TG_NGX_RESERVE) {
-    tg_rule *rule = &ctx->rules[0];
-    rc = tg_reserve(rule->lim, rule->key, rule->key_len, rule->q, rule->cost,
-                    ctx->limits[0]->max_wait_ms, &ctx->res);
-    rule->status = rc;
-    rule->result = ctx->res.result;
-    ctx->rr.r = ctx->res.result;
-    ctx->rr.tightest = 0;
-    ctx->rr.denied_by = ctx->res.ok ? TG_RULE_NONE : 0;
-    if (ctx->res.ok)
-      delay_ms = ctx->res.delay_ms;
-    if (lcf->dry_run && (!ctx->res.ok || delay_ms)) {
-      /* what shadow mode does: decided and recorded, let through now */
-      ctx->rr.r.shadow_denied = 1;
-      ctx->rr.r.allowed = 1;
-      ctx->rules[0].result.shadow_denied = 1;
-      ctx->rules[0].result.allowed = 1; /* no Retry-After in a dry run */
-      ctx->waiting = 0;
-      ctx->state =
-          ctx->res.ok ? TG_NGX_DELAYED_DRY_RUN : TG_NGX_REJECTED_DRY_RUN;
-      delay_ms = 0;
-    }
-  } else {
-    rc = tg_hit_rules(ctx->rules, n, lcf->dry_run ? TG_RULES_SHADOW : 0,
-                      &ctx->rr);
-  }
-  res = &ctx->rr.r;
+  int rc = ctx->limits[0]->mode == TG_NGX_RESERVE
+               ? reserve(lcf, ctx, &delay_ms)
+               : tg_hit_rules(ctx->rules, ctx->n,
+                              lcf->dry_run ? TG_RULES_SHADOW : 0, &ctx->rr);
+  const tg_result *res = &ctx->rr.r;
   size_t blame = ctx->rr.denied_by == TG_RULE_NONE ? 0 : ctx->rr.denied_by;
   ngx_str_t *zname = &ctx->limits[blame]->zone->name;
+  ngx_log_t *log = r->connection->log;
 
   if (rc != 0) {
-    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+    ngx_log_error(NGX_LOG_ERR, log, 0,
                   "tollgate: zone \"%V\": %s (%s); the request is %s", zname,
                   tg_strerror(rc), tg_err_name(rc),
                   res->allowed ? "let through" : "rejected");
@@ -1006,18 +1024,16 @@ static ngx_int_t tg_ngx_handler(ngx_http_request_t *r) {
   }
   if (ctx->state == TG_NGX_UNDECIDED && res->shadow_denied)
     ctx->state = TG_NGX_REJECTED_DRY_RUN;
-  if (ctx->state == TG_NGX_REJECTED_DRY_RUN ||
-      ctx->state == TG_NGX_DELAYED_DRY_RUN) {
-    ngx_log_error(lcf->log_level, r->connection->log, 0,
-                  "tollgate: dry run: would %s by zone \"%V\"",
-                  ctx->state == TG_NGX_DELAYED_DRY_RUN ? "delay request"
-                                                       : "reject request",
+  if (ctx->state != TG_NGX_UNDECIDED) { /* a dry run's would-be refusal */
+    ngx_log_error(lcf->log_level, log, 0,
+                  "tollgate: dry run: would %s request by zone \"%V\"",
+                  ctx->state == TG_NGX_DELAYED_DRY_RUN ? "delay" : "reject",
                   zname);
     return NGX_DECLINED;
   }
   if (!res->allowed) {
     ctx->state = TG_NGX_REJECTED;
-    ngx_log_error(lcf->log_level, r->connection->log, 0,
+    ngx_log_error(lcf->log_level, log, 0,
                   "tollgate: rejecting request by zone \"%V\", retry after "
                   "%uL ms",
                   zname, res->retry_after_ms);
@@ -1027,18 +1043,10 @@ static ngx_int_t tg_ngx_handler(ngx_http_request_t *r) {
     ctx->state = TG_NGX_PASSED;
     return NGX_DECLINED;
   }
-  ctx->state = TG_NGX_DELAYED;
-  ctx->waiting = 1;
-  ngx_log_error(lcf->delay_log_level, r->connection->log, 0,
+  ngx_log_error(lcf->delay_log_level, log, 0,
                 "tollgate: delaying request by zone \"%V\" for %uL ms", zname,
                 delay_ms);
-  if (ngx_handle_read_event(r->connection->read, 0) != NGX_OK)
-    return NGX_HTTP_INTERNAL_SERVER_ERROR;
-  r->read_event_handler = ngx_http_test_reading;
-  r->write_event_handler = tg_ngx_delay_done;
-  r->connection->write->delayed = 1;
-  ngx_add_timer(r->connection->write, (ngx_msec_t)delay_ms);
-  return NGX_AGAIN;
+  return delay(r, ctx, delay_ms);
 }
 
 /* ---- response header fields ---------------------------------------------- */
