@@ -928,11 +928,13 @@ static ngx_int_t collect_rules(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
     if (key.len > TG_KEY_MAX && shorten_key(r, &key) != NGX_OK)
       return NGX_ERROR;
     uint64_t cost = l->cost;
+    ngx_str_t c = ngx_null_string;
     if (l->cost_cv) {
-      ngx_str_t c;
       if (ngx_http_complex_value(r, l->cost_cv, &c) != NGX_OK)
         return NGX_ERROR;
-      off_t v = c.len ? ngx_atoof(c.data, c.len) : NGX_ERROR;
+    }
+    if (l->cost_cv && c.len > 0) { /* empty: the default cost, 1 */
+      off_t v = ngx_atoof(c.data, c.len);
       if (v == NGX_ERROR) {
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "tollgate: zone \"%V\": cost \"%V\" is not a whole "

@@ -190,6 +190,9 @@ location /free { try_files /index.html =404;
         self.assertEqual((st, h["x-remaining"]), (200, "0"))
         # cost 0 is a peek
         self.assertEqual(n.request("/costvar?k=cv&cost=0")[0], 200)
+        # an empty value is the default cost, 1
+        st, h, _ = n.request("/costvar?k=cv3")
+        self.assertEqual((st, h["x-remaining"]), (200, "9"))
         # a cost that is not a number is the server's error, and logged
         self.assertEqual(n.request("/costvar?k=cv2&cost=abc")[0], 500)
         self.assertIn('cost "abc" is not a whole number', n.error_log())
