@@ -24,6 +24,8 @@ struct tg_limiter {
   bool shadow;             /* cfg.shadow, and */
   bool hook;               /* cfg.on_decision != NULL, kept beside stats so
                               a decision reads one cache line of the handle */
+  bool quiet;              /* neither: a decision's bookkeeping is one
+                              counter (the one flag its fast path tests) */
   bool ident_ok;           /* the store can decide policies: */
   uint64_t group[2];       /* its ops->ident, asked once at creation */
   uint64_t space[2];
@@ -64,22 +66,21 @@ void tg__limiter_done_slow(tg_limiter *lim, int rc, tg_result *r, bool shadow,
                            const tg__decided *d);
 
 /* After a decision: counts its real answer *r (and rc), turns *r into
- * shadow mode's answer when `shadow`, then calls the hook if one is set.
- * Inline, for its common case: an answer (no failure), no shadow mode, no
- * hook costs one counter in the thread's own shard (the decision's
- * description is built only for the slow path). */
+ * shadow mode's answer when the limiter is in shadow mode or the call asks
+ * for it (`shadow`: a policy's TG_RULES_SHADOW), then calls the hook if one
+ * is set. Inline, for its common case: an answer (no failure), no shadow
+ * mode, no hook tests one flag and costs one counter in the thread's own
+ * shard (the decision's description is built only for the slow path). */
 static inline void tg__limiter_done(tg_limiter *lim, int rc, tg_result *r,
                                     bool shadow, const void *key,
                                     size_t key_len, const tg_quota *q,
                                     uint64_t cost, bool in_rules) {
-  if (__builtin_expect(rc == TG_OK && !shadow && !lim->hook, 1)) {
-    bool own;
-    tg__shard *sh = tg__shard_get(lim->stats, &own);
-    tg__count(sh, own, r->allowed ? TG__N_ALLOWED : TG__N_DENIED);
+  if (__builtin_expect(rc == TG_OK && !shadow && lim->quiet, 1)) {
+    tg__count_one(lim->stats, r->allowed ? TG__N_ALLOWED : TG__N_DENIED);
     return;
   }
   tg__decided d = {key, key_len, q, cost, in_rules};
-  tg__limiter_done_slow(lim, rc, r, shadow, &d);
+  tg__limiter_done_slow(lim, rc, r, shadow || lim->shadow, &d);
 }
 
 /* The whole of it (see tg__limiter_done). */

@@ -175,6 +175,7 @@ int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
   lim->cfg = *cfg;
   lim->shadow = cfg->shadow;
   lim->hook = cfg->on_decision != NULL;
+  lim->quiet = !lim->shadow && !lim->hook;
   lim->stats = tg__stats_new();
   if (!lim->stats) {
     free(lim);
@@ -328,7 +329,7 @@ static int hit(tg_limiter *lim, const uint64_t *now, const void *key,
   else
     tg__limiter_failure(lim, rc, q, out);
   if (lim) {
-    tg__limiter_done(lim, rc, out, lim->shadow, key, key_len, q, cost, false);
+    tg__limiter_done(lim, rc, out, false, key, key_len, q, cost, false);
   }
   return rc;
 }
@@ -372,7 +373,7 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
       pos[m++] = i;
     } else {
       tg__limiter_failure(lim, it->status, it->q, &it->result);
-      tg__limiter_done(lim, it->status, &it->result, lim->shadow, it->key,
+      tg__limiter_done(lim, it->status, &it->result, false, it->key,
                        it->key_len, it->q, it->cost, false);
     }
   }
@@ -385,7 +386,7 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
         it->result = outs[j].r;
       else
         tg__limiter_failure(lim, rcs[j], it->q, &it->result);
-      tg__limiter_done(lim, it->status, &it->result, lim->shadow, it->key,
+      tg__limiter_done(lim, it->status, &it->result, false, it->key,
                        it->key_len, it->q, it->cost, false);
     }
   }
