@@ -410,7 +410,8 @@ static void custom_destroy(tg__store *s) { free(s); }
 static const tg__store_ops custom_ops = {
     custom_exec, custom_reset, custom_zero,
     NULL,        custom_zero,  custom_destroy,
-    NULL,        custom_ident, custom_exec_rules};
+    NULL,        custom_ident, custom_exec_rules,
+    NULL};
 
 int tg__custom_store_new(tg__store **out, const tg_custom_store *cs,
                          tg_algorithm alg, uint32_t log_entries) {

@@ -1219,14 +1219,47 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
   }
 }
 
+/* A policy's TAKE whose CHECK found the key where it still is, unchanged:
+ * one ctrl-word load and one CAS from the pair the check saw to the one its
+ * step computed, without the set-up of exec_rule_state (false: anything
+ * else, which exec_rule_state handles from the start). */
+static bool take_as_checked(tg__table *t, const tg__call *c) {
+  tg__token *tok = c->tok;
+  uint64_t i = tok->where[0];
+  if (!tok->next_ok || tok->seen_absent || tok->seen[0] == 0 ||
+      i >= t->g.nslots || tg__load_acquire(&t->ctrl[i]) != tok->where[1])
+    return false;
+  uint64_t w0 = tok->seen[0], w1 = tok->seen[1];
+  if (!tg__cas128(&t->slots[i].st, &w0, &w1, tok->next[0], tok->next[1]))
+    return false;
+  tok->taken = true;
+  tok->reused = true;
+  tok->before = decode(c->alg, tok->seen[0], tok->seen[1]);
+  tok->after = decode(c->alg, tok->next[0], tok->next[1]);
+  tok->now_us = c->now_us;
+  return true;
+}
+
+/* The rest of tg__table_rule, kept out of line so that the shortcut above
+ * does not pay for this one's frame. */
+static __attribute__((noinline)) int exec_rule(tg__table *t, const tg__call *c,
+                                               tg__outcome *o) {
+  lazy_key lk; /* not zeroed: kref_init fills what it uses */
+  lk.ready = false;
+  if (c->alg != TG_SLIDING_WINDOW)
+    return exec_rule_state(t, &lk, c, o);
+  return exec_rule_log(t, lazy(t, &lk, c), c, o);
+}
+
+int tg__table_rule(tg__table *t, const tg__call *c, tg__outcome *o) {
+  if (c->op == TG__OP_TAKE && take_as_checked(t, c))
+    return TG_OK;
+  return exec_rule(t, c, o);
+}
+
 int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o) {
-  if (c->op > TG__OP_EXPIRES) { /* policies and reservations: c->tok set */
-    lazy_key lk;                /* not zeroed: kref_init fills what it uses */
-    lk.ready = false;
-    if (c->alg != TG_SLIDING_WINDOW)
-      return exec_rule_state(t, &lk, c, o);
-    return exec_rule_log(t, lazy(t, &lk, c), c, o);
-  }
+  if (c->op > TG__OP_EXPIRES) /* policies and reservations: c->tok set */
+    return tg__table_rule(t, c, o);
   kref k;
   kref_init(t, &k, c->key, c->key_len);
   if (c->alg == TG_SLIDING_WINDOW)
