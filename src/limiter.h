@@ -33,10 +33,35 @@ struct tg_limiter {
 
 /* Everything every operation checks, in the order the header documents,
  * and the call built from it. now is NULL to read the limiter's clock
- * (once), or, for a store with its own clock, to let the store read it. */
-int tg__limiter_prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
-                        const void *key, size_t key_len, const tg_quota *q,
-                        uint64_t arg, tg__call *c);
+ * (once), or, for a store with its own clock, to let the store read it.
+ * Inline: every decision, and every rule of a policy, runs it. */
+static inline int tg__limiter_prepare(const tg_limiter *lim, tg__op op,
+                                      const uint64_t *now, const void *key,
+                                      size_t key_len, const tg_quota *q,
+                                      uint64_t arg, tg__call *c) {
+  if (!lim || !key || !q)
+    return TG_EINVAL;
+  int rc = tg__call_check(lim->cfg.algorithm, op, key_len, q, &c->q);
+  if (rc != TG_OK)
+    return rc;
+  c->store_time = !now && lim->store_time;
+  uint64_t now_us = 0;
+  if (now)
+    now_us = *now;
+  else if (!c->store_time)
+    now_us = lim->cfg.clock(lim->cfg.clock_ctx);
+  if (now_us > TG_NOW_MAX_US)
+    return TG_ETIME;
+  c->op = op;
+  c->alg = lim->cfg.algorithm;
+  c->key = key;
+  c->key_len = key_len;
+  c->arg = arg;
+  c->now_us = now_us;
+  c->wait_ns = 0;
+  c->tok = NULL;
+  return TG_OK;
+}
 
 /* True for the codes a store fails with (the failure policy answers). */
 bool tg__store_failure(int rc);

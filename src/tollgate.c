@@ -253,33 +253,6 @@ int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed) {
   return clean(lim, &now_us, removed);
 }
 
-int tg__limiter_prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
-                        const void *key, size_t key_len, const tg_quota *q,
-                        uint64_t arg, tg__call *c) {
-  if (!lim || !key || !q)
-    return TG_EINVAL;
-  int rc = tg__call_check(lim->cfg.algorithm, op, key_len, q, &c->q);
-  if (rc != TG_OK)
-    return rc;
-  c->store_time = !now && lim->store_time;
-  uint64_t now_us = 0;
-  if (now)
-    now_us = *now;
-  else if (!c->store_time)
-    now_us = lim->cfg.clock(lim->cfg.clock_ctx);
-  if (now_us > TG_NOW_MAX_US)
-    return TG_ETIME;
-  c->op = op;
-  c->alg = lim->cfg.algorithm;
-  c->key = key;
-  c->key_len = key_len;
-  c->arg = arg;
-  c->now_us = now_us;
-  c->wait_ns = 0;
-  c->tok = NULL;
-  return TG_OK;
-}
-
 /* One operation: prepare, then the store call. */
 static int run(tg_limiter *lim, tg__op op, const uint64_t *now, const void *key,
                size_t key_len, const tg_quota *q, uint64_t arg,

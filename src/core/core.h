@@ -162,8 +162,14 @@ static inline bool tg__op_supported(tg_algorithm alg, tg__op op) {
 /* What every call is checked for before a store sees it, in the order
  * tollgate.h documents: the key's length (TG_EKEY), the operation
  * (TG_ENOTSUP), the quota (TG_EQUOTA; *prepared is filled on success). */
-int tg__call_check(tg_algorithm alg, tg__op op, size_t key_len,
-                   const tg_quota *q, tg__quota *prepared);
+static inline int tg__call_check(tg_algorithm alg, tg__op op, size_t key_len,
+                                 const tg_quota *q, tg__quota *prepared) {
+  if (key_len == 0 || key_len > TG_KEY_MAX)
+    return TG_EKEY;
+  if (!tg__op_supported(alg, op))
+    return TG_ENOTSUP;
+  return tg__quota_prepare(prepared, q, alg);
+}
 
 /* Runs one call on fixed-size state. *st is read and, when *changed is set
  * true, replaced by the new state, which the store must then publish (or, for

@@ -47,15 +47,6 @@ const unsigned tg__ops_of[TG_ALGORITHM_COUNT] = {
         OPS_ALL | OP(TG__OP_SET) | OP(TG__OP_RESERVE) | OP(TG__OP_CANCEL),
 };
 
-int tg__call_check(tg_algorithm alg, tg__op op, size_t key_len,
-                   const tg_quota *q, tg__quota *prepared) {
-  if (key_len == 0 || key_len > TG_KEY_MAX)
-    return TG_EKEY;
-  if (!tg__op_supported(alg, op))
-    return TG_ENOTSUP;
-  return tg__quota_prepare(prepared, q, alg);
-}
-
 const char *tg_algorithm_name(tg_algorithm alg) {
   switch (alg) {
   case TG_FIXED_WINDOW:
