@@ -173,34 +173,39 @@ static tg_result unpassed(const tg__outcome *o) {
   return r;
 }
 
-/* The policy's answer from its rules' real answers. */
-static void summarise(const tg_rule *rules, size_t n, bool passed,
-                      tg_rules_result *out) {
+/* The policy's answer from its rules' real answers, a rule at a time (each
+ * added before its bookkeeping may turn it into shadow mode's answer). */
+static void summary_start(tg_rules_result *out, bool passed) {
   tg_result *r = &out->r;
   *r = (tg_result){0};
   r->allowed = passed;
   r->remaining = UINT64_MAX;
   out->denied_by = TG_RULE_NONE;
   out->tightest = 0;
-  for (size_t i = 0; i < n; i++) {
-    const tg_result *x = &rules[i].result;
-    bool denied = !x->allowed || x->shadow_denied;
-    if (denied) {
-      if (out->denied_by == TG_RULE_NONE)
-        out->denied_by = i;
-      if (x->retry_after_ms > r->retry_after_ms)
-        r->retry_after_ms = x->retry_after_ms;
-    }
-    if (x->remaining < r->remaining) {
-      r->remaining = x->remaining;
-      out->tightest = i;
-    }
-    if (x->reset_after_ms > r->reset_after_ms)
-      r->reset_after_ms = x->reset_after_ms;
+}
+
+static inline void summary_add(tg_rules_result *out, size_t i,
+                               const tg_result *x) {
+  tg_result *r = &out->r;
+  bool denied = !x->allowed || x->shadow_denied;
+  if (denied) {
+    if (out->denied_by == TG_RULE_NONE)
+      out->denied_by = i;
+    if (x->retry_after_ms > r->retry_after_ms)
+      r->retry_after_ms = x->retry_after_ms;
   }
-  r->count = rules[out->tightest].result.count;
+  if (i == 0 || x->remaining < r->remaining) {
+    r->remaining = x->remaining;
+    r->count = x->count;
+    out->tightest = i;
+  }
+  if (x->reset_after_ms > r->reset_after_ms)
+    r->reset_after_ms = x->reset_after_ms;
+}
+
+static void summary_end(tg_rules_result *out, bool passed) {
   if (out->denied_by != TG_RULE_NONE && passed)
-    r->shadow_denied = true; /* only shadow rules denied */
+    out->r.shadow_denied = true; /* only shadow rules denied */
 }
 
 /* Invalid input or a failure: every rule's result, and the answer, is the
@@ -293,21 +298,19 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
     }
     return rc;
   }
-  /* every rule's own answer, its counters and hook */
+  /* every rule's own answer, the policy's, the rules' counters and hooks */
+  summary_start(out, passed);
   for (size_t i = 0; i < n; i++) {
     tg_rule *ru = &rules[i];
     ru->status = TG_OK;
     ru->result = passed ? pr.o[i].r : unpassed(&pr.o[i]);
-  }
-  summarise(rules, n, passed, out);
-  for (size_t i = 0; i < n; i++) {
-    tg_rule *ru = &rules[i];
-    bool allowed = ru->result.allowed;
-    if (!allowed || passed) {
+    summary_add(out, i, &ru->result);
+    if (passed || !ru->result.allowed) {
       tg__limiter_done(ru->lim, TG_OK, &ru->result, all_shadow, ru->key,
                        ru->key_len, ru->q, ru->cost, true);
     }
   }
+  summary_end(out, passed);
   if (all_shadow && !out->r.allowed) {
     out->r.allowed = true;
     out->r.shadow_denied = true;

@@ -1240,6 +1240,44 @@ static bool take_as_checked(tg__table *t, const tg__call *c) {
   return true;
 }
 
+/* A policy's CHECK on a key the table holds, as exec_rule_state's would be
+ * on its first pass, without its set-up (the wait, the lazy key, the TAKE's
+ * cases): false for anything else (absent, reclaimed meanwhile), which
+ * exec_rule_state then handles from the start. */
+static bool check_found(tg__table *t, const tg__call *c, tg__outcome *o,
+                        int *rc) {
+  kref k;
+  kref_init(t, &k, c->key, c->key_len);
+  uint64_t i, ctl, w0, w1;
+  if (!find(t, &k, &i, &ctl))
+    return false;
+  uint32_t g = ctrl_gen(ctl);
+  /* windows too: their end word changes with every new state, so a pair
+   * read around it is consistent, and a CHECK writes nothing */
+  tg__load_pair(&t->slots[i].st, is_window(c->alg) ? 0 : 1, &w0, &w1);
+  if (!gen_ok(c->alg, w0, w1, g))
+    return false;
+  tg__state st = decode(c->alg, w0, w1);
+  if (t->g.shared && !tg__state_plausible(c->alg, &st)) {
+    *rc = TG_ECORRUPT;
+    return true;
+  }
+  bool changed;
+  *rc = tg__state_step(c, &st, o, &changed);
+  tg__token *tok = c->tok;
+  tok->seen_ok = true;
+  tok->seen_absent = false;
+  tok->seen[0] = w0;
+  tok->seen[1] = w1;
+  tok->where[0] = i;
+  tok->where[1] = ctl;
+  tok->gen = g;
+  tok->next_ok = *rc == TG_OK && changed && !blank_stays(c, w0, w1, &st);
+  if (tok->next_ok)
+    encode(c->alg, &st, g, &tok->next[0], &tok->next[1]);
+  return true;
+}
+
 /* The rest of tg__table_rule, kept out of line so that the shortcut above
  * does not pay for this one's frame. */
 static __attribute__((noinline)) int exec_rule(tg__table *t, const tg__call *c,
@@ -1252,8 +1290,14 @@ static __attribute__((noinline)) int exec_rule(tg__table *t, const tg__call *c,
 }
 
 int tg__table_rule(tg__table *t, const tg__call *c, tg__outcome *o) {
-  if (c->op == TG__OP_TAKE && take_as_checked(t, c))
-    return TG_OK;
+  int rc;
+  if (c->op == TG__OP_TAKE) {
+    if (take_as_checked(t, c))
+      return TG_OK;
+  } else if (c->op == TG__OP_CHECK && c->alg != TG_SLIDING_WINDOW) {
+    if (check_found(t, c, o, &rc))
+      return rc;
+  }
   return exec_rule(t, c, o);
 }
 
