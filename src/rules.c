@@ -252,8 +252,10 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
     if (rc != TG_OK) {
       fail(rules, n, i, rc, out);
       if (ru->lim) {
-        tg__limiter_done(ru->lim, rc, &ru->result, false, ru->key, ru->key_len,
-                         ru->q, ru->cost, true);
+        /* counted, and never turned into shadow mode's answer: input the
+         * call could not run with is not a decision */
+        tg__decided d = {ru->key, ru->key_len, ru->q, ru->cost, true};
+        tg__limiter_done_slow(ru->lim, rc, &ru->result, false, &d);
       }
       return rc;
     }
