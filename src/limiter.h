@@ -24,6 +24,8 @@ struct tg_limiter {
   bool shadow;             /* cfg.shadow, and */
   bool hook;               /* cfg.on_decision != NULL, kept beside stats so
                               a decision reads one cache line of the handle */
+  bool quiet;              /* neither: a decision's bookkeeping is one
+                              counter (the one flag its fast path tests) */
   bool ident_ok;           /* the store can decide policies: */
   uint64_t group[2];       /* its ops->ident, asked once at creation */
   uint64_t space[2];
@@ -31,10 +33,35 @@ struct tg_limiter {
 
 /* Everything every operation checks, in the order the header documents,
  * and the call built from it. now is NULL to read the limiter's clock
- * (once), or, for a store with its own clock, to let the store read it. */
-int tg__limiter_prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
-                        const void *key, size_t key_len, const tg_quota *q,
-                        uint64_t arg, tg__call *c);
+ * (once), or, for a store with its own clock, to let the store read it.
+ * Inline: every decision, and every rule of a policy, runs it. */
+static inline int tg__limiter_prepare(const tg_limiter *lim, tg__op op,
+                                      const uint64_t *now, const void *key,
+                                      size_t key_len, const tg_quota *q,
+                                      uint64_t arg, tg__call *c) {
+  if (!lim || !key || !q)
+    return TG_EINVAL;
+  int rc = tg__call_check(lim->cfg.algorithm, op, key_len, q, &c->q);
+  if (rc != TG_OK)
+    return rc;
+  c->store_time = !now && lim->store_time;
+  uint64_t now_us = 0;
+  if (now)
+    now_us = *now;
+  else if (!c->store_time)
+    now_us = lim->cfg.clock(lim->cfg.clock_ctx);
+  if (now_us > TG_NOW_MAX_US)
+    return TG_ETIME;
+  c->op = op;
+  c->alg = lim->cfg.algorithm;
+  c->key = key;
+  c->key_len = key_len;
+  c->arg = arg;
+  c->now_us = now_us;
+  c->wait_ns = 0;
+  c->tok = NULL;
+  return TG_OK;
+}
 
 /* True for the codes a store fails with (the failure policy answers). */
 bool tg__store_failure(int rc);
@@ -64,22 +91,21 @@ void tg__limiter_done_slow(tg_limiter *lim, int rc, tg_result *r, bool shadow,
                            const tg__decided *d);
 
 /* After a decision: counts its real answer *r (and rc), turns *r into
- * shadow mode's answer when `shadow`, then calls the hook if one is set.
- * Inline, for its common case: an answer (no failure), no shadow mode, no
- * hook costs one counter in the thread's own shard (the decision's
- * description is built only for the slow path). */
+ * shadow mode's answer when the limiter is in shadow mode or the call asks
+ * for it (`shadow`: a policy's TG_RULES_SHADOW), then calls the hook if one
+ * is set. Inline, for its common case: an answer (no failure), no shadow
+ * mode, no hook tests one flag and costs one counter in the thread's own
+ * shard (the decision's description is built only for the slow path). */
 static inline void tg__limiter_done(tg_limiter *lim, int rc, tg_result *r,
                                     bool shadow, const void *key,
                                     size_t key_len, const tg_quota *q,
                                     uint64_t cost, bool in_rules) {
-  if (__builtin_expect(rc == TG_OK && !shadow && !lim->hook, 1)) {
-    bool own;
-    tg__shard *sh = tg__shard_get(lim->stats, &own);
-    tg__count(sh, own, r->allowed ? TG__N_ALLOWED : TG__N_DENIED);
+  if (__builtin_expect(rc == TG_OK && !shadow && lim->quiet, 1)) {
+    tg__count_one(lim->stats, r->allowed ? TG__N_ALLOWED : TG__N_DENIED);
     return;
   }
   tg__decided d = {key, key_len, q, cost, in_rules};
-  tg__limiter_done_slow(lim, rc, r, shadow, &d);
+  tg__limiter_done_slow(lim, rc, r, shadow || lim->shadow, &d);
 }
 
 /* The whole of it (see tg__limiter_done). */

@@ -25,14 +25,18 @@
 
 #include <string.h>
 
-/* What a rule became in this decision. */
-typedef struct rule_run {
-  tg__call c;
-  tg__token tok;
-  tg__outcome o;
-  bool shadow; /* its denial does not deny the call */
-  bool taken;  /* consumed (and, until the end, maybe to give back) */
-} rule_run;
+/* What the rules became in this decision, as arrays, so that a store can
+ * run a whole phase of the protocol in one call (exec_each). */
+typedef struct policy_run {
+  tg__store *stores[TG_RULES_MAX];
+  tg__call c[TG_RULES_MAX];
+  tg__token tok[TG_RULES_MAX];
+  tg__outcome o[TG_RULES_MAX];    /* CHECK's answers, then each rule's */
+  tg__outcome took[TG_RULES_MAX]; /* TAKE's, when it stepped again */
+  uint32_t shadow; /* bit i: rule i's denial does not deny the call */
+  uint32_t taken;  /* bit i: consumed (and, until the end, maybe to give
+                      back) */
+} policy_run;
 
 /* Two rules of one policy name the same state: same space, same key. */
 static bool same_state(const tg_rule *a, const tg_rule *b) {
@@ -63,11 +67,11 @@ static bool stores_fit(const tg_rule *rules, size_t n) {
  * it, see gcra.c); for the _at function, the call's own now. Best effort: a
  * store that fails here leaves that consumption (the call is answered
  * denied all the same, which can only be stricter). */
-static void give_back(tg_rule *rules, rule_run *rr, size_t k, bool at) {
+static void give_back(tg_rule *rules, policy_run *pr, size_t k, bool at) {
   for (size_t j = k; j-- > 0;) {
-    if (!rr[j].taken)
+    if (!(pr->taken >> j & 1u))
       continue;
-    tg__call u = rr[j].c;
+    tg__call u = pr->c[j];
     u.op = TG__OP_UNDO;
     tg_limiter *lim = rules[j].lim;
     if (!at && !u.store_time) {
@@ -77,56 +81,82 @@ static void give_back(tg_rule *rules, rule_run *rr, size_t k, bool at) {
     }
     tg__outcome o;
     (void)lim->store->ops->exec(lim->store, &u, &o);
-    rr[j].taken = false;
+    pr->taken &= ~(1u << j);
   }
 }
 
-/* The optimistic protocol (see the top of the file) for stores without
- * exec_rules. Fills rr[i].o as CHECK would, then, when the call passed,
- * each taken rule's o.r with its TAKE's answer. */
-static int optimistic(tg_rule *rules, rule_run *rr, size_t n, bool at,
-                      bool *passed, size_t *failed) {
-  *passed = false;
+/* One phase of the protocol: the store's exec_each (see store.h), or exec
+ * rule by rule, with the same stops. */
+static inline int phase(policy_run *pr, size_t n, uint32_t run, uint32_t stop,
+                        tg__outcome *o, size_t *at) {
+  const tg__store_ops *ops = pr->stores[0]->ops;
   for (size_t i = 0; i < n; i++) {
-    tg__store *s = rules[i].lim->store;
-    int rc = s->ops->exec(s, &rr[i].c, &rr[i].o);
-    if (rc != TG_OK) {
-      *failed = i;
+    if (!(run >> i & 1u))
+      continue;
+    int rc = ops->exec(pr->stores[i], &pr->c[i], &o[i]);
+    if (rc != TG_OK ||
+        ((stop >> i & 1u) && !pr->tok[i].reused && !o[i].r.allowed)) {
+      *at = i;
       return rc;
     }
   }
+  *at = n;
+  return TG_OK;
+}
+
+/* The optimistic protocol (see the top of the file) for stores without
+ * exec_rules. Fills pr->o[i] as CHECK would, then, when the call passed,
+ * each taken rule's o[i].r with its TAKE's answer. */
+static int optimistic(tg_rule *rules, policy_run *pr, size_t n, bool at,
+                      bool *passed, size_t *failed) {
+  *passed = false;
+  const uint32_t all = (uint32_t)((UINT64_C(1) << n) - 1);
+  size_t k;
+  int (*each)(tg__store *const *, tg__call *, size_t, uint32_t, uint32_t,
+              tg__outcome *, size_t *) = pr->stores[0]->ops->exec_each;
+  int rc = each ? each(pr->stores, pr->c, n, all, 0, pr->o, &k)
+                : phase(pr, n, all, 0, pr->o, &k);
+  if (rc != TG_OK) {
+    *failed = k;
+    return rc;
+  }
+  uint32_t allowed = 0;
   for (size_t i = 0; i < n; i++)
-    if (!rr[i].shadow && !rr[i].o.r.allowed)
-      return TG_OK; /* denied: nothing was written */
-  for (size_t i = 0; i < n; i++) {
-    if (!rr[i].o.r.allowed)
-      continue;               /* a shadow rule that denied consumes nothing */
-    rr[i].c.op = TG__OP_TAKE; /* the call stays as checked otherwise */
-    tg__outcome o;
-    tg__store *s = rules[i].lim->store;
-    int rc = s->ops->exec(s, &rr[i].c, &o);
-    if (rc != TG_OK) {
-      give_back(rules, rr, i, at);
-      *failed = i;
-      return rc;
-    }
-    rr[i].taken = rr[i].tok.taken;
-    if (rr[i].tok.reused)
-      o.r = rr[i].o.r; /* published what the check computed */
-    if (!o.r.allowed && !rr[i].shadow) {
-      /* lost a race: the rule denies now. Give the others back; the call
-       * is denied by this rule, as its TAKE saw it. */
-      give_back(rules, rr, i, at);
-      rr[i].o.r = o.r;
-      rr[i].o.peek = o.r;
-      return TG_OK;
-    }
+    allowed |= (uint32_t)pr->o[i].r.allowed << i;
+  if (all & ~allowed & ~pr->shadow)
+    return TG_OK; /* a rule not in shadow mode denied: nothing was written */
+  /* a shadow rule that denied consumes nothing: it is not taken */
+  for (size_t i = 0; i < n; i++)
+    pr->c[i].op = TG__OP_TAKE; /* the call stays as checked otherwise */
+  rc = each ? each(pr->stores, pr->c, n, allowed, all & ~pr->shadow, pr->took,
+                   &k)
+            : phase(pr, n, allowed, all & ~pr->shadow, pr->took, &k);
+  size_t ran = k < n ? k : n;
+  for (size_t i = 0; i < ran; i++) {
+    if (!(allowed >> i & 1u))
+      continue;
+    pr->taken |= (uint32_t)pr->tok[i].taken << i;
+    if (pr->tok[i].reused)
+      continue; /* published what the check computed: its answer stands */
     /* a shadow rule that turned to deny consumed nothing: keep its CHECK
      * answer's verdict as what it says */
-    if (o.r.allowed)
-      rr[i].o.r = o.r;
+    if (pr->took[i].r.allowed)
+      pr->o[i].r = pr->took[i].r;
     else
-      rr[i].o.r.allowed = false;
+      pr->o[i].r.allowed = false;
+  }
+  if (rc != TG_OK) {
+    give_back(rules, pr, k, at);
+    *failed = k;
+    return rc;
+  }
+  if (k < n) {
+    /* lost a race: rule k denies now (consuming nothing). Give the others
+     * back; the call is denied by this rule, as its TAKE saw it. */
+    give_back(rules, pr, k, at);
+    pr->o[k].r = pr->took[k].r;
+    pr->o[k].peek = pr->took[k].r;
+    return TG_OK;
   }
   *passed = true;
   return TG_OK;
@@ -143,34 +173,39 @@ static tg_result unpassed(const tg__outcome *o) {
   return r;
 }
 
-/* The policy's answer from its rules' real answers. */
-static void summarise(const tg_rule *rules, size_t n, bool passed,
-                      tg_rules_result *out) {
+/* The policy's answer from its rules' real answers, a rule at a time (each
+ * added before its bookkeeping may turn it into shadow mode's answer). */
+static void summary_start(tg_rules_result *out, bool passed) {
   tg_result *r = &out->r;
   *r = (tg_result){0};
   r->allowed = passed;
   r->remaining = UINT64_MAX;
   out->denied_by = TG_RULE_NONE;
   out->tightest = 0;
-  for (size_t i = 0; i < n; i++) {
-    const tg_result *x = &rules[i].result;
-    bool denied = !x->allowed || x->shadow_denied;
-    if (denied) {
-      if (out->denied_by == TG_RULE_NONE)
-        out->denied_by = i;
-      if (x->retry_after_ms > r->retry_after_ms)
-        r->retry_after_ms = x->retry_after_ms;
-    }
-    if (x->remaining < r->remaining) {
-      r->remaining = x->remaining;
-      out->tightest = i;
-    }
-    if (x->reset_after_ms > r->reset_after_ms)
-      r->reset_after_ms = x->reset_after_ms;
+}
+
+static inline void summary_add(tg_rules_result *out, size_t i,
+                               const tg_result *x) {
+  tg_result *r = &out->r;
+  bool denied = !x->allowed || x->shadow_denied;
+  if (denied) {
+    if (out->denied_by == TG_RULE_NONE)
+      out->denied_by = i;
+    if (x->retry_after_ms > r->retry_after_ms)
+      r->retry_after_ms = x->retry_after_ms;
   }
-  r->count = rules[out->tightest].result.count;
+  if (i == 0 || x->remaining < r->remaining) {
+    r->remaining = x->remaining;
+    r->count = x->count;
+    out->tightest = i;
+  }
+  if (x->reset_after_ms > r->reset_after_ms)
+    r->reset_after_ms = x->reset_after_ms;
+}
+
+static void summary_end(tg_rules_result *out, bool passed) {
   if (out->denied_by != TG_RULE_NONE && passed)
-    r->shadow_denied = true; /* only shadow rules denied */
+    out->r.shadow_denied = true; /* only shadow rules denied */
 }
 
 /* Invalid input or a failure: every rule's result, and the answer, is the
@@ -196,7 +231,8 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
   out->r.retry_after_ms = TG_NEVER;
   if (!rules || n == 0 || n > TG_RULES_MAX || (flags & ~TG_RULES_SHADOW))
     return TG_EINVAL;
-  rule_run rr[TG_RULES_MAX];
+  policy_run pr; /* not zeroed: filled as each part is needed */
+  pr.shadow = pr.taken = 0;
   /* one now for every rule, read once (a store with its own clock reads
    * it: every rule then shares that store's, see stores_fit) */
   uint64_t t;
@@ -209,28 +245,30 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
     tg_rule *ru = &rules[i];
     int rc = ru->lim
                  ? tg__limiter_prepare(ru->lim, TG__OP_CHECK, tp, ru->key,
-                                       ru->key_len, ru->q, ru->cost, &rr[i].c)
+                                       ru->key_len, ru->q, ru->cost, &pr.c[i])
                  : TG_EINVAL;
     if (rc == TG_OK && ru->lim->store_time != rules[0].lim->store_time)
       rc = TG_EINVAL;
     if (rc != TG_OK) {
       fail(rules, n, i, rc, out);
       if (ru->lim) {
-        tg__limiter_done(ru->lim, rc, &ru->result, false, ru->key, ru->key_len,
-                         ru->q, ru->cost, true);
+        /* counted, and never turned into shadow mode's answer: input the
+         * call could not run with is not a decision */
+        tg__decided d = {ru->key, ru->key_len, ru->q, ru->cost, true};
+        tg__limiter_done_slow(ru->lim, rc, &ru->result, false, &d);
       }
       return rc;
     }
     /* the flags only: the stores fill the rest before reading it (zeroing
      * the whole token cost a tenth of a two-rule decision) */
-    tg__token *tk = &rr[i].tok;
+    tg__token *tk = &pr.tok[i];
     tk->seen_ok = tk->seen_absent = tk->taken = tk->next_ok = false;
     tk->reused = false;
     tk->gen = 0;
     tk->entry_us = 0;
-    rr[i].c.tok = &rr[i].tok;
-    rr[i].shadow = ru->lim->shadow;
-    rr[i].taken = false;
+    pr.c[i].tok = tk;
+    pr.stores[i] = ru->lim->store;
+    pr.shadow |= (uint32_t)ru->lim->shadow << i;
   }
   if (!stores_fit(rules, n))
     return fail(rules, n, 0, TG_EINVAL, out);
@@ -238,23 +276,15 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
   bool passed = false;
   size_t failed = 0;
   int rc;
-  tg__store *s0 = rules[0].lim->store;
+  tg__store *s0 = pr.stores[0];
   if (s0->ops->exec_rules) {
-    tg__store *stores[TG_RULES_MAX];
-    tg__call calls[TG_RULES_MAX];
-    tg__outcome outs[TG_RULES_MAX];
     bool shadow_calls[TG_RULES_MAX];
-    for (size_t i = 0; i < n; i++) {
-      stores[i] = rules[i].lim->store;
-      calls[i] = rr[i].c;
-      shadow_calls[i] = rr[i].shadow;
-    }
-    rc = s0->ops->exec_rules(stores, calls, n, shadow_calls, outs, &passed,
+    for (size_t i = 0; i < n; i++)
+      shadow_calls[i] = pr.shadow >> i & 1u;
+    rc = s0->ops->exec_rules(pr.stores, pr.c, n, shadow_calls, pr.o, &passed,
                              &failed);
-    for (size_t i = 0; i < n && rc == TG_OK; i++)
-      rr[i].o = outs[i];
   } else {
-    rc = optimistic(rules, rr, n, now != NULL, &passed, &failed);
+    rc = optimistic(rules, &pr, n, now != NULL, &passed, &failed);
   }
   bool all_shadow = flags & TG_RULES_SHADOW;
   if (rc != TG_OK) {
@@ -262,29 +292,27 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
       failed = 0;
     fail(rules, n, failed, rc, out);
     tg_rule *ru = &rules[failed];
-    tg__limiter_done(ru->lim, rc, &ru->result, rr[failed].shadow || all_shadow,
-                     ru->key, ru->key_len, ru->q, ru->cost, true);
+    tg__limiter_done(ru->lim, rc, &ru->result, all_shadow, ru->key, ru->key_len,
+                     ru->q, ru->cost, true);
     if (all_shadow && !out->r.allowed) {
       out->r.allowed = true;
       out->r.shadow_denied = true;
     }
     return rc;
   }
-  /* every rule's own answer, its counters and hook */
+  /* every rule's own answer, the policy's, the rules' counters and hooks */
+  summary_start(out, passed);
   for (size_t i = 0; i < n; i++) {
     tg_rule *ru = &rules[i];
     ru->status = TG_OK;
-    ru->result = passed ? rr[i].o.r : unpassed(&rr[i].o);
-  }
-  summarise(rules, n, passed, out);
-  for (size_t i = 0; i < n; i++) {
-    tg_rule *ru = &rules[i];
-    bool allowed = ru->result.allowed;
-    if (!allowed || passed) {
-      tg__limiter_done(ru->lim, TG_OK, &ru->result, rr[i].shadow || all_shadow,
-                       ru->key, ru->key_len, ru->q, ru->cost, true);
+    ru->result = passed ? pr.o[i].r : unpassed(&pr.o[i]);
+    summary_add(out, i, &ru->result);
+    if (passed || !ru->result.allowed) {
+      tg__limiter_done(ru->lim, TG_OK, &ru->result, all_shadow, ru->key,
+                       ru->key_len, ru->q, ru->cost, true);
     }
   }
+  summary_end(out, passed);
   if (all_shadow && !out->r.allowed) {
     out->r.allowed = true;
     out->r.shadow_denied = true;

@@ -56,6 +56,11 @@ typedef struct tg__stats {
 /* The calling thread's number once it has one, else 0. */
 extern _Thread_local uint64_t tg__my_number TG__TLS_FAST;
 
+/* The shard the calling thread owns (its number), or 0 until it has a
+ * number and forever for threads numbered beyond the owned shards: the one
+ * test on a decision's counting path (tg__count_one). */
+extern _Thread_local unsigned tg__my_shard TG__TLS_FAST;
+
 /* Gives the calling thread its number (>= 1, never reused). */
 uint64_t tg__thread_number_new(void);
 
@@ -75,6 +80,24 @@ static inline void tg__count(tg__shard *sh, bool own, unsigned i) {
     tg__store_relaxed(&sh->n[i], tg__load_relaxed(&sh->n[i]) + 1);
   else
     __atomic_fetch_add(&sh->n[i], 1, __ATOMIC_RELAXED);
+}
+
+/* tg__count_one's other case: numbers the thread, or counts in the shared
+ * shard (not inlined: it happens once per thread, or to threads beyond the
+ * owned shards). */
+void tg__count_slow(tg__stats *st, unsigned i);
+
+/* Adds 1 to counter i of the calling thread's shard: in the common case one
+ * thread-local load, one predictable branch and one plain increment of a
+ * line no other thread writes. */
+static inline void tg__count_one(tg__stats *st, unsigned i) {
+  unsigned s = tg__my_shard;
+  if (__builtin_expect(s != 0, 1)) {
+    uint64_t *p = &st->shard[s].n[i];
+    tg__store_relaxed(p, tg__load_relaxed(p) + 1);
+  } else {
+    tg__count_slow(st, i);
+  }
 }
 
 /* Allocates zeroed, cache-line aligned counters (NULL: no memory). */

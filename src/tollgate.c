@@ -198,6 +198,7 @@ int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
   lim->cfg = *cfg;
   lim->shadow = cfg->shadow;
   lim->hook = cfg->on_decision != NULL;
+  lim->quiet = !lim->shadow && !lim->hook;
   lim->stats = tg__stats_new();
   if (!lim->stats) {
     free(lim);
@@ -275,33 +276,6 @@ int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed) {
   return clean(lim, &now_us, removed);
 }
 
-int tg__limiter_prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
-                        const void *key, size_t key_len, const tg_quota *q,
-                        uint64_t arg, tg__call *c) {
-  if (!lim || !key || !q)
-    return TG_EINVAL;
-  int rc = tg__call_check(lim->cfg.algorithm, op, key_len, q, &c->q);
-  if (rc != TG_OK)
-    return rc;
-  c->store_time = !now && lim->store_time;
-  uint64_t now_us = 0;
-  if (now)
-    now_us = *now;
-  else if (!c->store_time)
-    now_us = lim->cfg.clock(lim->cfg.clock_ctx);
-  if (now_us > TG_NOW_MAX_US)
-    return TG_ETIME;
-  c->op = op;
-  c->alg = lim->cfg.algorithm;
-  c->key = key;
-  c->key_len = key_len;
-  c->arg = arg;
-  c->now_us = now_us;
-  c->wait_ns = 0;
-  c->tok = NULL;
-  return TG_OK;
-}
-
 /* One operation: prepare, then the store call. */
 static int run(tg_limiter *lim, tg__op op, const uint64_t *now, const void *key,
                size_t key_len, const tg_quota *q, uint64_t arg,
@@ -351,7 +325,7 @@ static int hit(tg_limiter *lim, const uint64_t *now, const void *key,
   else
     tg__limiter_failure(lim, rc, q, out);
   if (lim) {
-    tg__limiter_done(lim, rc, out, lim->shadow, key, key_len, q, cost, false);
+    tg__limiter_done(lim, rc, out, false, key, key_len, q, cost, false);
   }
   return rc;
 }
@@ -395,7 +369,7 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
       pos[m++] = i;
     } else {
       tg__limiter_failure(lim, it->status, it->q, &it->result);
-      tg__limiter_done(lim, it->status, &it->result, lim->shadow, it->key,
+      tg__limiter_done(lim, it->status, &it->result, false, it->key,
                        it->key_len, it->q, it->cost, false);
     }
   }
@@ -408,7 +382,7 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
         it->result = outs[j].r;
       else
         tg__limiter_failure(lim, rcs[j], it->q, &it->result);
-      tg__limiter_done(lim, it->status, &it->result, lim->shadow, it->key,
+      tg__limiter_done(lim, it->status, &it->result, false, it->key,
                        it->key_len, it->q, it->cost, false);
     }
   }

@@ -116,6 +116,33 @@ static void test_shadow(void **state) {
   tg_limiter_destroy(lim);
 }
 
+/* A policy's rule with invalid input, on a shadow limiter: the error is
+ * counted and the rule answers "not allowed, never" as it would anywhere
+ * else; shadow mode turns real answers and store failures, not input the
+ * call could never run with, into allowed. */
+static void test_shadow_invalid_rule(void **state) {
+  (void)state;
+  seen s = {0};
+  tg_limiter *lim = make(true, &s, 1, false);
+  const tg_quota q = {1, 1000, 0}, bad = {0, 1000, 0};
+  tg_rule r[2] = {{lim, "a", 1, &q, 1, 0, {0}}, {lim, "b", 1, &bad, 1, 0, {0}}};
+  tg_rules_result out;
+  assert_int_equal(tg_hit_rules_at(T0, r, 2, 0, &out), TG_EQUOTA);
+  assert_int_equal(r[1].status, TG_EQUOTA);
+  assert_false(r[1].result.allowed);
+  assert_false(r[1].result.shadow_denied);
+  assert_int_equal(r[1].result.retry_after_ms, TG_NEVER);
+  assert_int_equal(out.denied_by, 1);
+  tg_stats st;
+  assert_int_equal(tg_limiter_stats(lim, &st, sizeof st), 0);
+  assert_int_equal(st.errors[-TG_EQUOTA], 1);
+  assert_int_equal(st.shadow_denied, 0);
+  assert_int_equal(st.allowed + st.denied, 0);
+  assert_int_equal(s.calls, 1);
+  assert_int_equal(s.shadow, 0);
+  tg_limiter_destroy(lim);
+}
+
 static void test_sampling(void **state) {
   (void)state;
   seen s = {0};
@@ -174,6 +201,7 @@ static void test_threads(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_counts), cmocka_unit_test(test_shadow),
+      cmocka_unit_test(test_shadow_invalid_rule),
       cmocka_unit_test(test_sampling), cmocka_unit_test(test_threads)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

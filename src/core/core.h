@@ -148,14 +148,28 @@ typedef struct tg__outcome {
  * per ns or burst * T does not fit the documented range. */
 int tg__quota_prepare(tg__quota *out, const tg_quota *q, tg_algorithm alg);
 
-/* True when `op` is defined for `alg` (the table in tollgate.h). */
-bool tg__op_supported(tg_algorithm alg, tg__op op);
+/* The operations each algorithm supports, one bit per tg__op (quota.c). */
+extern const unsigned tg__ops_of[TG_ALGORITHM_COUNT];
+
+/* True when `op` is defined for `alg` (the table in tollgate.h): a lookup,
+ * inline, since every call and every step asks. */
+static inline bool tg__op_supported(tg_algorithm alg, tg__op op) {
+  if ((unsigned)alg >= TG_ALGORITHM_COUNT || (unsigned)op >= TG__OP_COUNT_)
+    return false;
+  return tg__ops_of[alg] >> op & 1u;
+}
 
 /* What every call is checked for before a store sees it, in the order
  * tollgate.h documents: the key's length (TG_EKEY), the operation
  * (TG_ENOTSUP), the quota (TG_EQUOTA; *prepared is filled on success). */
-int tg__call_check(tg_algorithm alg, tg__op op, size_t key_len,
-                   const tg_quota *q, tg__quota *prepared);
+static inline int tg__call_check(tg_algorithm alg, tg__op op, size_t key_len,
+                                 const tg_quota *q, tg__quota *prepared) {
+  if (key_len == 0 || key_len > TG_KEY_MAX)
+    return TG_EKEY;
+  if (!tg__op_supported(alg, op))
+    return TG_ENOTSUP;
+  return tg__quota_prepare(prepared, q, alg);
+}
 
 /* Runs one call on fixed-size state. *st is read and, when *changed is set
  * true, replaced by the new state, which the store must then publish (or, for

@@ -33,38 +33,19 @@ int tg__quota_prepare(tg__quota *out, const tg_quota *q, tg_algorithm alg) {
   return TG_OK;
 }
 
-bool tg__op_supported(tg_algorithm alg, tg__op op) {
-  if (op == TG__OP_HIT) /* every decision asks: first, alone */
-    return true;
-  switch (op) {
-  case TG__OP_HIT:
-  case TG__OP_GET:
-  case TG__OP_EXPIRES:
-  case TG__OP_CHECK:
-  case TG__OP_TAKE:
-  case TG__OP_UNDO:
-    return true;
-  case TG__OP_RESERVE:
-  case TG__OP_CANCEL:
-    return alg == TG_TOKEN_BUCKET || alg == TG_LEAKY_BUCKET;
-  case TG__OP_INC:
-    return alg == TG_FIXED_WINDOW || alg == TG_FIXED_WINDOW_PER_KEY;
-  case TG__OP_SET:
-    return alg != TG_SLIDING_WINDOW;
-  case TG__OP_COUNT_:
-    break;
-  }
-  return false;
-}
-
-int tg__call_check(tg_algorithm alg, tg__op op, size_t key_len,
-                   const tg_quota *q, tg__quota *prepared) {
-  if (key_len == 0 || key_len > TG_KEY_MAX)
-    return TG_EKEY;
-  if (!tg__op_supported(alg, op))
-    return TG_ENOTSUP;
-  return tg__quota_prepare(prepared, q, alg);
-}
+#define OP(o) (1u << (o))
+#define OPS_ALL                                                                \
+  (OP(TG__OP_HIT) | OP(TG__OP_GET) | OP(TG__OP_EXPIRES) | OP(TG__OP_CHECK) |   \
+   OP(TG__OP_TAKE) | OP(TG__OP_UNDO))
+const unsigned tg__ops_of[TG_ALGORITHM_COUNT] = {
+    [TG_FIXED_WINDOW] = OPS_ALL | OP(TG__OP_INC) | OP(TG__OP_SET),
+    [TG_FIXED_WINDOW_PER_KEY] = OPS_ALL | OP(TG__OP_INC) | OP(TG__OP_SET),
+    [TG_SLIDING_WINDOW] = OPS_ALL,
+    [TG_TOKEN_BUCKET] =
+        OPS_ALL | OP(TG__OP_SET) | OP(TG__OP_RESERVE) | OP(TG__OP_CANCEL),
+    [TG_LEAKY_BUCKET] =
+        OPS_ALL | OP(TG__OP_SET) | OP(TG__OP_RESERVE) | OP(TG__OP_CANCEL),
+};
 
 const char *tg_algorithm_name(tg_algorithm alg) {
   switch (alg) {

@@ -1323,9 +1323,9 @@ static void redis_ident(const tg__store *base, uint64_t group[2],
 }
 
 static const tg__store_ops redis_ops = {
-    redis_exec,      redis_reset,   redis_zero,       NULL,
-    redis_zero,      redis_destroy, redis_exec_batch, redis_ident,
-    redis_exec_rules};
+    redis_exec,       redis_reset,   redis_zero,       NULL,
+    redis_zero,       redis_destroy, redis_exec_batch, redis_ident,
+    redis_exec_rules, NULL};
 
 int tg__redis_built(void) { return 1; }
 

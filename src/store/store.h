@@ -70,6 +70,16 @@ typedef struct tg__store_ops {
   int (*exec_rules)(tg__store *const *stores, const tg__call *calls, size_t n,
                     const bool *shadow, tg__outcome *o, bool *passed,
                     size_t *failed);
+  /* One phase of the limiter's optimistic protocol in one call (NULL: the
+   * limiter calls exec for each rule). Runs calls[i] (CHECK, TAKE or UNDO)
+   * on stores[i], all of this kind, for each i whose bit is set in `run`,
+   * in order, as exec would one by one, and stops after the first that
+   * fails (its code returned) or, if its bit is set in `stop`, denies; *at
+   * is where it stopped (n when it ran all). A TAKE that published what its
+   * CHECK computed sets tok->reused and leaves o[i] alone: its answer is
+   * the CHECK's. Saves a policy one dispatch per rule and phase. */
+  int (*exec_each)(tg__store *const *stores, tg__call *calls, size_t n,
+                   uint32_t run, uint32_t stop, tg__outcome *o, size_t *at);
 } tg__store_ops;
 
 /* Every store starts with this, so a tg__store * can point at any of them. */

@@ -1219,14 +1219,91 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
   }
 }
 
-int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o) {
-  if (c->op > TG__OP_EXPIRES) { /* policies and reservations: c->tok set */
-    lazy_key lk;                /* not zeroed: kref_init fills what it uses */
-    lk.ready = false;
-    if (c->alg != TG_SLIDING_WINDOW)
-      return exec_rule_state(t, &lk, c, o);
-    return exec_rule_log(t, lazy(t, &lk, c), c, o);
+/* A policy's TAKE whose CHECK found the key where it still is, unchanged:
+ * one ctrl-word load and one CAS from the pair the check saw to the one its
+ * step computed, without the set-up of exec_rule_state (false: anything
+ * else, which exec_rule_state handles from the start). */
+static bool take_as_checked(tg__table *t, const tg__call *c) {
+  tg__token *tok = c->tok;
+  uint64_t i = tok->where[0];
+  if (!tok->next_ok || tok->seen_absent || tok->seen[0] == 0 ||
+      i >= t->g.nslots || tg__load_acquire(&t->ctrl[i]) != tok->where[1])
+    return false;
+  uint64_t w0 = tok->seen[0], w1 = tok->seen[1];
+  if (!tg__cas128(&t->slots[i].st, &w0, &w1, tok->next[0], tok->next[1]))
+    return false;
+  tok->taken = true;
+  tok->reused = true;
+  tok->before = decode(c->alg, tok->seen[0], tok->seen[1]);
+  tok->after = decode(c->alg, tok->next[0], tok->next[1]);
+  tok->now_us = c->now_us;
+  return true;
+}
+
+/* A policy's CHECK on a key the table holds, as exec_rule_state's would be
+ * on its first pass, without its set-up (the wait, the lazy key, the TAKE's
+ * cases): false for anything else (absent, reclaimed meanwhile), which
+ * exec_rule_state then handles from the start. */
+static bool check_found(tg__table *t, const tg__call *c, tg__outcome *o,
+                        int *rc) {
+  kref k;
+  kref_init(t, &k, c->key, c->key_len);
+  uint64_t i, ctl, w0, w1;
+  if (!find(t, &k, &i, &ctl))
+    return false;
+  uint32_t g = ctrl_gen(ctl);
+  /* windows too: their end word changes with every new state, so a pair
+   * read around it is consistent, and a CHECK writes nothing */
+  tg__load_pair(&t->slots[i].st, is_window(c->alg) ? 0 : 1, &w0, &w1);
+  if (!gen_ok(c->alg, w0, w1, g))
+    return false;
+  tg__state st = decode(c->alg, w0, w1);
+  if (t->g.shared && !tg__state_plausible(c->alg, &st)) {
+    *rc = TG_ECORRUPT;
+    return true;
   }
+  bool changed;
+  *rc = tg__state_step(c, &st, o, &changed);
+  tg__token *tok = c->tok;
+  tok->seen_ok = true;
+  tok->seen_absent = false;
+  tok->seen[0] = w0;
+  tok->seen[1] = w1;
+  tok->where[0] = i;
+  tok->where[1] = ctl;
+  tok->gen = g;
+  tok->next_ok = *rc == TG_OK && changed && !blank_stays(c, w0, w1, &st);
+  if (tok->next_ok)
+    encode(c->alg, &st, g, &tok->next[0], &tok->next[1]);
+  return true;
+}
+
+/* The rest of tg__table_rule, kept out of line so that the shortcut above
+ * does not pay for this one's frame. */
+static __attribute__((noinline)) int exec_rule(tg__table *t, const tg__call *c,
+                                               tg__outcome *o) {
+  lazy_key lk; /* not zeroed: kref_init fills what it uses */
+  lk.ready = false;
+  if (c->alg != TG_SLIDING_WINDOW)
+    return exec_rule_state(t, &lk, c, o);
+  return exec_rule_log(t, lazy(t, &lk, c), c, o);
+}
+
+int tg__table_rule(tg__table *t, const tg__call *c, tg__outcome *o) {
+  int rc;
+  if (c->op == TG__OP_TAKE) {
+    if (take_as_checked(t, c))
+      return TG_OK;
+  } else if (c->op == TG__OP_CHECK && c->alg != TG_SLIDING_WINDOW) {
+    if (check_found(t, c, o, &rc))
+      return rc;
+  }
+  return exec_rule(t, c, o);
+}
+
+int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o) {
+  if (c->op > TG__OP_EXPIRES) /* policies and reservations: c->tok set */
+    return tg__table_rule(t, c, o);
   kref k;
   kref_init(t, &k, c->key, c->key_len);
   if (c->alg == TG_SLIDING_WINDOW)

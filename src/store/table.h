@@ -232,6 +232,10 @@ int tg__table_attach(tg__table *t, void *mem, size_t size,
  * needs stays held past lock_timeout_ms. */
 int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o);
 
+/* tg__table_exec for the operations of policies and reservations (CHECK
+ * and after: c->tok set), without the dispatch. */
+int tg__table_rule(tg__table *t, const tg__call *c, tg__outcome *o);
+
 /* Makes the key fresh: its state becomes the all-zero one, which every call
  * evaluates at its own now, and which a cleaning pass or a full table
  * reclaims later (without calling before_clean). TG_EBUSY as above. */

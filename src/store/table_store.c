@@ -68,6 +68,26 @@ static void mem_ident(const tg__store *s, uint64_t group[2],
   space[1] = m->t.h->sip[1];
 }
 
+/* A phase of a policy (see store.h): the rules' table calls in a loop
+ * here rather than one dispatch each from the limiter. */
+static int mem_exec_each(tg__store *const *stores, tg__call *calls, size_t n,
+                         uint32_t run, uint32_t stop, tg__outcome *o,
+                         size_t *at) {
+  size_t i = 0;
+  int rc = TG_OK;
+  for (; i < n; i++) {
+    if (!(run >> i & 1u))
+      continue;
+    rc = tg__table_rule(&((memory *)stores[i])->t, &calls[i], &o[i]);
+    if (__builtin_expect(rc != TG_OK, 0))
+      break;
+    if ((stop >> i & 1u) && !calls[i].tok->reused && !o[i].r.allowed)
+      break;
+  }
+  *at = i;
+  return rc;
+}
+
 static const tg__store_ops memory_ops = {
     .exec = mem_exec,
     .reset = mem_reset,
@@ -76,6 +96,7 @@ static const tg__store_ops memory_ops = {
     .bytes = mem_bytes,
     .destroy = mem_destroy,
     .ident = mem_ident,
+    .exec_each = mem_exec_each,
 };
 
 int tg__table_store_wrap(tg__store **out, const tg__table *t, size_t bytes) {
