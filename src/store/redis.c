@@ -34,6 +34,7 @@
  * (EOF: a restart, CLIENT KILL, an idle timeout) does not make the pool down:
  * the next call reconnects, and only if that fails is the pool down.
  */
+#include "redis_cmd.h"
 #include "redis_script.h"
 #include "redis_value.h"
 #include "store.h"
@@ -52,12 +53,9 @@
 #include <unistd.h>
 
 #define POOL_MAX 1024u
-#define PREFIX_MAX 128u
+#define PREFIX_MAX TG__REDIS_PREFIX_MAX
 #define BATCH_CHUNK 1024u /* most commands pipelined at once */
-/* prefix ":{" key "}:" suffix */
-#define NAME_MAX_BYTES (PREFIX_MAX + 2 + TG_KEY_MAX + 2 + 2)
-#define ARGS_MAX 12
-#define NUMS_MAX 6
+#define NAME_MAX_BYTES TG__REDIS_NAME_MAX
 
 /* Short names in Redis key names, indexed by tg_algorithm. */
 static const char SUFFIX[TG_ALGORITHM_COUNT][3] = {"fw", "pk", "sw", "tb",
@@ -90,16 +88,8 @@ typedef struct redis_store {
   conn conns[]; /* nconns of them */
 } redis_store;
 
-/* One command (EVALSHA or TG.STEP): argv with its own storage for the name
- * and numbers. */
-typedef struct args {
-  int n;
-  const char *v[ARGS_MAX];
-  size_t len[ARGS_MAX];
-  char name[NAME_MAX_BYTES];
-  char num[NUMS_MAX][24];
-  int nnum;
-} args;
+/* One command (EVALSHA or TG.STEP), see redis_cmd.h. */
+typedef tg__redis_args args;
 
 static uint64_t mono_ms(void) {
   struct timespec ts;
@@ -859,6 +849,47 @@ static const tg__store_ops redis_ops = {
     redis_zero, redis_destroy, redis_exec_batch};
 
 int tg__redis_built(void) { return 1; }
+
+/* ---- shared with the connection engine (redis_cmd.h) ---- */
+
+int tg__redis_codec_new(tg__store **out, const char *prefix, tg_algorithm alg,
+                        uint32_t log_entries) {
+  size_t n = prefix ? strlen(prefix) : 0;
+  if (n < 1 || n > PREFIX_MAX || strpbrk(prefix, "{}"))
+    return TG_EINVAL;
+  redis_store *s = calloc(1, sizeof *s);
+  if (!s)
+    return TG_ENOMEM;
+  s->base.ops = &redis_ops;
+  s->alg = alg;
+  s->log_entries = log_entries;
+  s->prefix_len = n;
+  s->prefix = strdup(prefix);
+  if (!s->prefix) {
+    free(s);
+    return TG_ENOMEM;
+  }
+  *out = &s->base;
+  return TG_OK;
+}
+
+void tg__redis_encode(const tg__store *redis, const tg__call *c, bool module,
+                      const char *sha, tg__redis_args *a) {
+  build_args((const redis_store *)redis, c, module, a);
+  if (!module) {
+    a->v[1] = sha;
+    a->len[1] = 40;
+  }
+}
+
+size_t tg__redis_key_name(const tg__store *redis, const tg__call *c,
+                          char *name) {
+  return make_name((const redis_store *)redis, name, c->key, c->key_len);
+}
+
+int tg__redis_decode(const tg__call *c, const redisReply *r, tg__outcome *o) {
+  return outcome(c, r, o);
+}
 
 static bool config_ok(const tg_redis_config *rc) {
   if (!rc->key_prefix || rc->pool_size < 1 || rc->pool_size > POOL_MAX ||
