@@ -231,8 +231,11 @@ typedef enum tg_policy {
                                 most Redis limiters do: a broken limiter
                                 should not take the service down) */
   TG_POLICY_FAIL_CLOSED = 1, /* result: not allowed, retry_after_ms = period */
-  TG_POLICY_ERROR = 2        /* result: not allowed, retry_after_ms TG_NEVER:
+  TG_POLICY_ERROR = 2,       /* result: not allowed, retry_after_ms TG_NEVER:
                                 the caller must look at the return code */
+  TG_POLICY_FALLBACK = 3     /* result: decided by a local memory store under
+                                the quota divided by tg_config.fallback_share
+                                (see "Surviving a store outage") */
 } tg_policy;
 
 /* ---- Cleanup ---------------------------------------------------------------
@@ -480,6 +483,17 @@ typedef struct tg_config {
                             Redis store with these settings (copied, strings
                             included, during tg_limiter_new). Cannot be
                             combined with custom_store or shm_name. */
+  uint32_t fallback_share;      /* TG_POLICY_FALLBACK: the number of hosts
+                                   sharing the store's limits; while the
+                                   store fails, each decides alone under
+                                   limit / fallback_share (and burst /
+                                   fallback_share), rounded down. Default 1,
+                                   1..65536. */
+  uint64_t deny_cache_entries;  /* 0 (default): no deny cache. Else the
+                                   entries of the local deny cache (rounded
+                                   up to a power of two, at least 4; at most
+                                   2^24), about 380 bytes each: see
+                                   "The deny cache". */
 } tg_config;
 
 /* Fills *cfg with the defaults documented beside each field. Always use it
@@ -649,6 +663,28 @@ TG_EXTERN int tg_shm_unlink(const char *name);
  * or Redis store (they expire keys by their TTL). */
 TG_EXTERN int tg_clean(tg_limiter *lim, size_t *removed);
 TG_EXTERN int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed);
+
+/* ---- Statistics -------------------------------------------------------------
+ * Counters since the limiter (or tg_nb) was made, for monitoring. Fields are
+ * only ever appended: pass sizeof(tg_stats) as your program knows it, and
+ * the library writes no more than that. */
+typedef struct tg_stats {
+  uint64_t deny_cache_hits;    /* decisions the deny cache answered without
+                                  asking the store */
+  uint64_t fallback_decisions; /* decisions TG_POLICY_FALLBACK made locally
+                                  while the store failed */
+  uint64_t moved;              /* Redis Cluster: MOVED redirections followed */
+  uint64_t ask;                /* Redis Cluster: ASK redirections followed */
+  uint64_t resent;             /* Cluster store and tg_nb: calls sent again
+                                  because the server said they had not run
+                                  (NOSCRIPT, the module unloaded) */
+  uint64_t slot_refreshes;     /* Redis Cluster: slot maps fetched */
+} tg_stats;
+
+/* Copies the counters into *out (at most `size` bytes of it). TG_EINVAL for
+ * a NULL argument or size 0. */
+TG_EXTERN int tg_limiter_stats(const tg_limiter *lim, tg_stats *out,
+                               size_t size);
 
 #ifdef __cplusplus
 }

@@ -5,14 +5,18 @@
  */
 #include "tollgate.h"
 
+#include "atomic.h"
 #include "cleanup.h"
 #include "core/core.h"
+#include "deny_cache.h"
+#include "limiter.h"
 #include "store/store.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -25,6 +29,11 @@ struct tg_limiter {
   tg__store *store;        /* owned */
   tg__cleaner *cleaner;    /* owned; NULL when no thread runs */
   tg__clean_bridge bridge; /* before_clean as the cleaning pass calls it */
+  tg__store *fallback;     /* TG_POLICY_FALLBACK: the local memory store
+                              that decides while the store fails; owned */
+  tg__deny_cache *deny;    /* deny_cache_entries > 0; owned */
+  uint64_t cache_hits;     /* decisions the deny cache answered (atomic) */
+  uint64_t fallbacks;      /* decisions the fallback made (atomic) */
 };
 
 unsigned tg_version(void) { return TG_VERSION_HEX; }
@@ -42,6 +51,8 @@ const char *tg_version_string(void) {
 #define KEY_OLDER_THAN_DEFAULT_MS UINT64_C(86400000)
 #define LOCK_TIMEOUT_DEFAULT_MS 2000u
 #define LOCK_TIMEOUT_LIMIT_MS 3600000u
+#define FALLBACK_SHARE_LIMIT 65536u
+#define DENY_CACHE_LIMIT (UINT64_C(1) << 24)
 
 void tg_config_init(tg_config *cfg) {
   if (!cfg)
@@ -62,6 +73,8 @@ void tg_config_init(tg_config *cfg) {
   cfg->shm_mode = 0600;
   cfg->lock_timeout_ms = LOCK_TIMEOUT_DEFAULT_MS;
   cfg->redis = NULL;
+  cfg->fallback_share = 1;
+  cfg->deny_cache_entries = 0;
 }
 
 void tg_redis_config_init(tg_redis_config *rc) {
@@ -87,7 +100,11 @@ static bool config_valid(const tg_config *cfg) {
     return false;
   if (cfg->on_failure != TG_POLICY_ERROR &&
       cfg->on_failure != TG_POLICY_FAIL_OPEN &&
-      cfg->on_failure != TG_POLICY_FAIL_CLOSED)
+      cfg->on_failure != TG_POLICY_FAIL_CLOSED &&
+      cfg->on_failure != TG_POLICY_FALLBACK)
+    return false;
+  if (cfg->fallback_share < 1 || cfg->fallback_share > FALLBACK_SHARE_LIMIT ||
+      cfg->deny_cache_entries > DENY_CACHE_LIMIT)
     return false;
   if ((cfg->custom_store != NULL) + (cfg->shm_name != NULL) +
           (cfg->redis != NULL) >
@@ -141,7 +158,37 @@ static int store_new(tg_limiter *lim) {
   return tg__memory_store_new(&lim->store, &p);
 }
 
-int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
+/* What a limiter has besides its store: the fallback's memory store and
+ * the deny cache, each only when configured. */
+static int extras_new(tg_limiter *lim) {
+  const tg_config *cfg = &lim->cfg;
+  int rc = TG_OK;
+  if (cfg->on_failure == TG_POLICY_FALLBACK) {
+    tg__table_params p = {cfg->algorithm,
+                          cfg->capacity,
+                          cfg->long_keys ? cfg->long_keys : cfg->capacity,
+                          cfg->sliding_max_entries,
+                          false,
+                          cfg->lock_timeout_ms};
+    rc = tg__memory_store_new(&lim->fallback, &p);
+  }
+  if (rc == TG_OK && cfg->deny_cache_entries > 0)
+    rc = tg__deny_cache_new(&lim->deny, cfg->deny_cache_entries);
+  return rc;
+}
+
+static void limiter_free(tg_limiter *lim) {
+  if (lim->store)
+    lim->store->ops->destroy(lim->store);
+  if (lim->fallback)
+    lim->fallback->ops->destroy(lim->fallback);
+  tg__deny_cache_free(lim->deny);
+  free(lim);
+}
+
+/* tg_limiter_new, or without a store (`shell`) for the non-blocking API,
+ * which keeps its connections itself. */
+static int limiter_new(tg_limiter **out, const tg_config *cfg, bool shell) {
   if (!out)
     return TG_EINVAL;
   *out = NULL;
@@ -158,26 +205,38 @@ int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
   lim->cfg = *cfg;
   lim->bridge = (tg__clean_bridge){cfg->algorithm, cfg->before_clean,
                                    cfg->before_clean_ctx};
-  int rc = store_new(lim);
+  int rc = TG_OK;
+  if (shell)
+    lim->store_time = true;
+  else
+    rc = store_new(lim);
   lim->cfg.redis = NULL; /* the caller's struct may go away now */
-  if (rc == TG_OK && lim->store->ops->clean && cfg->clean_period_ms > 0)
+  if (rc == TG_OK)
+    rc = extras_new(lim);
+  if (rc == TG_OK && lim->store && lim->store->ops->clean &&
+      cfg->clean_period_ms > 0)
     rc = tg__cleaner_start(&lim->cleaner, lim, cfg->clean_period_ms);
   if (rc != TG_OK) {
-    if (lim->store)
-      lim->store->ops->destroy(lim->store);
-    free(lim);
+    limiter_free(lim);
     return rc;
   }
   *out = lim;
   return TG_OK;
 }
 
+int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
+  return limiter_new(out, cfg, false);
+}
+
+int tg__limiter_shell_new(tg_limiter **out, const tg_config *cfg) {
+  return limiter_new(out, cfg, true);
+}
+
 void tg_limiter_destroy(tg_limiter *lim) {
   if (!lim)
     return;
   tg__cleaner_stop(lim->cleaner);
-  lim->store->ops->destroy(lim->store);
-  free(lim);
+  limiter_free(lim);
 }
 
 size_t tg_key_count(const tg_limiter *lim) {
@@ -262,16 +321,74 @@ static bool store_failure(int rc) {
          rc == TG_ETIMEDOUT;
 }
 
+static uint64_t mono_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+uint64_t tg__limiter_when(const tg_limiter *lim, const tg__call *c) {
+  return lim->deny ? c->store_time ? mono_us() : c->now_us : 0;
+}
+
+bool tg__limiter_cached(tg_limiter *lim, const tg__call *c, uint64_t when,
+                        tg_result *out) {
+  if (!lim->deny || !tg__deny_cache_get(lim->deny, c, c->store_time, when, out))
+    return false;
+  tg__fetch_add(&lim->cache_hits, 1);
+  return true;
+}
+
+/* TG_POLICY_FALLBACK: call c decided by the local memory store, alone,
+ * under 1/fallback_share of its quota q, on this host's clock when the
+ * call was on the store's. False when the local store cannot decide. */
+static bool fallback(tg_limiter *lim, const tg__call *c, const tg_quota *q,
+                     tg_result *out) {
+  uint32_t share = lim->cfg.fallback_share;
+  bool bucket = c->alg == TG_TOKEN_BUCKET || c->alg == TG_LEAKY_BUCKET;
+  tg_quota lq = {q->limit / share, q->period_ms,
+                 bucket ? c->q.burst / share : 0};
+  tg__call lc = *c;
+  if (lq.limit == 0 || (bucket && lq.burst == 0) ||
+      tg__quota_prepare(&lc.q, &lq, c->alg) != TG_OK) {
+    /* this host's share is below one call: it may admit nothing */
+    *out = (tg_result){0};
+    out->retry_after_ms = q->period_ms;
+  } else {
+    if (lc.store_time) {
+      lc.now_us = lim->cfg.clock(lim->cfg.clock_ctx);
+      lc.store_time = false;
+      if (lc.now_us > TG_NOW_MAX_US)
+        return false;
+    }
+    tg__outcome o;
+    if (lim->fallback->ops->exec(lim->fallback, &lc, &o) != TG_OK)
+      return false;
+    *out = o.r;
+  }
+  out->degraded = true;
+  tg__fetch_add(&lim->fallbacks, 1);
+  return true;
+}
+
 /* The result written when a hit fails: the policy's answer for a store
- * failure, "not allowed, never" for invalid input. */
-static void failure_result(const tg_limiter *lim, int rc, const tg_quota *q,
-                           tg_result *out) {
+ * failure (c, the call, may be NULL when it was never built), "not allowed,
+ * never" for invalid input. */
+static void failure_result(tg_limiter *lim, int rc, const tg__call *c,
+                           const tg_quota *q, tg_result *out) {
   *out = (tg_result){0};
   out->retry_after_ms = TG_NEVER;
   if (!lim || !q || !store_failure(rc))
     return;
   out->degraded = true;
   switch (lim->cfg.on_failure) {
+  case TG_POLICY_FALLBACK:
+    if (c && lim->fallback && fallback(lim, c, q, out))
+      break;
+    /* the local store could not decide either: as FAIL_OPEN */
+    out->allowed = true;
+    out->retry_after_ms = 0;
+    break;
   case TG_POLICY_FAIL_OPEN:
     out->allowed = true;
     out->retry_after_ms = 0;
@@ -284,18 +401,47 @@ static void failure_result(const tg_limiter *lim, int rc, const tg_quota *q,
   }
 }
 
+int tg__limiter_answer(tg_limiter *lim, const tg__call *c, const tg_quota *q,
+                       uint64_t when, int rc, const tg__outcome *o,
+                       tg_result *out) {
+  if (rc == TG_OK) {
+    *out = o->r;
+    if (lim->deny)
+      tg__deny_cache_put(lim->deny, c, c->store_time, when, out);
+  } else {
+    failure_result(lim, rc, c, q, out);
+  }
+  return rc;
+}
+
+int tg__limiter_prepare_hit(const tg_limiter *lim, const uint64_t *now,
+                            const void *key, size_t key_len, const tg_quota *q,
+                            uint64_t cost, tg__call *c) {
+  return prepare(lim, TG__OP_HIT, now, key, key_len, q, cost, c);
+}
+
+void tg__limiter_invalid(tg_limiter *lim, int rc, const tg_quota *q,
+                         tg_result *out) {
+  failure_result(lim, rc, NULL, q, out);
+}
+
 static int hit(tg_limiter *lim, const uint64_t *now, const void *key,
                size_t key_len, const tg_quota *q, uint64_t cost,
                tg_result *out) {
   if (!out)
     return TG_EINVAL;
+  tg__call c;
+  int rc = prepare(lim, TG__OP_HIT, now, key, key_len, q, cost, &c);
+  if (rc != TG_OK) {
+    failure_result(lim, rc, NULL, q, out);
+    return rc;
+  }
+  uint64_t when = tg__limiter_when(lim, &c);
+  if (tg__limiter_cached(lim, &c, when, out))
+    return TG_OK;
   tg__outcome o;
-  int rc = run(lim, TG__OP_HIT, now, key, key_len, q, cost, &o);
-  if (rc == TG_OK)
-    *out = o.r;
-  else
-    failure_result(lim, rc, q, out);
-  return rc;
+  rc = lim->store->ops->exec(lim->store, &c, &o);
+  return tg__limiter_answer(lim, &c, q, when, rc, &o, out);
 }
 
 int tg_hit_at(tg_limiter *lim, uint64_t now_us, const void *key, size_t key_len,
@@ -308,8 +454,9 @@ int tg_hit(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
   return hit(lim, NULL, key, key_len, q, cost, out);
 }
 
-/* A batch: every item validated as tg_hit would, the valid ones handed to
- * the store together (in order), each answer written like tg_hit's. */
+/* A batch: every item validated as tg_hit would, those the deny cache
+ * answers answered, the others handed to the store together (in order),
+ * each answer written like tg_hit's. */
 static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
                      size_t n) {
   if (!lim || (!items && n > 0))
@@ -321,8 +468,9 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
   tg__outcome *outs = ops->exec_batch ? malloc(n * sizeof *outs) : NULL;
   int *rcs = ops->exec_batch ? malloc(n * sizeof *rcs) : NULL;
   size_t *pos = ops->exec_batch ? malloc(n * sizeof *pos) : NULL;
+  uint64_t *when = ops->exec_batch ? malloc(n * sizeof *when) : NULL;
   size_t m = 0;
-  bool together = calls && outs && rcs && pos;
+  bool together = calls && outs && rcs && pos && when;
   for (size_t i = 0; i < n; i++) {
     tg_batch_item *it = &items[i];
     if (!together) {
@@ -333,26 +481,27 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
     }
     it->status = prepare(lim, TG__OP_HIT, now, it->key, it->key_len, it->q,
                          it->cost, &calls[m]);
-    if (it->status == TG_OK)
+    if (it->status != TG_OK) {
+      failure_result(lim, it->status, NULL, it->q, &it->result);
+      continue;
+    }
+    when[m] = tg__limiter_when(lim, &calls[m]);
+    if (!tg__limiter_cached(lim, &calls[m], when[m], &it->result))
       pos[m++] = i;
-    else
-      failure_result(lim, it->status, it->q, &it->result);
   }
   if (together && m > 0) {
     ops->exec_batch(lim->store, calls, m, outs, rcs);
     for (size_t j = 0; j < m; j++) {
       tg_batch_item *it = &items[pos[j]];
-      it->status = rcs[j];
-      if (rcs[j] == TG_OK)
-        it->result = outs[j].r;
-      else
-        failure_result(lim, rcs[j], it->q, &it->result);
+      it->status = tg__limiter_answer(lim, &calls[j], it->q, when[j], rcs[j],
+                                      &outs[j], &it->result);
     }
   }
   free(calls);
   free(outs);
   free(rcs);
   free(pos);
+  free(when);
   return TG_OK;
 }
 
@@ -401,13 +550,21 @@ int tg_get(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
   return run_value(lim, TG__OP_GET, NULL, key, key_len, q, 0, value_out);
 }
 
+/* A set or a reset may make a key allow what a cached denial refuses. */
+static void forget(tg_limiter *lim, const void *key, size_t key_len) {
+  if (lim && lim->deny && key && key_len >= 1 && key_len <= TG_KEY_MAX)
+    tg__deny_cache_forget(lim->deny, key, key_len);
+}
+
 int tg_set_at(tg_limiter *lim, uint64_t now_us, const void *key, size_t key_len,
               const tg_quota *q, uint64_t value) {
+  forget(lim, key, key_len);
   return run_value(lim, TG__OP_SET, &now_us, key, key_len, q, value, NULL);
 }
 
 int tg_set(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
            uint64_t value) {
+  forget(lim, key, key_len);
   return run_value(lim, TG__OP_SET, NULL, key, key_len, q, value, NULL);
 }
 
@@ -438,5 +595,21 @@ int tg_reset(tg_limiter *lim, const void *key, size_t key_len) {
     return TG_EINVAL;
   if (key_len == 0 || key_len > TG_KEY_MAX)
     return TG_EKEY;
+  forget(lim, key, key_len);
   return lim->store->ops->reset(lim->store, key, key_len);
+}
+
+void tg__limiter_stats(const tg_limiter *lim, tg_stats *st) {
+  *st = (tg_stats){0};
+  st->deny_cache_hits = tg__load_relaxed(&lim->cache_hits);
+  st->fallback_decisions = tg__load_relaxed(&lim->fallbacks);
+}
+
+int tg_limiter_stats(const tg_limiter *lim, tg_stats *out, size_t size) {
+  if (!lim || !out || size == 0)
+    return TG_EINVAL;
+  tg_stats st;
+  tg__limiter_stats(lim, &st);
+  memcpy(out, &st, size < sizeof st ? size : sizeof st);
+  return TG_OK;
 }

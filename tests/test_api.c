@@ -155,7 +155,7 @@ static void limiter_new_rejects_a_bad_config(void **state) {
   ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
 
   tg_config_init(&cfg);
-  cfg.on_failure = (tg_policy)3;
+  cfg.on_failure = (tg_policy)4; /* one past TG_POLICY_FALLBACK */
   ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
   cfg.on_failure = (tg_policy)-1;
   ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
