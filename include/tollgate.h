@@ -411,8 +411,16 @@ typedef struct tg_redis_config {
   uint32_t reconnect_backoff_ms; /* default 100: after a timeout or a failed
                                     connect, calls fail fast for this long,
                                     then one probes (see "Failing fast") */
-  uint32_t pool_size;            /* connections, default 4, 1..1024 */
+  uint32_t pool_size;            /* connections, default 4, 1..1024 (per
+                                    node with cluster_nodes) */
   const char *key_prefix;        /* default "tg": 1..128 bytes, no "{" or "}" */
+  const char *cluster_nodes;     /* NULL (default): one server (host, port or
+                                    unix_path). Else a Redis Cluster, found
+                                    from these seed nodes: "host:port" (or
+                                    "[v6addr]:port") items separated by
+                                    commas, 1..64 of them; host, port and
+                                    unix_path are then unused and db must be
+                                    0. See "Redis Cluster" above. */
 } tg_redis_config;
 
 /* Fills *rc with the defaults documented beside each field. */
@@ -685,6 +693,52 @@ typedef struct tg_stats {
  * a NULL argument or size 0. */
 TG_EXTERN int tg_limiter_stats(const tg_limiter *lim, tg_stats *out,
                                size_t size);
+
+/* ---- Non-blocking Redis API (sans-IO) -------------------------------------
+ * (documented in full below, "The non-blocking API") */
+typedef struct tg_nb tg_nb;
+
+/* Words of a tg_nb_req that belong to the library while it is pending. */
+#define TG_NB_PRIVATE_WORDS 48
+
+/* One decision through the non-blocking API: the caller's memory, from
+ * tg_nb_submit until tg_nb_done returns it. */
+typedef struct tg_nb_req {
+  const void *key;   /* in: key bytes, read until the request is done */
+  size_t key_len;    /* in */
+  const tg_quota *q; /* in: read by tg_nb_submit only */
+  uint64_t cost;     /* in */
+  void *data;        /* the caller's, never touched */
+  int status;        /* out: what tg_hit would have returned */
+  tg_result result;  /* out: what tg_hit would have written */
+  uint64_t private_[TG_NB_PRIVATE_WORDS]; /* the library's */
+} tg_nb_req;
+
+/* What a link asks of its caller (tg_nb_wants), bits. */
+#define TG_NB_CONNECT 1u /* open a connection to tg_nb_address */
+#define TG_NB_WRITE 2u   /* write tg_nb_output's bytes */
+#define TG_NB_READ 4u    /* replies are due: read and tg_nb_input them */
+
+TG_EXTERN int tg_nb_new(tg_nb **out, const tg_config *cfg);
+TG_EXTERN void tg_nb_destroy(tg_nb *nb);
+TG_EXTERN int tg_nb_submit(tg_nb *nb, tg_nb_req *req);
+TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
+TG_EXTERN tg_nb_req *tg_nb_done(tg_nb *nb);
+TG_EXTERN size_t tg_nb_pending(const tg_nb *nb);
+TG_EXTERN unsigned tg_nb_links(const tg_nb *nb);
+TG_EXTERN unsigned tg_nb_wants(const tg_nb *nb, unsigned link);
+TG_EXTERN int tg_nb_address(const tg_nb *nb, unsigned link, const char **host,
+                            int *port);
+TG_EXTERN int tg_nb_connected(tg_nb *nb, unsigned link);
+TG_EXTERN int tg_nb_output(tg_nb *nb, unsigned link, const void **data,
+                           size_t *len);
+TG_EXTERN int tg_nb_written(tg_nb *nb, unsigned link, size_t n);
+TG_EXTERN int tg_nb_input(tg_nb *nb, unsigned link, const void *data,
+                          size_t len);
+TG_EXTERN int tg_nb_closed(tg_nb *nb, unsigned link, int code);
+TG_EXTERN int tg_nb_down(tg_nb *nb, unsigned link, int code);
+TG_EXTERN int tg_nb_up(tg_nb *nb, unsigned link);
+TG_EXTERN int tg_nb_stats(const tg_nb *nb, tg_stats *out, size_t size);
 
 #ifdef __cplusplus
 }

@@ -91,6 +91,7 @@ void tg_redis_config_init(tg_redis_config *rc) {
   rc->reconnect_backoff_ms = 100;
   rc->pool_size = 4;
   rc->key_prefix = "tg";
+  rc->cluster_nodes = NULL;
 }
 
 int tg_redis_available(void) { return tg__redis_built(); }
@@ -601,6 +602,8 @@ int tg_reset(tg_limiter *lim, const void *key, size_t key_len) {
 
 void tg__limiter_stats(const tg_limiter *lim, tg_stats *st) {
   *st = (tg_stats){0};
+  if (lim->store && lim->store_time) /* a Redis store */
+    tg__redis_stats(lim->store, st);
   st->deny_cache_hits = tg__load_relaxed(&lim->cache_hits);
   st->fallback_decisions = tg__load_relaxed(&lim->fallbacks);
 }

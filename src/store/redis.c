@@ -891,6 +891,11 @@ int tg__redis_decode(const tg__call *c, const redisReply *r, tg__outcome *o) {
   return outcome(c, r, o);
 }
 
+void tg__redis_stats(const tg__store *s, tg_stats *st) {
+  if (s->ops != &redis_ops)
+    tg__redis_cluster_stats(s, st);
+}
+
 static bool config_ok(const tg_redis_config *rc) {
   if (!rc->key_prefix || rc->pool_size < 1 || rc->pool_size > POOL_MAX ||
       rc->db < 0 || (rc->username && !rc->password))
@@ -905,6 +910,8 @@ static bool config_ok(const tg_redis_config *rc) {
 
 int tg__redis_store_new(tg__store **out, const tg_redis_config *rc,
                         tg_algorithm alg, uint32_t log_entries) {
+  if (rc->cluster_nodes)
+    return tg__redis_cluster_new(out, rc, alg, log_entries);
   if (!config_ok(rc))
     return TG_EINVAL;
   redis_store *s =
