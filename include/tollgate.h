@@ -672,11 +672,13 @@ TG_EXTERN int tg_shm_unlink(const char *name);
 TG_EXTERN int tg_clean(tg_limiter *lim, size_t *removed);
 TG_EXTERN int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed);
 
-/* ---- Statistics -------------------------------------------------------------
- * Counters since the limiter (or tg_nb) was made, for monitoring. Fields are
- * only ever appended: pass sizeof(tg_stats) as your program knows it, and
- * the library writes no more than that. */
-typedef struct tg_stats {
+/* ---- Store statistics ------------------------------------------------------
+ * What a limiter (or a tg_nb) did around its store since it was made, for
+ * monitoring: answers it gave without the store, and the Redis Cluster
+ * redirections it followed. Fields are only ever appended: pass
+ * sizeof(tg_store_stats) as your program knows it, and the library writes
+ * no more than that. */
+typedef struct tg_store_stats {
   uint64_t deny_cache_hits;    /* decisions the deny cache answered without
                                   asking the store */
   uint64_t fallback_decisions; /* decisions TG_POLICY_FALLBACK made locally
@@ -687,12 +689,12 @@ typedef struct tg_stats {
                                   because the server said they had not run
                                   (NOSCRIPT, the module unloaded) */
   uint64_t slot_refreshes;     /* Redis Cluster: slot maps fetched */
-} tg_stats;
+} tg_store_stats;
 
 /* Copies the counters into *out (at most `size` bytes of it). TG_EINVAL for
  * a NULL argument or size 0. */
-TG_EXTERN int tg_limiter_stats(const tg_limiter *lim, tg_stats *out,
-                               size_t size);
+TG_EXTERN int tg_limiter_store_stats(const tg_limiter *lim, tg_store_stats *out,
+                                     size_t size);
 
 /* ---- Non-blocking Redis API (sans-IO) -------------------------------------
  * (documented in full below, "The non-blocking API") */
@@ -738,7 +740,7 @@ TG_EXTERN int tg_nb_input(tg_nb *nb, unsigned link, const void *data,
 TG_EXTERN int tg_nb_closed(tg_nb *nb, unsigned link, int code);
 TG_EXTERN int tg_nb_down(tg_nb *nb, unsigned link, int code);
 TG_EXTERN int tg_nb_up(tg_nb *nb, unsigned link);
-TG_EXTERN int tg_nb_stats(const tg_nb *nb, tg_stats *out, size_t size);
+TG_EXTERN int tg_nb_stats(const tg_nb *nb, tg_store_stats *out, size_t size);
 
 #ifdef __cplusplus
 }

@@ -109,8 +109,13 @@ bool tg__deny_cache_get(tg__deny_cache *dc, const tg__call *c, bool mono,
     if (!same_key(x, h, c->key, c->key_len))
       continue;
     if (x->mono != mono || x->limit != c->q.limit ||
-        x->period_us != c->q.period_us || x->burst != c->q.burst)
-      break; /* another timeline or quota: the store decides */
+        x->period_us != c->q.period_us || x->burst != c->q.burst) {
+      /* another timeline or quota: the store decides, and under another
+       * quota it may change the state this denial was true of (a sliding
+       * log pruned under a shorter period), so the denial goes */
+      x->hash = 0;
+      break;
+    }
     if (now_us >= x->until_us) {
       x->hash = 0; /* the store may allow by now */
       break;

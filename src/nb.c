@@ -16,7 +16,7 @@
  */
 #include "tollgate.h"
 
-#include "limiter.h"
+#include "nb_limiter.h"
 #include "store/redis_engine.h"
 
 #include <stdlib.h>
@@ -317,11 +317,11 @@ int tg_nb_up(tg_nb *nb, unsigned link) {
   return TG_OK;
 }
 
-int tg_nb_stats(const tg_nb *nb, tg_stats *out, size_t size) {
+int tg_nb_stats(const tg_nb *nb, tg_store_stats *out, size_t size) {
   if (!nb || !out || size == 0)
     return TG_EINVAL;
-  tg_stats st;
-  tg__limiter_stats(nb->lim, &st);
+  tg_store_stats st;
+  tg__limiter_store_stats(nb->lim, &st);
   st.moved = nb->st.moved;
   st.ask = nb->st.ask;
   st.resent = nb->st.resent;

@@ -9,7 +9,7 @@
 #include "cleanup.h"
 #include "core/core.h"
 #include "deny_cache.h"
-#include "limiter.h"
+#include "nb_limiter.h"
 #include "store/store.h"
 
 #include <errno.h>
@@ -600,19 +600,20 @@ int tg_reset(tg_limiter *lim, const void *key, size_t key_len) {
   return lim->store->ops->reset(lim->store, key, key_len);
 }
 
-void tg__limiter_stats(const tg_limiter *lim, tg_stats *st) {
-  *st = (tg_stats){0};
+void tg__limiter_store_stats(const tg_limiter *lim, tg_store_stats *st) {
+  *st = (tg_store_stats){0};
   if (lim->store && lim->store_time) /* a Redis store */
     tg__redis_stats(lim->store, st);
   st->deny_cache_hits = tg__load_relaxed(&lim->cache_hits);
   st->fallback_decisions = tg__load_relaxed(&lim->fallbacks);
 }
 
-int tg_limiter_stats(const tg_limiter *lim, tg_stats *out, size_t size) {
+int tg_limiter_store_stats(const tg_limiter *lim, tg_store_stats *out,
+                           size_t size) {
   if (!lim || !out || size == 0)
     return TG_EINVAL;
-  tg_stats st;
-  tg__limiter_stats(lim, &st);
+  tg_store_stats st;
+  tg__limiter_store_stats(lim, &st);
   memcpy(out, &st, size < sizeof st ? size : sizeof st);
   return TG_OK;
 }

@@ -891,7 +891,7 @@ int tg__redis_decode(const tg__call *c, const redisReply *r, tg__outcome *o) {
   return outcome(c, r, o);
 }
 
-void tg__redis_stats(const tg__store *s, tg_stats *st) {
+void tg__redis_stats(const tg__store *s, tg_store_stats *st) {
   if (s->ops != &redis_ops)
     tg__redis_cluster_stats(s, st);
 }

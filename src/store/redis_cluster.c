@@ -513,7 +513,7 @@ static size_t cluster_zero(const tg__store *s) {
   return 0;
 }
 
-void tg__redis_cluster_stats(const tg__store *base, tg_stats *st) {
+void tg__redis_cluster_stats(const tg__store *base, tg_store_stats *st) {
   const cluster_store *s = (const cluster_store *)base;
   st->moved += tg__load_relaxed(&s->st.moved);
   st->ask += tg__load_relaxed(&s->st.ask);

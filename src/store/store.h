@@ -72,8 +72,8 @@ int tg__redis_cluster_new(tg__store **out, const tg_redis_config *rc,
 
 /* Adds a Redis store's counters (MOVED, ASK...) to *st; nothing for the
  * one-server store, which keeps none. */
-void tg__redis_stats(const tg__store *s, tg_stats *st);
-void tg__redis_cluster_stats(const tg__store *s, tg_stats *st);
+void tg__redis_stats(const tg__store *s, tg_store_stats *st);
+void tg__redis_cluster_stats(const tg__store *s, tg_store_stats *st);
 
 /* 1 when the Redis store is built in. */
 int tg__redis_built(void);

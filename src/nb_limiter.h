@@ -1,11 +1,11 @@
 /*
- * limiter.h - the parts of the limiter (tollgate.c) that the non-blocking
+ * nb_limiter.h - the parts of the limiter (tollgate.c) that the non-blocking
  * API (nb.c) shares, so a decision made through it is validated, answered
  * from the deny cache, and given the failure policy's answer exactly as
  * tg_hit would: the API keeps only the connections for itself.
  */
-#ifndef TG_LIMITER_H
-#define TG_LIMITER_H
+#ifndef TG_NB_LIMITER_H
+#define TG_NB_LIMITER_H
 
 #include "core/core.h"
 
@@ -41,6 +41,6 @@ void tg__limiter_invalid(tg_limiter *lim, int rc, const tg_quota *q,
                          tg_result *out);
 
 /* The limiter's counters, its store's included. */
-void tg__limiter_stats(const tg_limiter *lim, tg_stats *st);
+void tg__limiter_store_stats(const tg_limiter *lim, tg_store_stats *st);
 
-#endif /* TG_LIMITER_H */
+#endif /* TG_NB_LIMITER_H */
