@@ -597,7 +597,7 @@ static void reshard_while_traffic_runs(void **state) {
   assert_true(wait_for(some_moved, NULL, 20000));
   long before = 0;
   for (int i = 0; i < T; i++)
-    before += t[i].ok[0];
+    before += __atomic_load_n(&t[i].ok[0], __ATOMIC_RELAXED);
   for (;;) { /* a little more traffic on the new owner */
     long now = 0;
     for (int i = 0; i < T; i++)
