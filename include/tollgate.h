@@ -948,7 +948,9 @@ TG_EXTERN int tg_nb_connected(tg_nb *nb, unsigned link);
 TG_EXTERN int tg_nb_output(tg_nb *nb, unsigned link, const void **data,
                            size_t *len);
 
-/* n of those bytes were handed to the kernel. */
+/* n of those bytes were handed to the kernel. Report them before feeding
+ * the replies to them (tg_nb_input takes a reply to a command not yet
+ * reported written for a corrupt stream). */
 TG_EXTERN int tg_nb_written(tg_nb *nb, unsigned link, size_t n);
 
 /* Bytes read from a link's connection, any amount. 0, or a negative code

@@ -525,9 +525,9 @@ static void cluster_destroy(tg__store *base) {
   cluster_store *s = (cluster_store *)base;
   for (size_t i = 0; s->pool && i < s->npool; i++) {
     pooled *k = &s->pool[i];
+    /* a child's copies of its parent's sockets are its own to close */
     for (uint32_t j = 0; k->fd && j < TG__NODES_MAX; j++)
-      if (k->pid == getpid())
-        drop(k, j);
+      drop(k, j);
     tg__eng_free(&k->eng);
     free(k->fd);
     free(k->last_ms);
