@@ -25,12 +25,16 @@ typedef struct entry {
   unsigned char key[TG_KEY_MAX];
 } entry;
 
+typedef struct lock {
+  pthread_mutex_t mu;
+} lock;
+
 struct tg__deny_cache {
   uint64_t sip[2];
   size_t nsets; /* a power of two */
   size_t nlocks;
-  pthread_mutex_t *locks; /* set i is guarded by locks[i % nlocks] */
-  entry *e;               /* nsets * WAYS */
+  lock *locks; /* set i is guarded by locks[i % nlocks] */
+  entry *e;    /* nsets * WAYS */
 };
 
 int tg__deny_cache_new(tg__deny_cache **out, uint64_t entries) {
@@ -50,7 +54,7 @@ int tg__deny_cache_new(tg__deny_cache **out, uint64_t entries) {
                ? TG_OK
                : TG_ENOMEM;
   for (; rc == TG_OK && made < dc->nlocks; made++)
-    if (pthread_mutex_init(&dc->locks[made], NULL) != 0)
+    if (pthread_mutex_init(&dc->locks[made].mu, NULL) != 0)
       rc = TG_ENOMEM;
   if (rc != TG_OK) {
     dc->nlocks = made;
@@ -65,7 +69,7 @@ void tg__deny_cache_free(tg__deny_cache *dc) {
   if (!dc)
     return;
   for (size_t i = 0; dc->locks && i < dc->nlocks; i++)
-    pthread_mutex_destroy(&dc->locks[i]);
+    pthread_mutex_destroy(&dc->locks[i].mu);
   free(dc->locks);
   free(dc->e);
   free(dc);
@@ -83,7 +87,7 @@ static uint64_t hash_of(const tg__deny_cache *dc, const void *key, size_t n) {
 /* The set of hash h, locked. */
 static entry *lock_set(tg__deny_cache *dc, uint64_t h, pthread_mutex_t **mu) {
   size_t set = (size_t)(h >> 16) & (dc->nsets - 1);
-  *mu = &dc->locks[set % dc->nlocks];
+  *mu = &dc->locks[set % dc->nlocks].mu;
   pthread_mutex_lock(*mu);
   return &dc->e[set * WAYS];
 }

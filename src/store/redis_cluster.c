@@ -138,7 +138,7 @@ static int set_nonblock(int fd) {
  * -1 with *rc set (TG_ETIMEDOUT, TG_ECONNECT). */
 static int dial(const cluster_store *s, const tg__node *d, int *rc) {
   char port[8];
-  snprintf(port, sizeof port, "%d", d->port);
+  (void)snprintf(port, sizeof port, "%d", d->port);
   struct addrinfo hints, *res = NULL;
   memset(&hints, 0, sizeof hints);
   hints.ai_family = AF_UNSPEC;
@@ -402,9 +402,7 @@ static void drive(cluster_store *s, pooled *k, size_t want,
       continue;
     }
     idle = 0;
-    int ready = poll(pfd, np, timeout);
-    if (ready < 0 && errno != EINTR)
-      ready = 0;
+    (void)poll(pfd, np, timeout); /* EINTR: look again; timeouts below */
     now = mono_ms();
     for (nfds_t j = 0; j < np; j++) {
       uint32_t i = who[j];

@@ -23,7 +23,7 @@
 
 /* An output buffer holds the handshake (SCRIPT LOAD carries the script)
  * and then as many calls as fit: a pipeline's depth in bytes. */
-#define OUT_MIN (64u * 1024u)
+#define OUT_MIN ((size_t)64 * 1024)
 /* A decision's reply is an array of at most 6 short fields. */
 #define VIEW_ELEMS 8
 #define VIEW_TEXT 1024
