@@ -5,8 +5,8 @@
 # (tollgate.so), so the Redis store's calls go through it instead of the
 # script.
 #
-# The nodes listen on 127.0.0.1 at six consecutive free ports (their cluster
-# bus on port + 10000), keep everything in one temporary directory, persist
+# The nodes listen on 127.0.0.1 at six consecutive free ports below the
+# ephemeral range (their cluster bus on port + 10000, below it too), keep everything in one temporary directory, persist
 # nothing, and are all killed (the directory removed) by an EXIT trap however
 # CMD ends. The cluster is made by `redis-cli --cluster create`, and CMD
 # starts only once every node reports cluster_state:ok and knows all six.
@@ -80,9 +80,15 @@ CONF
 
 ping_ok() { [ "$(redis-cli -p "$1" ping 2>/dev/null)" = PONG ]; }
 
+# Ports below the kernel's ephemeral range, bus ports (port + 10000)
+# included: a bus port in that range is often taken by some connection's
+# local port (TIME_WAIT after a benchmark), and the node then aborts.
+eph=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+span=$((eph - 10006 - 20000))
+[ "$span" -gt 100 ] || span=35000 # an odd range: take our chances
 started=
 for _ in $(seq 1 20); do
-  base=$((20000 + RANDOM % 35000))
+  base=$((20000 + RANDOM % span))
   ports=()
   ok=1
   for i in 0 1 2 3 4 5; do
@@ -97,6 +103,8 @@ for _ in $(seq 1 20); do
       up=
       for _ in $(seq 1 100); do
         if ping_ok "$port"; then up=1; break; fi
+        # a node that could not bind its port (or bus port) has given up
+        grep -q "aborting" "$dir/node-$port.log" 2>/dev/null && break
         sleep 0.05
       done
       [ -n "$up" ] || { ok=; break; }
