@@ -410,6 +410,34 @@ static void engine_handshake_then_pipeline(void **state) {
   rig_free(r);
 }
 
+/* A password longer than the usual output buffer still goes out whole,
+ * with the rest of the handshake. */
+static void engine_long_password(void **state) {
+  (void)state;
+  size_t n = 200000;
+  char *pw = malloc(n + 1);
+  assert_non_null(pw);
+  memset(pw, 'p', n);
+  pw[n] = '\0';
+  rig *r = rig_new(false, pw, 0);
+  tg__ereq a;
+  call_init(r, &a, "a");
+  tg__eng_submit(&r->e, &a);
+  assert_int_equal(tg__eng_connected(&r->e, 0), TG_OK);
+  char *hs = take(r, 0);
+  assert_true(strlen(hs) > n + tg__redis_script_len);
+  assert_non_null(strstr(hs, "$200000\r\npppp"));
+  assert_non_null(strstr(hs, "$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n"));
+  free(hs);
+  assert_int_equal(feed(r, 0, "+OK\r\n" NO_MODULE LOAD_REPLY), TG_OK);
+  free(take(r, 0));
+  assert_int_equal(feed(r, 0, FIRST_HIT), TG_OK);
+  assert_ptr_equal(tg__eng_done(&r->e), &a);
+  assert_int_equal(a.status, TG_OK);
+  rig_free(r);
+  free(pw);
+}
+
 static void engine_noscript_and_module_loss_resend(void **state) {
   (void)state;
   rig *r = rig_new(false, NULL, 0);
@@ -767,6 +795,7 @@ int main(void) {
       cmocka_unit_test(redirections_parse),
       cmocka_unit_test(slot_map),
       cmocka_unit_test(engine_handshake_then_pipeline),
+      cmocka_unit_test(engine_long_password),
       cmocka_unit_test(engine_noscript_and_module_loss_resend),
       cmocka_unit_test(engine_lost_connection_resends_only_unwritten),
       cmocka_unit_test(engine_corrupt_replies_drop_the_connection),

@@ -374,9 +374,14 @@ int tg__eng_connected(tg__eng *e, uint32_t id) {
   tg__elink *L = link_get(e, id);
   if (!L)
     return TG_ENOMEM;
+  const tg__eng_config *c = &e->cfg;
   if (!L->out) {
-    size_t script = tg__redis_script_len + 64;
-    L->cap = script > OUT_MIN / 2 ? 2 * script : OUT_MIN;
+    /* room for the whole handshake at once (the script, and a password
+     * of any length), and twice that for calls behind it */
+    size_t hs = tg__redis_script_len + 256 +
+                (c->username ? strlen(c->username) : 0) +
+                (c->password ? strlen(c->password) : 0);
+    L->cap = hs > OUT_MIN / 2 ? 2 * hs : OUT_MIN;
     L->out = malloc(L->cap);
     if (!L->out)
       return TG_ENOMEM;
@@ -388,7 +393,6 @@ int tg__eng_connected(tg__eng *e, uint32_t id) {
   memset(L->sha, 0, sizeof L->sha);
   L->hs_left = 0;
   L->hs_rc = TG_OK;
-  const tg__eng_config *c = &e->cfg;
   if (c->password) {
     const char *argv[3] = {"AUTH"};
     size_t len[3] = {4};
