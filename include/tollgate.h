@@ -279,7 +279,8 @@ typedef enum tg_policy {
  * after the server decided; the _at calls count in their own now. So it
  * never denies a call the store, asked at that moment, would allow, with
  * one exception it cannot see: a tg_reset or tg_set of the key by another
- * limiter (this limiter's own forget the key). The answer: allowed false,
+ * limiter, or the key deleted in the store by other means (this limiter's
+ * own tg_reset and tg_set forget it). The answer: allowed false,
  * degraded false, count and remaining those of the denial, retry_after_ms
  * the time left (the store's wait or 1 ms less right after the denial;
  * never more than the store's, which other calls may have pushed out;
