@@ -457,22 +457,24 @@ typedef struct tg_custom_store {
  * goes to the named node; an ASK reply (a slot being migrated) sends the
  * call once to the named node after ASKING; in both cases the call had not
  * run, so nothing is counted twice; a call follows at most 8 of them, then
- * it is TG_ESTORE. pool_size counts per node: each of the pool's pool_size
- * slots holds at most one connection to each node, opened on first need.
- * tg_hit_batch sends each node its part of the batch, pipelined, all nodes
- * at once. Health is per node: a node that cannot be connected to or does
- * not answer in time is down for reconnect_backoff_ms (its slots' calls
- * fail fast with the failure policy's answer, then one call at a time
- * probes it, as "Failing fast" says for one server) while the other nodes'
- * calls go on. A node going down, a MOVED and a CLUSTERDOWN reply make the
- * store ask an up node for a new map, at most once per reconnect_backoff_ms
- * (and 100 ms) unless calls are waiting for one. So when a master dies, its
- * slots' calls are degraded until a replica is promoted and the cluster's
- * map shows it, then exact again, with no restart; what the dead master
- * had not yet replicated is lost with it (Redis replicates asynchronously),
- * so a key may then admit again up to what it had admitted since. Nodes
- * are remembered by address, at most 1024 over a limiter's life. Unix
- * sockets and databases other than 0 are TG_EINVAL with cluster_nodes;
+ * it is TG_ESTORE. A connection lost before all of a call's bytes were
+ * written cannot have run it: the call goes again on a new connection (a
+ * call written in full is answered with the failure, as with one server).
+ * pool_size counts per node: each of the pool's pool_size slots holds at most
+ * one connection to each node, opened on first need. tg_hit_batch sends each
+ * node its part of the batch, pipelined, all nodes at once. Health is per node:
+ * a node that cannot be connected to or does not answer in time is down for
+ * reconnect_backoff_ms (its slots' calls fail fast with the failure policy's
+ * answer, then one call at a time probes it, as "Failing fast" says for one
+ * server) while the other nodes' calls go on. A node going down, a MOVED and a
+ * CLUSTERDOWN reply make the store ask an up node for a new map, at most once
+ * per reconnect_backoff_ms (and 100 ms) unless calls are waiting for one. So
+ * when a master dies, its slots' calls are degraded until a replica is promoted
+ * and the cluster's map shows it, then exact again, with no restart; what the
+ * dead master had not yet replicated is lost with it (Redis replicates
+ * asynchronously), so a key may then admit again up to what it had admitted
+ * since. Nodes are remembered by address, at most 1024 over a limiter's life.
+ * Unix sockets and databases other than 0 are TG_EINVAL with cluster_nodes;
  * calls never go to replicas (every decision may write).
  *
  * fork(): a connection opened before a fork is not used by the child (each
