@@ -314,8 +314,8 @@ static double abusive(bool cluster, uint64_t deny, unsigned round,
                (double)(b.ru_utime.tv_usec - a.ru_utime.tv_usec) * 1e-6 +
                (double)(b.ru_stime.tv_usec - a.ru_stime.tv_usec) * 1e-6;
   *cpu_us = cpu * 1e6 / (double)n;
-  tg_store_stats st;
-  tg_limiter_store_stats(lim, &st, sizeof st);
+  tg_stats st;
+  tg_limiter_stats(lim, &st, sizeof st);
   tg_limiter_destroy(lim);
   return (double)(n - (long)st.deny_cache_hits) / (double)n;
 }

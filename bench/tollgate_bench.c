@@ -721,6 +721,53 @@ static void suite_hot(void) {
   }
 }
 
+/* A policy of two rules on one hot key pair: tg_hit_rules checks both,
+ * then takes both (two compare-and-swaps), against one tg_hit on the same
+ * algorithm's hot key in the same run. */
+typedef struct policy_work {
+  tg_limiter *lim;
+  uint64_t now;
+} policy_work;
+
+static uint64_t op_policy2(void *ctx, unsigned tid, uint64_t n) {
+  policy_work *w = ctx;
+  (void)tid;
+  char a[KEY_LEN], b[KEY_LEN];
+  make_key(a, 42);
+  make_key(b, 43);
+  uint64_t now = w->now, ok = 0;
+  for (uint64_t i = 0; i < n; i++, now++) {
+    tg_rule r[2] = {{w->lim, a, KEY_LEN, &Q_BIG, 1, 0, {0}},
+                    {w->lim, b, KEY_LEN, &Q_BIG, 1, 0, {0}}};
+    tg_rules_result out;
+    int rc = tg_hit_rules_at(now, r, 2, 0, &out);
+    if (rc != 0)
+      note_rc(rc);
+    ok += out.r.allowed;
+  }
+  w->now = now;
+  return ok;
+}
+
+static void suite_policy(void) {
+  static const int which[] = {0, 3}; /* fixed window, token bucket */
+  for (size_t i = 0; i < sizeof which / sizeof which[0]; i++) {
+    tg_algorithm alg = ALGS[which[i]];
+    const char *an = tg_algorithm_name(alg);
+    if (!want("policy2_hot", an, 1))
+      continue;
+    const figure *one = hot(which[i]);
+    policy_work w = {new_limiter(alg, 0, 0, 0), T0_US};
+    figure f = measure(op_policy2, &w, 1);
+    double ratio = f.med_ns / one->med_ns;
+    char ex[96];
+    snprintf(ex, sizeof ex, "rules=2 target=ratio<=2.2 met=%s",
+             yes_no(ratio <= 2.2));
+    report("policy2_hot", an, &f, "hot_key", one->med_ns, ex);
+    tg_limiter_destroy(w.lim);
+  }
+}
+
 /* The limiter reading the clock itself, and the clocks alone. */
 static void suite_clock(void) {
   static const struct {
@@ -1115,6 +1162,7 @@ int main(int argc, char **argv) {
          "others_cpu > %.2f\n",
          tg_version_string(), opt.reps, opt.min_s, opt.attempts, NOISY);
   suite_hot();
+  suite_policy();
   suite_clock();
   suite_denied();
   suite_threads();

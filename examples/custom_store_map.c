@@ -5,7 +5,9 @@
  *
  * A key's lock is its stripe's mutex. lock_and_get returns with it held
  * (OK, NOT_FOUND), and the matching set_and_unlock or unlock releases it;
- * in between, the thread that holds it may change the stripe freely.
+ * in between, the thread that holds it may change the stripe freely. With
+ * options.recursive the mutex is recursive, so one thread may hold several
+ * keys of a stripe, as a policy does.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
@@ -240,7 +242,22 @@ void map_store_options_init(map_store_options *o) {
   o->stripes = STRIPES_DEFAULT;
   o->lock_wait_us = LOCK_WAIT_DEFAULT_US;
   o->clock = NULL;
+  o->recursive = 0;
   o->clock_ctx = NULL;
+}
+
+/* A stripe's lock, recursive on request: a policy (tg_hit_rules) holds
+ * every key of its rules at once, and two of them may share a stripe. */
+static int stripe_lock_init(pthread_mutex_t *m, int recursive) {
+  pthread_mutexattr_t a;
+  if (pthread_mutexattr_init(&a) != 0)
+    return -1;
+  int rc =
+      recursive ? pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE) : 0;
+  if (rc == 0)
+    rc = pthread_mutex_init(m, &a);
+  pthread_mutexattr_destroy(&a);
+  return rc;
 }
 
 int map_store_new(map_store **out, const map_store_options *o) {
@@ -267,7 +284,7 @@ int map_store_new(map_store **out, const map_store_options *o) {
     stripe *s = &m->stripes[m->nstripes];
     s->nbuckets = BUCKETS_INITIAL;
     s->buckets = calloc(s->nbuckets, sizeof *s->buckets);
-    if (!s->buckets || pthread_mutex_init(&s->lock, NULL) != 0) {
+    if (!s->buckets || stripe_lock_init(&s->lock, o->recursive) != 0) {
       free(s->buckets);
       map_store_free(m); /* frees the stripes set up so far */
       return -1;

@@ -35,7 +35,8 @@
  * and map_store_free must not race with anything. A thread that holds a
  * key's lock (having called lock_and_get itself) and then asks tollgate about
  * a key of the same stripe waits for itself: with MAP_STORE_WAIT_FOREVER
- * that is a deadlock, otherwise BUSY.
+ * that is a deadlock, otherwise BUSY; unless `recursive` is set, which a
+ * store used by policies (tg_hit_rules) needs.
  */
 #ifndef CUSTOM_STORE_MAP_H
 #define CUSTOM_STORE_MAP_H
@@ -63,6 +64,12 @@ typedef struct map_store_options {
                            Tests that drive tollgate's time by hand give the
                            store the same hand clock. */
   void *clock_ctx;      /* passed to clock */
+  int recursive;        /* 0 (default): a thread that holds a stripe and
+                           asks for another key of it waits for itself
+                           (BUSY after lock_wait_us). 1: the stripes'
+                           mutexes are recursive, as policies need
+                           (tg_hit_rules holds all its keys at once, and
+                           two may share a stripe). */
 } map_store_options;
 
 typedef struct map_store map_store;

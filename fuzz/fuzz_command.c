@@ -93,7 +93,9 @@ static void step(const tg__cmd *cmd, const tg__quota *q) {
       *q,
       cmd->op == TG__OP_GET || cmd->op == TG__OP_EXPIRES ? 0 : cmd->arg,
       T0_US,
-      false};
+      false,
+      0,
+      NULL};
   tg__outcome o;
   bool changed;
   for (int round = 0; round < 2; round++, c.now_us += 1000) {
@@ -141,6 +143,16 @@ static void fuzz_parser(const uint8_t *data, size_t size) {
   }
   tg__cmd cmd;
   tg__cmd_error err;
+  /* the same words as a TG.POLICY: rules within the bound, each a TG.HIT */
+  tg__cmd rules[TG_RULES_MAX];
+  size_t nr = 0;
+  int prc = tg__cmd_parse_policy(av, argc, rules, TG_RULES_MAX, &nr, &err);
+  CHECK(prc == 0 || prc == -1);
+  CHECK(prc != 0 || (nr >= 1 && nr <= TG_RULES_MAX));
+  for (size_t i = 0; prc == 0 && i < nr; i++)
+    CHECK(rules[i].id == TG__CMD_HIT && rules[i].op == TG__OP_HIT &&
+          (unsigned)rules[i].alg < TG_ALGORITHM_COUNT &&
+          rules[i].arg <= INT64_MAX && rules[i].q.burst <= INT64_MAX);
   int rc = tg__cmd_parse(id, av, argc, &cmd, &err);
   CHECK(rc == 0 || rc == -1);
   if (rc != 0) {

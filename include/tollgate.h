@@ -190,6 +190,10 @@ typedef struct tg_result {
   bool allowed;            /* the call was admitted (and its cost consumed) */
   bool degraded;           /* the answer came from the failure policy, not the
                               store: see tg_config.on_failure */
+  bool shadow_denied;      /* shadow mode (tg_config.shadow, TG_RULES_SHADOW)
+                              let through a call the limit would have denied:
+                              allowed is then true and the other fields are
+                              the real answer's (retry_after_ms included) */
   uint64_t count;          /* per algorithm: windows: count in the window (after
                               adding cost when it was counted); sliding: sum of
                               live costs; token bucket: whole tokens left;
@@ -244,7 +248,12 @@ typedef enum tg_policy {
  * Two ways for a limiter on a remote store (Redis, or a custom store) to
  * lean on it less. Both are off by default, and both apply to decisions
  * (tg_hit, tg_hit_batch and the non-blocking API): tg_inc, tg_get, tg_set,
- * tg_expires_at and tg_reset always ask the store.
+ * tg_expires_at and tg_reset always ask the store, and so do policies
+ * (tg_hit_rules) and reservations (tg_reserve, tg_cancel). A failed policy
+ * or reservation on a limiter with TG_POLICY_FALLBACK is answered as with
+ * TG_POLICY_FAIL_OPEN (allowed, degraded): the fallback decides single
+ * calls only. Deny-cache answers and fallback decisions are counted like
+ * the store's (tg_stats, shadow mode and the hook apply to them too).
  *
  * TG_POLICY_FALLBACK. While the store fails (any code a failure policy
  * answers), a decision is made in a memory store of the limiter's own, as
@@ -291,9 +300,9 @@ typedef enum tg_policy {
  * count. Degraded answers are never cached. Memory: about 380 bytes per
  * entry (keys are kept whole, never matched by hash alone), in sets of 4;
  * a new denial takes an expired entry of its set, else the one that ends
- * first. Thread-safe (striped locks). tg_limiter_store_stats counts what it
- * answered; against one key hammered at 100 times its limit it spares 98.8%
- * of the round trips. */
+ * first. Thread-safe (striped locks). tg_limiter_stats counts what it
+ * answered (deny_cache_hits); against one key hammered at 100 times its
+ * limit it spares 98.8% of the round trips. */
 
 /* ---- Cleanup ---------------------------------------------------------------
  * The memory store reclaims keys whose state has decayed to "fresh" (an
@@ -514,6 +523,26 @@ TG_EXTERN void tg_redis_config_init(tg_redis_config *rc);
 /* 1 when this build of the library has the Redis store, else 0. */
 TG_EXTERN int tg_redis_available(void);
 
+/* ---- The decision hook (see "Counters and the decision hook") ----------- */
+
+/* One decision as the hook sees it. Everything is valid only during the
+ * call. */
+typedef struct tg_decision {
+  const void *key; /* key bytes (not NUL-terminated) */
+  size_t key_len;
+  tg_algorithm algorithm;
+  const tg_quota *q;
+  uint64_t cost;
+  int status;              /* what the call returned (0 or a TG_E* code) */
+  const tg_result *result; /* what it answered */
+  bool in_rules;           /* a rule of tg_hit_rules: result is the rule's */
+} tg_decision;
+
+/* Called from the deciding thread, after the decision, outside every
+ * tollgate lock (it may call tollgate). Must be thread-safe if the limiter
+ * is shared. */
+typedef void (*tg_decision_fn)(const tg_decision *d, void *ctx);
+
 /* ---- Limiter configuration ------------------------------------------------
  */
 typedef struct tg_config {
@@ -576,6 +605,21 @@ typedef struct tg_config {
                             Redis store with these settings (copied, strings
                             included, during tg_limiter_new). Cannot be
                             combined with custom_store or shm_name. */
+  bool shadow;                  /* false (default). true: shadow (dry-run)
+                                   mode: every decision is made and recorded
+                                   as usual (state, counters, hook), but the
+                                   answer is always allowed; shadow_denied
+                                   says when the real answer was a denial.
+                                   See "Shadow mode". */
+  tg_decision_fn on_decision;   /* NULL (default): no hook. Else called after
+                                   decisions, see "Counters and the decision
+                                   hook" */
+  void *on_decision_ctx;        /* passed to on_decision */
+  uint32_t on_decision_every;   /* 0 or 1 (default 1): every decision the
+                                   hook considers; N: one in N of them, counted
+                                   per thread */
+  bool on_decision_denied_only; /* false (default). true: the hook considers
+                                   only denials, shadow denials and failures */
   uint32_t fallback_share;      /* TG_POLICY_FALLBACK: the number of hosts
                                    sharing the store's limits; while the
                                    store fails, each decides alone under
@@ -693,6 +737,205 @@ TG_EXTERN int tg_hit_batch(tg_limiter *lim, tg_batch_item *items, size_t n);
 TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
                               tg_batch_item *items, size_t n);
 
+/* ---- Policies: several limits, one atomic decision -------------------------
+ * A policy is an ordered list of rules, each a limiter (which gives the
+ * algorithm and the store), a key, a quota and a cost: e.g. 5 per second
+ * and 6 per minute on "user:42", or a token bucket per user and a fixed
+ * window per day per tenant. tg_hit_rules decides the call on all of them
+ * at once:
+ *
+ *   - it is allowed only if every rule allows it, and then each rule
+ *     consumes its cost exactly as tg_hit would;
+ *   - if any rule denies it, NOTHING is consumed anywhere, windows included:
+ *     unlike tg_hit on a window, a denied policy call is not counted in any
+ *     window (that is what makes a combination predictable: 5/s + 6/min
+ *     admits exactly the calls both allow, and the minute is charged only
+ *     for those);
+ *   - the answer names the first rule that denied (denied_by) and the
+ *     largest retry_after_ms of the rules that denied: the wait after which
+ *     the whole policy passes, if nothing else happens (waiting never makes
+ *     a rule stricter).
+ *
+ * Rules may use different algorithms (one limiter each) and different keys.
+ * Every rule's limiter must use the same kind of store: memory and shared
+ * memory limiters mix freely; custom-store limiters must share one custom
+ * store (the same callbacks and ctx); Redis limiters must address the same
+ * server and database, with key names in one Cluster slot (see below). Two
+ * rules may not name the same state (the same key on limiters that share a
+ * table or a custom store, or the same Redis key name). Anything else is
+ * TG_EINVAL and decides nothing.
+ *
+ * Concurrency. Memory and shm: no lock is added (a process that dies
+ * cannot leave a policy's lock held). A decision first checks every rule
+ * without writing; if one denies, it writes nothing. Otherwise it applies
+ * the rules in order, each with one compare-and-swap from the state its
+ * check saw (a sliding log under its own lock); a rule that changed in
+ * between is checked again, and if it now denies, the rules already applied
+ * are given back, in reverse order, and the call is denied. So concurrent
+ * callers may briefly see a rule's consumption that is then given back, and
+ * under contention a policy admits AT MOST what some serial order of the
+ * same calls would admit, never more; a denied policy call leaves no
+ * consumption behind. Giving back is exact for windows and sliding logs
+ * (the cost is subtracted where it was added). For the buckets it is exact
+ * unless calls on the same key with later times landed in between, which
+ * can only make the bucket stricter; with the _at function those later
+ * times must not exceed the policy's now for that to hold. Custom store:
+ * every rule's key is locked (lock_and_get) in one fixed order (by key
+ * bytes), all are decided, then each is stored (set_and_unlock) or
+ * unlocked: nothing is ever given back (see "Custom stores" below).
+ * Redis: one script call reads every rule's key (and the server's TIME),
+ * the rules are decided here by the same core, and a second script call
+ * writes every key that consumes, atomically, only if none of the keys
+ * changed since the read; otherwise it reads again (up to 64 times, with
+ * growing pauses, then TG_EBUSY: it wrote nothing). Two round trips per
+ * decision, nothing ever written that is given back, every number the core's.
+ *
+ * Redis Cluster and hash tags: the store names a key prefix ":{" key "}:"
+ * algorithm, so a name's Cluster slot is that of its key bytes up to the
+ * first "}" (the hash tag). A policy's names must all be in one slot, or it
+ * is TG_EINVAL (denied_by names the first rule out of place): give the keys
+ * of one policy a common beginning ended by "}", e.g. "acme}user:42" and
+ * "acme}tenant" (tag "acme"). The same key under two algorithms is two
+ * names in one slot.
+ *
+ * Failures: a store failure on any rule stops the decision; rules applied
+ * before it are given back (best effort: a failure while giving back leaves
+ * that consumption), the function returns the code, denied_by names the
+ * rule, and the answer (and every rule's result) is that rule's limiter's
+ * failure policy answer with degraded = true.
+ *
+ * Shadow mode: a rule whose limiter is in shadow mode (tg_config.shadow)
+ * is decided and recorded but does not deny the call: the call is decided
+ * on the other rules, and when they allow it every rule that allowed
+ * consumes (a shadow rule that denied consumes nothing); the answer is
+ * allowed with shadow_denied set. With TG_RULES_SHADOW the whole call is
+ * decided and recorded exactly as without it (a denied call consumes
+ * nothing) and answered allowed, shadow_denied saying it was denied.
+ *
+ * Custom stores: a policy holds all its keys' locks at once, taken in key
+ * order (bytes, then length). A store whose keys share locks (stripes, like
+ * examples/custom_store_map.c) must let the thread that holds a lock take
+ * it again for another key (a recursive lock), and must not block forever
+ * in lock_and_get: two policies may meet holding shared locks in opposite
+ * orders. A lock that answers TG_CUSTOM_BUSY makes the policy let go of
+ * every lock and try again, up to 6 times (50 us to 800 us apart), then
+ * answer TG_EBUSY. If set_and_unlock fails for one key after others were
+ * stored, those stay consumed (the call answers TG_ESTORE). */
+
+/* Most rules in one policy. */
+#define TG_RULES_MAX 16
+/* denied_by when no rule denied. */
+#define TG_RULE_NONE SIZE_MAX
+/* tg_hit_rules flags: the whole decision in shadow mode. */
+#define TG_RULES_SHADOW 1u
+
+typedef struct tg_rule {
+  tg_limiter *lim;   /* in: the rule's limiter (algorithm, store, clock) */
+  const void *key;   /* in: key bytes */
+  size_t key_len;    /* in */
+  const tg_quota *q; /* in */
+  uint64_t cost;     /* in: the cost this call has under this rule */
+  int status;        /* out: 0, or why this rule failed (invalid input, or
+                        its store's failure) */
+  tg_result result;  /* out: this rule's own answer. Allowed call: what
+                        tg_hit would answer (the cost consumed). Denied
+                        call: allowed says whether this rule alone would
+                        allow it, retry_after_ms is its own wait, and
+                        count, remaining and reset_after_ms describe the
+                        key as the call left it (unchanged) */
+} tg_rule;
+
+typedef struct tg_rules_result {
+  tg_result r;      /* the policy's answer: allowed when every rule (but
+                       shadow ones) allowed; count of the tightest rule;
+                       remaining the least of the rules' (the cost-1 calls
+                       the whole policy would still allow); retry_after_ms
+                       the largest of the denying rules' (TG_NEVER if one
+                       never passes; 0 when allowed); reset_after_ms the
+                       largest; degraded, shadow_denied as for one rule */
+  size_t denied_by; /* index of the first rule that denied (or failed);
+                       TG_RULE_NONE when none did */
+  size_t tightest;  /* index of the rule with the fewest remaining (the
+                       first of equals): the one to report in a header */
+} tg_rules_result;
+
+/* Decides one call on rules[0..n) (1 <= n <= TG_RULES_MAX) as described
+ * above, filling each rule's status and result and *out. now is read once,
+ * from rules[0].lim's clock (a Redis policy uses the server's TIME). Input
+ * is validated first, rule by rule, as tg_hit would (then the stores'
+ * compatibility): an invalid rule makes the function return its code with
+ * that rule's status set and denied_by naming it, and nothing changes.
+ * Returns 0 when the policy was decided (look at out->r.allowed), else a
+ * TG_E* code as described above. flags: 0 or TG_RULES_SHADOW. */
+TG_EXTERN int tg_hit_rules(tg_rule *rules, size_t n, unsigned flags,
+                           tg_rules_result *out);
+TG_EXTERN int tg_hit_rules_at(uint64_t now_us, tg_rule *rules, size_t n,
+                              unsigned flags, tg_rules_result *out);
+
+/* ---- Reservations: delay instead of reject ---------------------------------
+ * For the two buckets (other algorithms: TG_ENOTSUP). tg_reserve takes the
+ * next slot now and says when the caller may go: it consumes the cost at
+ * once, queueing behind earlier reservations, and answers delay_ns, the
+ * wait before the work may run (0: at once). A reservation whose delay
+ * would exceed max_wait_ms is refused and consumes nothing. Reservations
+ * are spaced exactly as GCRA spaces calls: at rate limit per period_ms
+ * (emission interval T ns, see "Algorithms"), N reservations of cost 1
+ * made at the same moment on a bucket with burst b get delays 0 (b of
+ * them), then T, 2T, 3T... exactly, to the nanosecond. Later tg_hit calls
+ * on the key see the queued reservations' cost (they wait behind them).
+ *
+ * This is nginx limit_req's queue: with the rate r = limit per period_ms,
+ *   limit_req ... burst=B nodelay;  is a bucket of burst B + 1 and tg_hit
+ *                                   (excess calls pass at once, or 429);
+ *   limit_req ... burst=B;          is tg_reserve on a bucket of burst 1,
+ *                                   max_wait_ms = B * T (in ms): up to B
+ *                                   calls wait their turn, one per T;
+ *   limit_req ... burst=B delay=D;  is tg_reserve on a bucket of burst
+ *                                   D + 1, max_wait_ms = (B - D) * T: the
+ *                                   first D excess calls pass at once, the
+ *                                   next B - D wait.
+ *
+ * tg_cancel gives back a reservation that will not be used (the work was
+ * abandoned): the cost is returned, but only as far as no reservation made
+ * after it was scheduled behind it (their times are promised) and its time
+ * has not already passed; so cancelling never lets later calls closer than
+ * the rate allows. Cancelling twice, or a refused reservation, does
+ * nothing. Shadow mode: the reservation is made as usual, but the answer is
+ * always ok with delay 0, shadow_denied saying the real answer was a
+ * refusal or a delay. On Redis a reservation or a cancel reads the key and
+ * writes it back only if it did not change (two round trips; the server's
+ * TIME), as a policy does. */
+typedef struct tg_reservation {
+  bool ok;              /* reserved: the cost is consumed; go after the delay */
+  uint64_t delay_ns;    /* the exact wait, ns (0 when not ok) */
+  uint64_t delay_ms;    /* the same, rounded up to ms */
+  tg_result result;     /* allowed = ok; count, remaining (0 while reservations
+                           queue), reset_after_ms after the reservation;
+                           retry_after_ms when refused: the wait after which
+                           the same reservation would be accepted */
+  uint64_t private_[6]; /* for tg_cancel: do not change */
+} tg_reservation;
+
+/* Reserves cost units of the key's bucket, waiting at most max_wait_ms (at
+ * most TG_PERIOD_MAX_MS, else TG_EINVAL). Validates like tg_hit; a cost
+ * above the burst is never accepted (ok false, retry TG_NEVER). On a store
+ * failure the failure policy decides ok (degraded = true, delay 0). */
+TG_EXTERN int tg_reserve(tg_limiter *lim, const void *key, size_t key_len,
+                         const tg_quota *q, uint64_t cost, uint64_t max_wait_ms,
+                         tg_reservation *out);
+TG_EXTERN int tg_reserve_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                            size_t key_len, const tg_quota *q, uint64_t cost,
+                            uint64_t max_wait_ms, tg_reservation *out);
+
+/* Gives back reservation *res made on this key with this quota (as
+ * described above). A reservation that was not ok, or was already
+ * cancelled, is a no-op; *res is marked cancelled. */
+TG_EXTERN int tg_cancel(tg_limiter *lim, const void *key, size_t key_len,
+                        const tg_quota *q, tg_reservation *res);
+TG_EXTERN int tg_cancel_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                           size_t key_len, const tg_quota *q,
+                           tg_reservation *res);
+
 /* Windows only: adds cost to the key's count without checking the limit (for
  * work that happened anyway) and stores the new count in *count_out (may be
  * NULL). A per-key window that has ended is reopened at now. TG_EOVERFLOW if
@@ -760,29 +1003,67 @@ TG_EXTERN int tg_shm_unlink(const char *name);
 TG_EXTERN int tg_clean(tg_limiter *lim, size_t *removed);
 TG_EXTERN int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed);
 
-/* ---- Store statistics ------------------------------------------------------
- * What a limiter (or a tg_nb) did around its store since it was made, for
- * monitoring: answers it gave without the store, and the Redis Cluster
- * redirections it followed. Fields are only ever appended: pass
- * sizeof(tg_store_stats) as your program knows it, and the library writes
- * no more than that. */
-typedef struct tg_store_stats {
+/* ---- Shadow mode
+ * ------------------------------------------------------------- A limiter with
+ * tg_config.shadow = true (or a policy decided with TG_RULES_SHADOW) decides
+ * and records every call exactly as it would for real (state, counters, the
+ * hook), and answers allowed whatever the real answer, with
+ * result.shadow_denied = true when the real answer was a denial (the other
+ * fields keep the real numbers, so retry_after_ms may be non-zero). This is how
+ * a new limit is rolled out: watch shadow_denied (or the counter of the same
+ * name) before enforcing it. A store failure in shadow mode also answers
+ * allowed (shadow_denied when the failure policy would have denied); the
+ * function still returns the failure's code. */
+
+/* ---- Counters and the decision hook ----------------------------------------
+ * Every limiter counts its decisions (tg_hit, batch items, rules of a
+ * policy, reservations; a tg_nb its own), always: the counters are kept per
+ * thread (in cache-line sized shards), so counting costs a decision no shared
+ * write. tg_limiter_stats adds the shards up; counts taken while decisions run
+ * are each exact at some moment during the call, not one snapshot. A rule
+ * of a policy counts on its own limiter by its own verdict: allowed when it
+ * allowed and the call passed, denied when it denied; a rule that allowed
+ * a call another rule denied counts in neither.
+ *
+ * The hook (tg_config.on_decision) sees decisions after they are made: all
+ * of them, or one in on_decision_every (counted per thread, so the first
+ * decision of each thread is passed), of all decisions or of only denials,
+ * shadow denials and failures (on_decision_denied_only): enough to log
+ * refusals without logging every request. */
+typedef struct tg_stats {
+  uint64_t allowed;       /* decisions answered allowed (shadow mode: by the
+                             real answer) */
+  uint64_t denied;        /* decisions the limit denied (not in shadow mode) */
+  uint64_t shadow_denied; /* shadow mode: let through, would have denied */
+  uint64_t degraded;      /* answers the failure policy gave */
+  uint64_t table_full;    /* decisions that found the table full (TG_EFULL) */
+  uint64_t reclaimed;     /* keys this limiter's cleaning passes (tg_clean,
+                             the thread) reclaimed */
+  uint64_t errors[32];    /* decision calls that returned code c, at
+                             errors[-c] (errors[0] is unused): invalid input
+                             and store failures alike */
+  /* Around the store (appended with Redis Cluster): */
   uint64_t deny_cache_hits;    /* decisions the deny cache answered without
-                                  asking the store */
+                                  asking the store (see "Surviving a store
+                                  outage"); also counted as denials */
   uint64_t fallback_decisions; /* decisions TG_POLICY_FALLBACK made locally
-                                  while the store failed */
+                                  while the store failed; also counted in
+                                  degraded and errors[] */
   uint64_t moved;              /* Redis Cluster: MOVED redirections followed */
   uint64_t ask;                /* Redis Cluster: ASK redirections followed */
-  uint64_t resent;             /* Cluster store and tg_nb: calls sent again
-                                  because the server said they had not run
-                                  (NOSCRIPT, the module unloaded) */
+  uint64_t resent;             /* Redis Cluster store and tg_nb: calls sent
+                                  again because the server said they had not
+                                  run (NOSCRIPT, the module unloaded) or a
+                                  connection was lost before they were
+                                  written in full */
   uint64_t slot_refreshes;     /* Redis Cluster: slot maps fetched */
-} tg_store_stats;
+} tg_stats;
 
-/* Copies the counters into *out (at most `size` bytes of it). TG_EINVAL for
- * a NULL argument or size 0. */
-TG_EXTERN int tg_limiter_store_stats(const tg_limiter *lim, tg_store_stats *out,
-                                     size_t size);
+/* Copies the limiter's counters into *out, at most size bytes of it (pass
+ * sizeof(tg_stats) as your program knows it: fields are only appended).
+ * TG_EINVAL for a NULL argument or size 0. Safe while other threads decide. */
+TG_EXTERN int tg_limiter_stats(const tg_limiter *lim, tg_stats *out,
+                               size_t size);
 
 /* ---- Non-blocking Redis API (sans-IO) -------------------------------------
  * The Redis store for event loops that own their sockets (nginx, libuv,
@@ -798,11 +1079,15 @@ TG_EXTERN int tg_limiter_store_stats(const tg_limiter *lim, tg_store_stats *out,
  * from a tg_config whose redis is set. Everything in it that tg_limiter_new
  * uses is used the same way (algorithm, key_prefix, AUTH, db or
  * cluster_nodes, sliding_max_entries, on_failure with its fallback, the
- * deny cache), and a decision is the one tg_hit would make with that
- * configuration: the same script or module command, key names, validation,
- * answers and failure answers, from the same code. The Redis settings that
- * are about doing I/O (pool_size, the timeouts, reconnect_backoff_ms) are
- * not used: they are the caller's business here.
+ * deny cache, shadow mode, the decision hook), and a decision is the one
+ * tg_hit would make with that configuration: the same script or module
+ * command, key names, validation, answers and failure answers, counted in
+ * the same counters (tg_nb_stats), from the same code. The Redis settings
+ * that are about doing I/O (pool_size, the timeouts, reconnect_backoff_ms)
+ * are not used: they are the caller's business here. It decides single
+ * calls (tg_hit's) only: policies (tg_hit_rules) and reservations
+ * (tg_reserve, tg_cancel) take several round trips on one connection and
+ * are offered on a limiter only; a tg_nb has no entry point for them.
  *
  * Links. A tg_nb talks to each node over one connection, its "link",
  * numbered from 0: link 0 is the server (or the first seed); a Cluster adds
@@ -974,8 +1259,57 @@ TG_EXTERN int tg_nb_down(tg_nb *nb, unsigned link, int code);
 /* Lets a down link's node be tried again. */
 TG_EXTERN int tg_nb_up(tg_nb *nb, unsigned link);
 
-/* The client's counters (see "Store statistics"): at most size bytes. */
-TG_EXTERN int tg_nb_stats(const tg_nb *nb, tg_store_stats *out, size_t size);
+/* The client's counters (tg_stats, see "Counters and the decision hook"):
+ * its decisions as tg_limiter_stats counts a limiter's, and its store
+ * counters. At most size bytes; TG_EINVAL for a NULL argument or size 0. */
+TG_EXTERN int tg_nb_stats(const tg_nb *nb, tg_stats *out, size_t size);
+
+/* ---- HTTP headers -----------------------------------------------------------
+ * The response header fields a limited HTTP response carries, written into
+ * the caller's buffer (no allocation, no clock): for one limit or for every
+ * rule of a policy. Three parts, chosen by flags:
+ *
+ * TG_HTTP_IETF: the fields of draft-ietf-httpapi-ratelimit-headers-11 (the
+ *   IETF draft "RateLimit header fields for HTTP", May 2026), Structured
+ *   Field Lists with one item per limit:
+ *     RateLimit-Policy: "name";q=LIMIT;w=SECONDS
+ *     RateLimit: "name";r=REMAINING;t=SECONDS
+ *   w is period_ms in seconds, rounded up; r the remaining cost units; t
+ *   the effective window: with units remaining, until the key is fresh
+ *   (reset_after_ms: within it the client can use no more than r without
+ *   being denied), with none, until the call would pass (retry_after_ms),
+ *   in seconds rounded up. An optional partition key adds ;pk=:BASE64:.
+ * TG_HTTP_LEGACY: the older form of drafts 00-06, still read by many
+ *   clients: RateLimit-Limit (the limit of the limit with the fewest
+ *   remaining, then every limit as LIMIT;w=SECONDS), RateLimit-Remaining
+ *   and RateLimit-Reset (t above) of that limit.
+ * TG_HTTP_RETRY_AFTER: when the decision was denied (some result not
+ *   allowed), Retry-After: the largest retry_after_ms in seconds, rounded
+ *   up (nothing for TG_NEVER: no wait helps). A shadow-mode result is
+ *   allowed and adds nothing.
+ * Each field is written as "Name: value\r\n". */
+#define TG_HTTP_IETF 1u
+#define TG_HTTP_LEGACY 2u
+#define TG_HTTP_RETRY_AFTER 4u
+
+/* One limit to report. */
+typedef struct tg_http_limit {
+  const char *name;   /* policy name: 1..64 printable ASCII bytes */
+  const tg_quota *q;  /* its quota (limit, period_ms) */
+  const tg_result *r; /* the decision's result for it */
+  const void *pk;     /* partition key bytes for ;pk= (IETF only), or
+                         NULL */
+  size_t pk_len;      /* 0..256 */
+} tg_http_limit;
+
+/* Writes the fields for limits[0..n) (1..TG_RULES_MAX) into buf, at most
+ * cap bytes, and a terminating NUL; *len receives the length without it.
+ * Returns 0, TG_EINVAL for NULL arguments, n out of range, no flag, a bad
+ * name or pk, or TG_ERANGE when cap is too small: then nothing useful is in
+ * buf and *len is the size needed (without the NUL). */
+TG_EXTERN int tg_http_headers(char *buf, size_t cap, size_t *len,
+                              const tg_http_limit *limits, size_t n,
+                              unsigned flags);
 
 #ifdef __cplusplus
 }

@@ -277,8 +277,11 @@ static int run_log(kcall *k, uint32_t cap, log_result *lr) {
     memmove(e, e + lg.head, lg.n * sizeof *e);
     lg.head = 0;
     lg.cap = lg.n >= cap ? lg.n : lg.n + 1;
-    bool changed;
-    lr->rc = tg__log_decide(&k->c, &lg, &lr->v, &changed);
+    bool changed = false;
+    if (k->c.op == TG__OP_CHECK) /* a policy's check: decide, write nothing */
+      lr->rc = tg__log_check(&k->c, &lg, &lr->v);
+    else
+      lr->rc = tg__log_decide(&k->c, &lg, &lr->v, &changed);
     lr->left = lg.n;
     if (k->may_write && (changed || pruned)) {
       if (lg.n == 0) {
@@ -440,6 +443,113 @@ static int reset_public(RedisModuleCtx *ctx, RedisModuleString **argv,
   return public_command(ctx, argv, argc, TG__CMD_RESET);
 }
 
+/* ---- TG.POLICY: several rules, one decision ----
+ * Every rule is checked on its key (nothing written), and only when all
+ * allow is each key written, as TG.HIT would: the command runs alone in
+ * the server, so nothing can come between the two. Its keys are found by
+ * parsing (getkeys-api): Cluster routes it, and refuses keys of several
+ * slots (CROSSSLOT) before it runs. The same key twice is refused (a key
+ * holds one state). */
+static int policy_command(RedisModuleCtx *ctx, RedisModuleString **argv,
+                          int argc) {
+  tg__cmd_arg av[256];
+  size_t ac = (size_t)argc < 256 ? (size_t)argc : 256;
+  for (size_t i = 0; i < ac; i++)
+    av[i] = arg_of(argv[i]);
+  tg__cmd cmds[TG_RULES_MAX];
+  size_t n;
+  tg__cmd_error err;
+  int parsed = tg__cmd_parse_policy(av, ac, cmds, TG_RULES_MAX, &n, &err);
+  /* the argument each rule's key is */
+  int pos[TG_RULES_MAX];
+  for (size_t r = 0; parsed == 0 && r < n; r++)
+    for (size_t i = 1; i < ac; i++)
+      if (av[i].ptr == cmds[r].key) {
+        pos[r] = (int)i;
+        break;
+      }
+  if (RedisModule_IsKeysPositionRequest(ctx)) {
+    for (size_t r = 0; parsed == 0 && r < n; r++)
+      RedisModule_KeyAtPos(ctx, pos[r]);
+    return REDISMODULE_OK;
+  }
+  if ((size_t)argc > ac)
+    return RedisModule_ReplyWithError(ctx, "ERR too many arguments");
+  if (parsed != 0) {
+    char text[256];
+    tg__cmd_error_text(&err, text, sizeof text);
+    return RedisModule_ReplyWithError(ctx, text);
+  }
+  uint64_t server_us = server_now_us();
+  if (server_us > TG_NOW_MAX_US)
+    return reply_code(ctx, TG_ETIME, NULL);
+  kcall k[TG_RULES_MAX];
+  tg__outcome o[TG_RULES_MAX];
+  bool pass = true;
+  for (size_t r = 0; r < n; r++) {
+    const tg__cmd *cmd = &cmds[r];
+    for (size_t j = 0; j < r; j++)
+      if (cmds[j].key_len == cmd->key_len &&
+          memcmp(cmds[j].key, cmd->key, cmd->key_len) == 0)
+        return reply_code(ctx, TG_EINVAL, " (a key named twice)");
+    k[r] = (kcall){.ctx = ctx, .name = argv[pos[r]]};
+    int rc = tg__call_check(cmd->alg, TG__OP_CHECK, cmd->key_len, &cmd->q,
+                            &k[r].c.q);
+    if (rc != TG_OK)
+      return reply_code(ctx, rc, NULL);
+    k[r].server_us = server_us;
+    k[r].c.op = TG__OP_CHECK;
+    k[r].c.alg = cmd->alg;
+    k[r].c.key = cmd->key;
+    k[r].c.key_len = cmd->key_len;
+    k[r].c.arg = cmd->arg;
+    k[r].c.now_us = server_us;
+    k[r].may_write = false;
+    if (cmd->alg == TG_SLIDING_WINDOW) {
+      log_result lr;
+      rc = run_log(&k[r], log_cap, &lr);
+      if (rc == TG_OK)
+        rc = lr.rc == TG_OK ? tg__log_report(&k[r].c, &lr.v, &o[r]) : lr.rc;
+    } else {
+      state_result sr;
+      rc = run_state(&k[r], &sr);
+      if (rc == TG_OK) {
+        rc = sr.rc;
+        o[r] = sr.o;
+      }
+    }
+    if (rc != TG_OK)
+      return reply_code(ctx, rc, rc == TG_ECORRUPT ? k[r].corrupt : NULL);
+    pass = pass && o[r].r.allowed;
+  }
+  for (size_t r = 0; pass && r < n; r++) {
+    /* as TG.HIT: the checks said every rule allows, and nothing ran in
+     * between, so each consumes */
+    k[r].c.op = TG__OP_TAKE;
+    k[r].may_write = tg__call_writes(&k[r].c);
+    int rc;
+    if (k[r].c.alg == TG_SLIDING_WINDOW) {
+      log_result lr;
+      rc = run_log(&k[r], log_cap, &lr);
+      if (rc == TG_OK)
+        rc = lr.rc;
+    } else {
+      state_result sr;
+      rc = run_state(&k[r], &sr);
+      if (rc == TG_OK)
+        rc = sr.rc;
+    }
+    if (rc != TG_OK) /* a write the server refused: not reached in tests */
+      return reply_code(ctx, rc, rc == TG_ECORRUPT ? k[r].corrupt : NULL);
+  }
+  int64_t v[7];
+  tg__cmd_policy_reply(o, n, pass, v);
+  RedisModule_ReplyWithArray(ctx, 7);
+  for (int i = 0; i < 7; i++)
+    RedisModule_ReplyWithLongLong(ctx, v[i]);
+  return REDISMODULE_OK;
+}
+
 /* ---- TG.STEP: the library's command ----
  * TG.STEP key alg op now limit period_ms burst arg log_cap, all decimal:
  * alg a tg_algorithm, op a tg__op (0 hit, 1 inc, 2 get, 3 set, 4 expires),
@@ -588,6 +698,10 @@ MODULE_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx,
                                   1, 1, 1) != REDISMODULE_OK)
       return REDISMODULE_ERR;
   }
+  if (RedisModule_CreateCommand(ctx, "tg.policy", policy_command,
+                                "write deny-oom getkeys-api", 0, 0,
+                                0) != REDISMODULE_OK)
+    return REDISMODULE_ERR;
   if (RedisModule_CreateCommand(ctx, "tg.step", step_command,
                                 "write deny-oom fast", 1, 1,
                                 1) != REDISMODULE_OK ||

@@ -86,6 +86,10 @@ static long long (*RedisModule_Milliseconds)(void);
 static long long (*RedisModule_Microseconds)(void);
 static void *(*RedisModule_Alloc)(size_t bytes);
 static void (*RedisModule_Free)(void *ptr);
+/* A command registered with "getkeys-api" is called with this true when
+ * Redis asks where its keys are; it answers with KeyAtPos, one per key. */
+static int (*RedisModule_IsKeysPositionRequest)(RedisModuleCtx *ctx);
+static void (*RedisModule_KeyAtPos)(RedisModuleCtx *ctx, int pos);
 
 /* Looks one function up; false when the server does not have it. */
 #define API_GET(name)                                                          \
@@ -125,6 +129,8 @@ static const char *api_init(RedisModuleCtx *ctx) {
   REQUIRE(Milliseconds)
   REQUIRE(Alloc)
   REQUIRE(Free)
+  REQUIRE(IsKeysPositionRequest)
+  REQUIRE(KeyAtPos)
 #undef REQUIRE
   return NULL;
 }

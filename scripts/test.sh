@@ -36,6 +36,7 @@ if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libuv; then
 fi
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+command -v curl >/dev/null 2>&1 || missing+=(curl) # the HTTP example's test
 # (the system python: a python3 earlier on PATH, e.g. pyenv's, lacks Debian's)
 { python3 -c 'import redis' || /usr/bin/python3 -c 'import redis'; } >/dev/null 2>&1 ||
   missing+=(python3-redis)

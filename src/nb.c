@@ -16,7 +16,7 @@
  */
 #include "tollgate.h"
 
-#include "nb_limiter.h"
+#include "limiter.h"
 #include "store/redis_engine.h"
 
 #include <stdlib.h>
@@ -162,10 +162,11 @@ static int submit(tg_nb *nb, const uint64_t *now, tg_nb_req *req) {
     return TG_EINVAL;
   nbpriv *p = priv(req);
   tg__call *c = &p->er.call;
-  int rc = tg__limiter_prepare_hit(nb->lim, now, req->key, req->key_len, req->q,
-                                   req->cost, c);
+  int rc = tg__limiter_prepare(nb->lim, TG__OP_HIT, now, req->key, req->key_len,
+                               req->q, req->cost, c);
   if (rc != TG_OK) {
-    tg__limiter_invalid(nb->lim, rc, req->q, &req->result);
+    tg__limiter_invalid(nb->lim, rc, req->key, req->key_len, req->q, req->cost,
+                        &req->result);
     req->status = rc;
     return rc;
   }
@@ -174,7 +175,7 @@ static int submit(tg_nb *nb, const uint64_t *now, tg_nb_req *req) {
   p->er.owner = req;
   p->er.del = 0;
   nb->pending++;
-  if (tg__limiter_cached(nb->lim, c, p->when, &req->result)) {
+  if (tg__limiter_cached(nb->lim, c, p->when, &p->q, &req->result)) {
     req->status = TG_OK;
     p->next = NULL;
     if (nb->local_tail)
@@ -317,11 +318,11 @@ int tg_nb_up(tg_nb *nb, unsigned link) {
   return TG_OK;
 }
 
-int tg_nb_stats(const tg_nb *nb, tg_store_stats *out, size_t size) {
+int tg_nb_stats(const tg_nb *nb, tg_stats *out, size_t size) {
   if (!nb || !out || size == 0)
     return TG_EINVAL;
-  tg_store_stats st;
-  tg__limiter_store_stats(nb->lim, &st);
+  tg_stats st;
+  tg__limiter_stats_read(nb->lim, &st);
   st.moved = nb->st.moved;
   st.ask = nb->st.ask;
   st.resent = nb->st.resent;

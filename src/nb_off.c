@@ -101,7 +101,7 @@ int tg_nb_up(tg_nb *nb, unsigned link) {
   return TG_EINVAL;
 }
 
-int tg_nb_stats(const tg_nb *nb, tg_store_stats *out, size_t size) {
+int tg_nb_stats(const tg_nb *nb, tg_stats *out, size_t size) {
   (void)nb;
   (void)out;
   (void)size;

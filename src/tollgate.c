@@ -6,11 +6,7 @@
 #include "tollgate.h"
 
 #include "atomic.h"
-#include "cleanup.h"
-#include "core/core.h"
-#include "deny_cache.h"
-#include "nb_limiter.h"
-#include "store/store.h"
+#include "limiter.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -20,21 +16,6 @@
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
-
-struct tg_limiter {
-  tg_config cfg;           /* copied at creation (cfg.redis is then NULL:
-                              the store copied what it needs) */
-  bool store_time;         /* the store reads its own clock (Redis TIME) */
-  tg_custom_store custom;  /* copy of *cfg.custom_store (cfg points here) */
-  tg__store *store;        /* owned */
-  tg__cleaner *cleaner;    /* owned; NULL when no thread runs */
-  tg__clean_bridge bridge; /* before_clean as the cleaning pass calls it */
-  tg__store *fallback;     /* TG_POLICY_FALLBACK: the local memory store
-                              that decides while the store fails; owned */
-  tg__deny_cache *deny;    /* deny_cache_entries > 0; owned */
-  uint64_t cache_hits;     /* decisions the deny cache answered (atomic) */
-  uint64_t fallbacks;      /* decisions the fallback made (atomic) */
-};
 
 unsigned tg_version(void) { return TG_VERSION_HEX; }
 
@@ -73,6 +54,11 @@ void tg_config_init(tg_config *cfg) {
   cfg->shm_mode = 0600;
   cfg->lock_timeout_ms = LOCK_TIMEOUT_DEFAULT_MS;
   cfg->redis = NULL;
+  cfg->shadow = false;
+  cfg->on_decision = NULL;
+  cfg->on_decision_ctx = NULL;
+  cfg->on_decision_every = 1;
+  cfg->on_decision_denied_only = false;
   cfg->fallback_share = 1;
   cfg->deny_cache_entries = 0;
 }
@@ -184,6 +170,7 @@ static void limiter_free(tg_limiter *lim) {
   if (lim->fallback)
     lim->fallback->ops->destroy(lim->fallback);
   tg__deny_cache_free(lim->deny);
+  tg__stats_free(lim->stats);
   free(lim);
 }
 
@@ -204,6 +191,13 @@ static int limiter_new(tg_limiter **out, const tg_config *cfg, bool shell) {
   if (!lim)
     return TG_ENOMEM;
   lim->cfg = *cfg;
+  lim->shadow = cfg->shadow;
+  lim->hook = cfg->on_decision != NULL;
+  lim->stats = tg__stats_new();
+  if (!lim->stats) {
+    free(lim);
+    return TG_ENOMEM;
+  }
   lim->bridge = (tg__clean_bridge){cfg->algorithm, cfg->before_clean,
                                    cfg->before_clean_ctx};
   int rc = TG_OK;
@@ -214,6 +208,10 @@ static int limiter_new(tg_limiter **out, const tg_config *cfg, bool shell) {
   lim->cfg.redis = NULL; /* the caller's struct may go away now */
   if (rc == TG_OK)
     rc = extras_new(lim);
+  if (rc == TG_OK && lim->store && lim->store->ops->ident) {
+    lim->store->ops->ident(lim->store, lim->group, lim->space);
+    lim->ident_ok = true;
+  }
   if (rc == TG_OK && lim->store && lim->store->ops->clean &&
       cfg->clean_period_ms > 0)
     rc = tg__cleaner_start(&lim->cleaner, lim, cfg->clean_period_ms);
@@ -266,6 +264,9 @@ static int clean(tg_limiter *lim, const uint64_t *now, size_t *removed) {
                                   tg__clean_bridge_cb, &lim->bridge, &n);
   if (removed)
     *removed = n;
+  if (n > 0)
+    __atomic_fetch_add(&lim->stats->shard[TG__SHARDS].n[TG__N_RECLAIMED], n,
+                       __ATOMIC_RELAXED);
   return rc;
 }
 
@@ -277,12 +278,9 @@ int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed) {
   return clean(lim, &now_us, removed);
 }
 
-/* Everything every operation checks, in the order the header documents,
- * and the call built from it. now is NULL to read the limiter's clock (once),
- * or, for a store with its own clock, to let the store read it. */
-static int prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
-                   const void *key, size_t key_len, const tg_quota *q,
-                   uint64_t arg, tg__call *c) {
+int tg__limiter_prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
+                        const void *key, size_t key_len, const tg_quota *q,
+                        uint64_t arg, tg__call *c) {
   if (!lim || !key || !q)
     return TG_EINVAL;
   int rc = tg__call_check(lim->cfg.algorithm, op, key_len, q, &c->q);
@@ -302,6 +300,8 @@ static int prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
   c->key_len = key_len;
   c->arg = arg;
   c->now_us = now_us;
+  c->wait_ns = 0;
+  c->tok = NULL;
   return TG_OK;
 }
 
@@ -310,13 +310,13 @@ static int run(tg_limiter *lim, tg__op op, const uint64_t *now, const void *key,
                size_t key_len, const tg_quota *q, uint64_t arg,
                tg__outcome *o) {
   tg__call c;
-  int rc = prepare(lim, op, now, key, key_len, q, arg, &c);
+  int rc = tg__limiter_prepare(lim, op, now, key, key_len, q, arg, &c);
   if (rc != TG_OK)
     return rc;
   return lim->store->ops->exec(lim->store, &c, o);
 }
 
-static bool store_failure(int rc) {
+bool tg__store_failure(int rc) {
   return rc == TG_ENOMEM || rc == TG_EFULL || rc == TG_ESTORE ||
          rc == TG_EBUSY || rc == TG_ECORRUPT || rc == TG_ECONNECT ||
          rc == TG_ETIMEDOUT;
@@ -333,18 +333,21 @@ uint64_t tg__limiter_when(const tg_limiter *lim, const tg__call *c) {
 }
 
 bool tg__limiter_cached(tg_limiter *lim, const tg__call *c, uint64_t when,
-                        tg_result *out) {
+                        const tg_quota *q, tg_result *out) {
   if (!lim->deny || !tg__deny_cache_get(lim->deny, c, c->store_time, when, out))
     return false;
-  tg__fetch_add(&lim->cache_hits, 1);
+  bool own;
+  tg__count(tg__shard_get(lim->stats, &own), own, TG__N_CACHE);
+  tg__limiter_done(lim, TG_OK, out, lim->shadow, c->key, c->key_len, q, c->arg,
+                   false);
   return true;
 }
 
 /* TG_POLICY_FALLBACK: call c decided by the local memory store, alone,
  * under 1/fallback_share of its quota q, on this host's clock when the
  * call was on the store's. False when the local store cannot decide. */
-static bool fallback(tg_limiter *lim, const tg__call *c, const tg_quota *q,
-                     tg_result *out) {
+static bool fallback(const tg_limiter *lim, const tg__call *c,
+                     const tg_quota *q, tg_result *out) {
   uint32_t share = lim->cfg.fallback_share;
   bool bucket = c->alg == TG_TOKEN_BUCKET || c->alg == TG_LEAKY_BUCKET;
   tg_quota lq = {q->limit / share, q->period_ms,
@@ -368,18 +371,20 @@ static bool fallback(tg_limiter *lim, const tg__call *c, const tg_quota *q,
     *out = o.r;
   }
   out->degraded = true;
-  tg__fetch_add(&lim->fallbacks, 1);
+  bool own;
+  tg__count(tg__shard_get(lim->stats, &own), own, TG__N_FALLBACK);
   return true;
 }
 
 /* The result written when a hit fails: the policy's answer for a store
- * failure (c, the call, may be NULL when it was never built), "not allowed,
- * never" for invalid input. */
-static void failure_result(tg_limiter *lim, int rc, const tg__call *c,
+ * failure (c, the call, may be NULL when it was never built: then
+ * TG_POLICY_FALLBACK answers as TG_POLICY_FAIL_OPEN), "not allowed, never"
+ * for invalid input. */
+static void failure_result(const tg_limiter *lim, int rc, const tg__call *c,
                            const tg_quota *q, tg_result *out) {
   *out = (tg_result){0};
   out->retry_after_ms = TG_NEVER;
-  if (!lim || !q || !store_failure(rc))
+  if (!lim || !q || !tg__store_failure(rc))
     return;
   out->degraded = true;
   switch (lim->cfg.on_failure) {
@@ -412,18 +417,22 @@ int tg__limiter_answer(tg_limiter *lim, const tg__call *c, const tg_quota *q,
   } else {
     failure_result(lim, rc, c, q, out);
   }
+  tg__limiter_done(lim, rc, out, lim->shadow, c->key, c->key_len, q, c->arg,
+                   false);
   return rc;
 }
 
-int tg__limiter_prepare_hit(const tg_limiter *lim, const uint64_t *now,
-                            const void *key, size_t key_len, const tg_quota *q,
-                            uint64_t cost, tg__call *c) {
-  return prepare(lim, TG__OP_HIT, now, key, key_len, q, cost, c);
-}
-
-void tg__limiter_invalid(tg_limiter *lim, int rc, const tg_quota *q,
+void tg__limiter_failure(const tg_limiter *lim, int rc, const tg_quota *q,
                          tg_result *out) {
   failure_result(lim, rc, NULL, q, out);
+}
+
+void tg__limiter_invalid(tg_limiter *lim, int rc, const void *key,
+                         size_t key_len, const tg_quota *q, uint64_t cost,
+                         tg_result *out) {
+  failure_result(lim, rc, NULL, q, out);
+  if (lim)
+    tg__limiter_done(lim, rc, out, lim->shadow, key, key_len, q, cost, false);
 }
 
 static int hit(tg_limiter *lim, const uint64_t *now, const void *key,
@@ -432,13 +441,13 @@ static int hit(tg_limiter *lim, const uint64_t *now, const void *key,
   if (!out)
     return TG_EINVAL;
   tg__call c;
-  int rc = prepare(lim, TG__OP_HIT, now, key, key_len, q, cost, &c);
+  int rc = tg__limiter_prepare(lim, TG__OP_HIT, now, key, key_len, q, cost, &c);
   if (rc != TG_OK) {
-    failure_result(lim, rc, NULL, q, out);
+    tg__limiter_invalid(lim, rc, key, key_len, q, cost, out);
     return rc;
   }
   uint64_t when = tg__limiter_when(lim, &c);
-  if (tg__limiter_cached(lim, &c, when, out))
+  if (tg__limiter_cached(lim, &c, when, q, out))
     return TG_OK;
   tg__outcome o;
   rc = lim->store->ops->exec(lim->store, &c, &o);
@@ -480,14 +489,15 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
           hit(lim, now, it->key, it->key_len, it->q, it->cost, &it->result);
       continue;
     }
-    it->status = prepare(lim, TG__OP_HIT, now, it->key, it->key_len, it->q,
-                         it->cost, &calls[m]);
+    it->status = tg__limiter_prepare(lim, TG__OP_HIT, now, it->key, it->key_len,
+                                     it->q, it->cost, &calls[m]);
     if (it->status != TG_OK) {
-      failure_result(lim, it->status, NULL, it->q, &it->result);
+      tg__limiter_invalid(lim, it->status, it->key, it->key_len, it->q,
+                          it->cost, &it->result);
       continue;
     }
     when[m] = tg__limiter_when(lim, &calls[m]);
-    if (!tg__limiter_cached(lim, &calls[m], when[m], &it->result))
+    if (!tg__limiter_cached(lim, &calls[m], when[m], it->q, &it->result))
       pos[m++] = i;
   }
   if (together && m > 0) {
@@ -600,20 +610,42 @@ int tg_reset(tg_limiter *lim, const void *key, size_t key_len) {
   return lim->store->ops->reset(lim->store, key, key_len);
 }
 
-void tg__limiter_store_stats(const tg_limiter *lim, tg_store_stats *st) {
-  *st = (tg_store_stats){0};
-  if (lim->store && lim->store_time) /* a Redis store */
-    tg__redis_stats(lim->store, st);
-  st->deny_cache_hits = tg__load_relaxed(&lim->cache_hits);
-  st->fallback_decisions = tg__load_relaxed(&lim->fallbacks);
+void tg__limiter_done_slow(tg_limiter *lim, int rc, tg_result *r, bool shadow,
+                           const tg__decided *d) {
+  tg__limiter_done_all(lim, rc, r, shadow, d);
 }
 
-int tg_limiter_store_stats(const tg_limiter *lim, tg_store_stats *out,
-                           size_t size) {
+void tg__limiter_hook(tg_limiter *lim, tg__shard *sh, bool own, int rc,
+                      const tg_result *r, bool real_allowed,
+                      const tg__decided *d) {
+  const tg_config *cfg = &lim->cfg;
+  if (cfg->on_decision_denied_only && rc == TG_OK && real_allowed)
+    return;
+  uint64_t seq;
+  if (own) {
+    seq = tg__load_relaxed(&sh->n[TG__N_HOOK]);
+    tg__store_relaxed(&sh->n[TG__N_HOOK], seq + 1);
+  } else {
+    seq = __atomic_fetch_add(&sh->n[TG__N_HOOK], 1, __ATOMIC_RELAXED);
+  }
+  if (cfg->on_decision_every > 1 && seq % cfg->on_decision_every != 0)
+    return;
+  tg_decision ev = {d->key, d->key_len, cfg->algorithm, d->q, d->cost,
+                    rc,     r,          d->in_rules};
+  cfg->on_decision(&ev, cfg->on_decision_ctx);
+}
+
+void tg__limiter_stats_read(const tg_limiter *lim, tg_stats *st) {
+  tg__stats_read(lim->stats, st);
+  if (lim->store && lim->store_time) /* a Redis store */
+    tg__redis_stats(lim->store, st);
+}
+
+int tg_limiter_stats(const tg_limiter *lim, tg_stats *out, size_t size) {
   if (!lim || !out || size == 0)
     return TG_EINVAL;
-  tg_store_stats st;
-  tg__limiter_store_stats(lim, &st);
-  memcpy(out, &st, size < sizeof st ? size : sizeof st);
+  tg_stats all;
+  tg__limiter_stats_read(lim, &all);
+  memcpy(out, &all, size < sizeof all ? size : sizeof all);
   return TG_OK;
 }

@@ -265,8 +265,8 @@ static void slots_are_the_servers(void **state) {
     assert_int_equal(e->integer, 1);
     freeReplyObject(e);
   }
-  tg_store_stats st;
-  assert_int_equal(tg_limiter_store_stats(lim, &st, sizeof st), TG_OK);
+  tg_stats st;
+  assert_int_equal(tg_limiter_stats(lim, &st, sizeof st), TG_OK);
   assert_int_equal(st.moved, 0); /* the map was right from the start */
   assert_int_equal(st.slot_refreshes, 1);
   tg_limiter_destroy(lim);
@@ -617,8 +617,8 @@ static void reshard_while_traffic_runs(void **state) {
       ok[k] += t[i].ok[k];
       admitted[k] += t[i].admitted[k];
     }
-  tg_store_stats st;
-  assert_int_equal(tg_limiter_store_stats(lim, &st, sizeof st), TG_OK);
+  tg_stats st;
+  assert_int_equal(tg_limiter_stats(lim, &st, sizeof st), TG_OK);
   long long server_ask = errorstat_all("ASK"),
             server_moved = errorstat_all("MOVED");
   print_message("slot %u moved from %d to %d: %lld ASK and %lld MOVED "
@@ -717,13 +717,13 @@ static void nb_on_the_cluster(void **state) {
     assert_true(r && r->type != REDIS_REPLY_ERROR);
     freeReplyObject(r);
   }
-  tg_store_stats before;
+  tg_stats before;
   tg_nb_stats(nb, &before, sizeof before);
   assert_int_equal(tg_nb_submit(nb, &one), TG_OK);
   assert_int_equal(nbp_run(&d, 1, 10000, NULL, NULL), 1);
   assert_int_equal(one.status, TG_OK);
   assert_int_equal(one.result.count, 2); /* the key came along */
-  tg_store_stats st;
+  tg_stats st;
   tg_nb_stats(nb, &st, sizeof st);
   assert_int_equal(st.moved, before.moved + 1);
   nbp_close_all(&d);
@@ -853,8 +853,8 @@ static void master_killed_then_promoted(void **state) {
   assert_true(back);
   nl = name_of(prefix, "victim", 6, "fw", name);
   int promoted = master_of(keyslot(name, nl), live_port());
-  tg_store_stats st;
-  assert_int_equal(tg_limiter_store_stats(lim, &st, sizeof st), TG_OK);
+  tg_stats st;
+  assert_int_equal(tg_limiter_stats(lim, &st, sizeof st), TG_OK);
   print_message("master %d killed: %ld degraded answers for its slot over "
                 "%" PRIu64 " ms, until %d took over; meanwhile %ld exact "
                 "answers from master %d; %" PRIu64 " slot maps fetched\n",

@@ -820,9 +820,45 @@ static void integers_saturate(void **state) {
   out_free(&o);
 }
 
+/* TG.POLICY (src/command's parser, tg_hit_rules): 5 per second and 6 per
+ * minute over 20 requests 100 ms apart admit 6 and charge the minute 6;
+ * the reply is TG.HIT's six and the denying rule's index. */
+static void policy_decides_all_rules(void **state) {
+  (void)state;
+  int64_t v[7];
+  int64_t admitted = 0;
+  for (unsigned i = 0; i < 20; i++) {
+    const char *r = RUN(AT(60000 + 100 * i), "TG.POLICY s:u fixed_window 5 "
+                                             "1000 m:u fixed_window 6 60000");
+    assert_int_equal(ints(r, v, 7), 7);
+    admitted += v[0];
+    assert_int_equal(v[6], v[0] ? -1 : i < 10 ? 0 : 1);
+  }
+  assert_int_equal(admitted, 6);
+  assert_string_equal(RUN(AT(61900), "TG.GET m:u fixed_window 6 60000"),
+                      ":6\r\n");
+  /* options after any rule; "burst" and "cost" may be keys */
+  const char *r = RUN(AT(0), "TG.POLICY burst token_bucket 10 1000 BURST 20 "
+                             "COST 3 cost sliding_window 10 1000 cost 2");
+  assert_int_equal(ints(r, v, 7), 7);
+  assert_int_equal(v[0], 1);
+  assert_int_equal(v[2], 8); /* the log's 10 - 2; the bucket has 17 */
+  assert_int_equal(v[6], -1);
+  assert_non_null(strstr(RUN(AT(0), "TG.POLICY a fixed_window 1"),
+                         "wrong number of arguments"));
+  assert_non_null(strstr(RUN(AT(0), "TG.POLICY a fixed_window 1 1000 b"),
+                         "wrong number of arguments"));
+  assert_non_null(
+      strstr(RUN(AT(0), "TG.POLICY a nope 1 1000"), "unknown algorithm"));
+  assert_non_null(strstr(RUN(AT(0), "TG.POLICY a fixed_window 1 1000 "
+                                    "a fixed_window 2 1000"),
+                         "TG_EINVAL"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(hit_answers_every_field),
+      cmocka_unit_test(policy_decides_all_rules),
       cmocka_unit_test(hit_options_in_any_order_and_case),
       cmocka_unit_test(never_is_minus_one),
       cmocka_unit_test(fixed_window_counts_denied_calls),

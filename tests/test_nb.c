@@ -162,7 +162,7 @@ static void nb_config_is_validated(void **state) {
   assert_int_equal(tg_nb_closed(nb, 0, TG_EKEY), TG_EINVAL);
   assert_int_equal(tg_nb_down(nb, 0, 0), TG_EINVAL);
   assert_int_equal(tg_nb_input(nb, 0, NULL, 1), TG_EINVAL);
-  tg_store_stats st;
+  tg_stats st;
   assert_int_equal(tg_nb_stats(nb, &st, sizeof st), TG_OK);
   assert_int_equal(st.moved + st.ask + st.resent + st.deny_cache_hits, 0);
   tg_nb_destroy(nb);
@@ -424,7 +424,7 @@ static void noscript_is_resent(void **state) {
     }
     assert_true(rs_ok(c, "SCRIPT FLUSH")); /* the server forgets it */
   }
-  tg_store_stats st;
+  tg_stats st;
   tg_nb_stats(nb, &st, sizeof st);
   if (module_loaded()) {
     assert_int_equal(st.resent, 0); /* no script involved */
@@ -613,7 +613,7 @@ static void deny_cache_answers_locally(void **state) {
     assert_true(r.result.retry_after_ms > 3500000);
   }
   assert_int_equal(decisions_run(c), 0);
-  tg_store_stats st;
+  tg_stats st;
   tg_nb_stats(nb, &st, sizeof st);
   assert_int_equal(st.deny_cache_hits, 100);
   nbp_close_all(&d);
@@ -643,7 +643,7 @@ static void fallback_decides_while_down(void **state) {
     allowed += r.result.allowed;
   }
   assert_int_equal(allowed, 20 / 4); /* this host's share */
-  tg_store_stats st;
+  tg_stats st;
   tg_nb_stats(nb, &st, sizeof st);
   assert_int_equal(st.fallback_decisions, 30);
   assert_true(rs_start());

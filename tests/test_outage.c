@@ -111,8 +111,8 @@ static void config_is_validated(void **state) {
   cfg.deny_cache_entries = UINT64_C(1) << 24;
   assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
   tg_limiter_destroy(lim);
-  tg_store_stats st;
-  assert_int_equal(tg_limiter_store_stats(NULL, &st, sizeof st), TG_EINVAL);
+  tg_stats st;
+  assert_int_equal(tg_limiter_stats(NULL, &st, sizeof st), TG_EINVAL);
 }
 
 /* ---- the fallback -----------------------------------------------------------
@@ -207,8 +207,8 @@ static void fallback_shares_the_limit_while_down(void **state) {
     assert_int_equal(h[i].bad, 0);
     assert_int_equal(h[i].local, FL / HOSTS); /* at most, and exactly */
     degraded += h[i].degraded;
-    tg_store_stats st;
-    assert_int_equal(tg_limiter_store_stats(h[i].lim, &st, sizeof st), TG_OK);
+    tg_stats st;
+    assert_int_equal(tg_limiter_stats(h[i].lim, &st, sizeof st), TG_OK);
     assert_int_equal(st.fallback_decisions, (uint64_t)h[i].degraded);
   }
   assert_true(degraded > 0);
@@ -338,12 +338,12 @@ static void deny_differential(tg_algorithm alg, uint64_t seed, size_t steps) {
     uint64_t cost = below(5) == 0 ? 1 + below(cap + 1) : 1;
     if (below(30) == 0)
       cost = 0;
-    tg_store_stats before, after;
-    tg_limiter_store_stats(red, &before, sizeof before);
+    tg_stats before, after;
+    tg_limiter_stats(red, &before, sizeof before);
     tg_result a, b;
     int rm = tg_hit_at(mem, now, keys[k], 1, kq[k], cost, &a);
     int rr = tg_hit_at(red, now, keys[k], 1, kq[k], cost, &b);
-    tg_limiter_store_stats(red, &after, sizeof after);
+    tg_limiter_stats(red, &after, sizeof after);
     bool from_cache = after.deny_cache_hits != before.deny_cache_hits;
     bool ok = rm == rr && a.allowed == b.allowed && a.degraded == b.degraded;
     if (ok && from_cache) {

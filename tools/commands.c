@@ -12,6 +12,9 @@
  *   TG.SET key algorithm limit period_ms value [BURST n]     -> OK
  *   TG.EXPIRESAT key algorithm limit period_ms [BURST n]     -> ms or 0
  *   TG.RESET key [algorithm]                                 -> OK
+ *   TG.POLICY key algorithm limit period_ms [BURST n] [COST n] key ...
+ *       -> *7 TG.HIT's six for the policy, then the index of the first
+ *             rule that denied (-1: none): tg_hit_rules, all or nothing
  *
  * and what clients expect of a Redis-speaking server: AUTH, PING, ECHO,
  * QUIT, INFO, DBSIZE, SELECT 0, HELLO [2 [AUTH user pass] [SETNAME n]],
@@ -33,6 +36,7 @@
 #include "command/command.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -269,6 +273,76 @@ static void cmd_hit(const call *c) {
           : tg_hit_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.cost, &r);
   store_done(c->ctx, t.alg, t.patient, rc);
   hit_out(c->ctx, rc, &r, c->out);
+}
+
+/* TG.POLICY: the rules parsed by src/command, each checked as TG.HIT's
+ * arguments are (a limiter for its algorithm, --max-period-ms, the
+ * new-key budget), then one tg_hit_rules. */
+static void cmd_policy(const call *c) {
+  cmd_ctx *ctx = c->ctx;
+  tg__cmd_arg av[RESP_MAX_ARGS];
+  for (size_t i = 0; i < c->argc && i < RESP_MAX_ARGS; i++)
+    av[i] = (tg__cmd_arg){c->argv[i].ptr, c->argv[i].len};
+  tg__cmd cmds[TG_RULES_MAX];
+  size_t n;
+  tg__cmd_error err;
+  if (tg__cmd_parse_policy(av, c->argc, cmds, TG_RULES_MAX, &n, &err) != 0) {
+    out_error_quoted(c->out, "ERR", err.before, err.quoted, err.quoted_len,
+                     err.after);
+    return;
+  }
+  tg_rule rules[TG_RULES_MAX];
+  tg_args t[TG_RULES_MAX];
+  for (size_t i = 0; i < n; i++) {
+    const tg__cmd *cmd = &cmds[i];
+    t[i] = (tg_args){cmd->key, cmd->key_len, cmd->alg, ctx->lim[cmd->alg],
+                     true,     cmd->q,       cmd->arg, 0};
+    if (!t[i].lim) {
+      out_error(c->out, "ERR",
+                "this server holds no limiter for that algorithm");
+      return;
+    }
+    if (ctx->max_period_ms &&
+        !within_max_period(ctx->max_period_ms, cmd->alg, &cmd->q)) {
+      out_error(c->out, "ERR",
+                "a rule's period is above this server's limit "
+                "(--max-period-ms)");
+      ctx->stats.period_refused++;
+      return;
+    }
+    t[i].lim = pick(ctx, cmd->alg, &t[i].patient);
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (t[i].cost > 0 && !may_create(c, &t[i]))
+      return;
+    rules[i] =
+        (tg_rule){t[i].lim, t[i].key, t[i].key_len, &t[i].q, t[i].cost, 0, {0}};
+  }
+  tg_rules_result out;
+  int rc = ctx->store_time ? tg_hit_rules(rules, n, 0, &out)
+                           : tg_hit_rules_at(c->now_us, rules, n, 0, &out);
+  if (rc != TG_OK && out.denied_by < n)
+    store_done(ctx, t[out.denied_by].alg, t[out.denied_by].patient, rc);
+  else
+    for (size_t i = 0; i < n; i++)
+      store_done(ctx, t[i].alg, t[i].patient, TG_OK);
+  if (rc != TG_OK && !(out.r.degraded && ctx->policy != TG_POLICY_ERROR)) {
+    err_tg(c->out, rc);
+    return;
+  }
+  serve_stats *s = &ctx->stats;
+  if (out.r.allowed)
+    s->allowed++;
+  else
+    s->denied++;
+  if (out.r.degraded)
+    s->degraded++;
+  int64_t v[6];
+  tg__cmd_hit_reply(&out.r, v);
+  out_array(c->out, 7);
+  for (int i = 0; i < 6; i++)
+    out_int(c->out, v[i]);
+  out_int(c->out, out.denied_by < n ? (int64_t)out.denied_by : -1);
 }
 
 static void cmd_inc(const call *c) {
@@ -647,6 +721,31 @@ static void cmd_info(const call *c) {
     info_u64(&text, "dropped_connections", s->connections_dropped);
     info_u64(&text, "total_commands_processed", s->commands);
     info_u64(&text, "total_error_replies", s->error_replies);
+    /* each limiter's own counters (tg_limiter_stats), by algorithm */
+    for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+      tg_stats ls;
+      if (!ctx->lim[a] || tg_limiter_stats(ctx->lim[a], &ls, sizeof ls) != 0)
+        continue;
+      char k[64];
+      const char *an = tg_algorithm_name((tg_algorithm)a);
+      uint64_t errors = 0;
+      for (int e = 1; e < 32; e++)
+        errors += ls.errors[e];
+      const struct {
+        const char *what;
+        uint64_t v;
+      } rows[] = {{"allowed", ls.allowed},
+                  {"denied", ls.denied},
+                  {"shadow_denied", ls.shadow_denied},
+                  {"degraded", ls.degraded},
+                  {"table_full", ls.table_full},
+                  {"reclaimed", ls.reclaimed},
+                  {"errors", errors}};
+      for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        snprintf(k, sizeof k, "limiter_%s_%s", an, rows[r].what);
+        info_u64(&text, k, rows[r].v);
+      }
+    }
     info_u64(&text, "decisions_allowed", s->allowed);
     info_u64(&text, "decisions_denied", s->denied);
     info_u64(&text, "decisions_degraded", s->degraded);
@@ -709,6 +808,17 @@ static const command COMMANDS[] = {
      cmd_expiresat,
      CMD_KEEP},
     {"tg.reset", -2, 3, {"write", "fast", NULL}, 1, 1, 1, cmd_reset, CMD_KEEP},
+    /* keys: 1, then one every 4 words plus options; COMMAND cannot say
+     * that, so it names the first (as for TG.HIT) */
+    {"tg.policy",
+     -5,
+     ANY,
+     {"write", NULL, NULL},
+     1,
+     1,
+     1,
+     cmd_policy,
+     CMD_KEEP},
     {"ping", -1, 2, {"fast", NULL, NULL}, 0, 0, 0, cmd_ping, CMD_KEEP},
     {"auth",
      -2,
@@ -923,4 +1033,130 @@ cmd_after cmd_execute(cmd_ctx *ctx, cmd_session *cl, const resp_arg *argv,
   }
   count(ctx, out, before);
   return after;
+}
+
+/* ---- the metrics endpoint (--metrics-port) ---- */
+
+static void metric(outbuf *o, const char *name, const char *alg,
+                   const char *extra, uint64_t v) {
+  char line[256];
+  int n;
+  if (alg)
+    n = snprintf(line, sizeof line, "%s{algorithm=\"%s\"%s} %" PRIu64 "\n",
+                 name, alg, extra ? extra : "", v);
+  else
+    n = snprintf(line, sizeof line, "%s %" PRIu64 "\n", name, v);
+  if (n > 0)
+    out_raw(o, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+static void help(outbuf *o, const char *name, const char *type,
+                 const char *text) {
+  char line[256];
+  int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n", name,
+                   text, name, type);
+  if (n > 0)
+    out_raw(o, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+/* The body: one family at a time, a sample per algorithm served. */
+static void metrics_body(const cmd_ctx *ctx, outbuf *o) {
+  tg_stats st[TG_ALGORITHM_COUNT];
+  bool have[TG_ALGORITHM_COUNT];
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+    have[a] =
+        ctx->lim[a] && tg_limiter_stats(ctx->lim[a], &st[a], sizeof st[a]) == 0;
+  static const struct {
+    const char *name, *text;
+    size_t off;
+  } fam[] = {
+      {"tollgate_allowed_total", "Decisions the limit allowed.",
+       offsetof(tg_stats, allowed)},
+      {"tollgate_denied_total", "Decisions the limit denied.",
+       offsetof(tg_stats, denied)},
+      {"tollgate_shadow_denied_total",
+       "Shadow mode: let through, the limit would have denied.",
+       offsetof(tg_stats, shadow_denied)},
+      {"tollgate_degraded_total", "Answers the failure policy gave.",
+       offsetof(tg_stats, degraded)},
+      {"tollgate_table_full_total", "Decisions that found the table full.",
+       offsetof(tg_stats, table_full)},
+      {"tollgate_reclaimed_keys_total", "Keys cleaning passes reclaimed.",
+       offsetof(tg_stats, reclaimed)},
+  };
+  for (size_t f = 0; f < sizeof fam / sizeof fam[0]; f++) {
+    help(o, fam[f].name, "counter", fam[f].text);
+    for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+      uint64_t v;
+      if (!have[a])
+        continue;
+      memcpy(&v, (const char *)&st[a] + fam[f].off, sizeof v);
+      metric(o, fam[f].name, tg_algorithm_name((tg_algorithm)a), NULL, v);
+    }
+  }
+  help(o, "tollgate_errors_total", "counter",
+       "Decision calls that returned a status code, by code.");
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+    for (int e = 1; have[a] && e < 32; e++)
+      if (st[a].errors[e]) {
+        char extra[48];
+        snprintf(extra, sizeof extra, ",code=\"%s\"", tg_err_name(-e));
+        metric(o, "tollgate_errors_total", tg_algorithm_name((tg_algorithm)a),
+               extra, st[a].errors[e]);
+      }
+  help(o, "tollgate_keys", "gauge", "Keys the store holds now.");
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+    if (ctx->lim[a])
+      metric(o, "tollgate_keys", tg_algorithm_name((tg_algorithm)a), NULL,
+             tg_key_count(ctx->lim[a]));
+  const serve_stats *s = &ctx->stats;
+  help(o, "tollgate_commands_total", "counter", "Requests executed.");
+  metric(o, "tollgate_commands_total", NULL, NULL, s->commands);
+  help(o, "tollgate_connected_clients", "gauge", "Connections open now.");
+  metric(o, "tollgate_connected_clients", NULL, NULL, s->clients);
+  help(o, "tollgate_connections_received_total", "counter",
+       "Connections accepted.");
+  metric(o, "tollgate_connections_received_total", NULL, NULL,
+         s->connections_received);
+}
+
+static void http_reply(outbuf *o, const char *status, const char *type,
+                       const outbuf *body, bool head) {
+  char h[256];
+  int n = snprintf(h, sizeof h,
+                   "HTTP/1.1 %s\r\nContent-Type: %s\r\n"
+                   "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                   status, type, body ? body->len : 0);
+  if (n > 0)
+    out_raw(o, h, (size_t)n);
+  if (body && !head)
+    out_raw(o, body->data, body->len);
+}
+
+void cmd_metrics(const cmd_ctx *ctx, const char *req, size_t len, bool whole,
+                 outbuf *out) {
+  (void)len;
+  bool get = strncmp(req, "GET ", 4) == 0, head = strncmp(req, "HEAD ", 5) == 0;
+  const char *path = get ? req + 4 : head ? req + 5 : NULL;
+  if (!whole) {
+    http_reply(out, "400 Bad Request", "text/plain", NULL, false);
+    return;
+  }
+  if (!path) {
+    http_reply(out, "405 Method Not Allowed", "text/plain", NULL, false);
+    return;
+  }
+  size_t plen = strcspn(path, " ?\r\n");
+  if (plen != 8 || strncmp(path, "/metrics", 8) != 0) {
+    http_reply(out, "404 Not Found", "text/plain", NULL, head);
+    return;
+  }
+  outbuf body = {0};
+  metrics_body(ctx, &body);
+  if (body.failed)
+    http_reply(out, "500 Internal Server Error", "text/plain", NULL, head);
+  else
+    http_reply(out, "200 OK", "text/plain; version=0.0.4; charset=utf-8", &body,
+               head);
+  out_free(&body);
 }

@@ -144,6 +144,14 @@ cmd_after cmd_execute_batch(cmd_ctx *ctx, cmd_session *cl,
                             const resp_request *reqs, size_t n, uint64_t now_us,
                             outbuf *out);
 
+/* Answers one HTTP request head req[0..len) (NUL-terminated; whole: its
+ * blank line arrived) of the metrics endpoint: GET or HEAD /metrics gets
+ * every limiter's counters (tg_limiter_stats) and the server's in the
+ * Prometheus text format (version 0.0.4); anything else 400, 404 or 405.
+ * Appends the whole response (Connection: close) to out. */
+void cmd_metrics(const cmd_ctx *ctx, const char *req, size_t len, bool whole,
+                 outbuf *out);
+
 /* Parses an algorithm name as tg_algorithm_name spells it, in any case.
  * Returns 0 and sets *alg, or -1. */
 int cmd_parse_algorithm(const char *p, size_t len, tg_algorithm *alg);

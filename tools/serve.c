@@ -86,6 +86,10 @@ static void usage(FILE *f) {
           "  TG.SET key algorithm limit period_ms value [BURST n]  -> OK\n"
           "  TG.EXPIRESAT key algorithm limit period_ms [BURST n]  -> ms or 0\n"
           "  TG.RESET key [algorithm]                              -> OK\n"
+          "  TG.POLICY key algorithm limit period_ms [BURST n] [COST n] "
+          "key ...\n"
+          "      -> TG.HIT's six for all the rules at once, then the index of\n"
+          "         the rule that denied (-1: none)\n"
           "  AUTH, PING, ECHO, INFO, DBSIZE, QUIT, HELLO 2, COMMAND, CLIENT,\n"
           "  SELECT 0\n"
           "algorithm: fixed_window, fixed_window_per_key, sliding_window,\n"
@@ -107,6 +111,10 @@ static void usage(FILE *f) {
       "  --unix-mode MODE        its permissions, octal (default 0600: this\n"
       "                          user only; 0660: the group too)\n"
       "  --no-tcp                listen on the unix socket only\n"
+      "  --metrics-port N        also serve Prometheus metrics over plain\n"
+      "                          HTTP, GET /metrics, on --bind's first "
+      "address\n"
+      "                          (0: any free port, printed when ready)\n"
       "  --requirepass PASSWORD  clients must AUTH PASSWORD (or AUTH default\n"
       "                          PASSWORD) first, as with Redis. Better from\n"
       "                          the environment: TOLLGATE_REQUIREPASS (a\n"
@@ -246,6 +254,10 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
       if (r < 0 || opt_u64("serve", "--port", val, 0, 65535, &v) != 0)
         return -1;
       o->srv.port = (int)v;
+    } else if (OPT("--metrics-port")) {
+      if (r < 0 || opt_u64("serve", "--metrics-port", val, 0, 65535, &v) != 0)
+        return -1;
+      o->srv.metrics_port = (int)v;
     } else if (OPT("--bind")) {
       if (r < 0)
         return -1;
@@ -550,7 +562,8 @@ int cmd_serve(int argc, char **argv) {
               .max_clients = 10000,
               .idle_timeout_ms = 300000,
               .request_timeout_ms = 10000,
-              .shutdown_grace_ms = 2000},
+              .shutdown_grace_ms = 2000,
+              .metrics_port = -1},
       .store = STORE_MEMORY,
       .shm = NULL,
       .capacity = 65536,

@@ -77,6 +77,8 @@ typedef struct conn {
   bool closing;              /* read no more; close once out is sent */
   bool held;                 /* whole requests wait in `in`: replies hit
                                 SERVER_OUT_HIGH before they could run */
+  bool http;                 /* a metrics client: one HTTP request, one
+                                response, then close */
   uint32_t events;           /* epoll interest registered now */
   struct conn *prev, *next;  /* every open connection */
 } conn;
@@ -85,7 +87,7 @@ typedef struct server {
   const server_config *cfg;
   cmd_ctx *ctx;
   int ep;
-  item tcp[MAX_TCP], unix_sock, sig;
+  item tcp[MAX_TCP], unix_sock, sig, metrics;
   int ntcp;
   char tcp_addr[MAX_TCP][INET6_ADDRSTRLEN]; /* numeric, for the log */
   bool unix_ours; /* unix_path is the socket this server bound, whose */
@@ -341,8 +343,47 @@ static int conn_process(server *s, conn *c) {
   return send_shared(s, c);
 }
 
+/* A metrics client's bytes: the request head is gathered in c->in (at
+ * most HTTP_HEAD_MAX bytes), then answered by cmd_metrics and the
+ * connection closed once the response is sent. The request timeout and
+ * idle sweep apply as to any connection. */
+#define HTTP_HEAD_MAX 8192u
+
+static int http_readable(server *s, conn *c) {
+  if (!c->in) {
+    c->in = malloc(HTTP_HEAD_MAX + 1);
+    if (!c->in) {
+      conn_close(s, c, true);
+      return -1;
+    }
+    c->in_cap = HTTP_HEAD_MAX;
+  }
+  ssize_t n = read(c->it.fd, c->in + c->in_len, c->in_cap - c->in_len);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    return 0;
+  if (n <= 0) {
+    conn_close(s, c, false);
+    return -1;
+  }
+  c->last_active_ms = s->now_ms;
+  c->in_len += (size_t)n;
+  c->in[c->in_len] = '\0';
+  bool whole = strstr(c->in, "\r\n\r\n") || strstr(c->in, "\n\n");
+  if (!whole && c->in_len < c->in_cap) {
+    if (c->partial_since_ms == 0)
+      c->partial_since_ms = s->now_ms;
+    return 0;
+  }
+  cmd_metrics(s->ctx, c->in, c->in_len, whole, &c->out);
+  c->closing = true;
+  c->partial_since_ms = 0;
+  return conn_flush(s, c);
+}
+
 /* Reads what has arrived and runs it. Returns -1 if c was closed. */
 static int conn_readable(server *s, conn *c) {
+  if (c->http)
+    return http_readable(s, c);
   bool own = c->in_len > 0;
   char *dst = s->scratch;
   size_t room = RESP_MAX_REQUEST;
@@ -498,6 +539,7 @@ static void on_accept(server *s, item *l) {
     }
     c->it.kind = ITEM_CONN;
     c->it.fd = fd;
+    c->http = l == &s->metrics;
     c->cl.id = ++s->next_id;
     c->cl.authenticated = !s->ctx->pass_set;
     if (s->ctx->new_keys)
@@ -573,6 +615,7 @@ static void close_listeners(server *s) {
   for (int i = 0; i < s->ntcp; i++)
     close_listener(s, &s->tcp[i]);
   close_listener(s, &s->unix_sock);
+  close_listener(s, &s->metrics);
   unlink_own_socket(s);
 }
 
@@ -721,6 +764,50 @@ static int listen_tcp(server *s) {
                 : "Anyone who can connect can spend, change and reset every "
                   "limit: set a password (TOLLGATE_REQUIREPASS) and "
                   "firewall the port.");
+  return 0;
+}
+
+/* The metrics listener: bind_addr's first address, at metrics_port. */
+static int listen_metrics(server *s) {
+  const server_config *cfg = s->cfg;
+  char port[16];
+  snprintf(port, sizeof port, "%d", cfg->metrics_port);
+  struct addrinfo hints = {0}, *res = NULL;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  int rc = getaddrinfo(cfg->bind_addr, port, &hints, &res);
+  if (rc != 0) {
+    fprintf(stderr, "tollgate serve: metrics: --bind '%s': %s\n",
+            cfg->bind_addr, gai_strerror(rc));
+    return -1;
+  }
+  int fd = listen_one(res, false);
+  char text[INET6_ADDRSTRLEN] = "?";
+  getnameinfo(res->ai_addr, res->ai_addrlen, text, sizeof text, NULL, 0,
+              NI_NUMERICHOST);
+  freeaddrinfo(res);
+  if (fd < 0) {
+    fprintf(stderr,
+            "tollgate serve: cannot listen for metrics on %s port %d: "
+            "%s\n",
+            text, cfg->metrics_port, strerror(errno));
+    return -1;
+  }
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  int bound = cfg->metrics_port;
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+    bound =
+        ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                       : ((struct sockaddr_in *)&ss)->sin_port);
+  s->metrics.kind = ITEM_LISTENER;
+  s->metrics.fd = fd;
+  if (watch(s, &s->metrics, EPOLLIN, EPOLL_CTL_ADD) != 0)
+    return -1;
+  printf("tollgate serve: metrics on http://%s%s%s:%d/metrics\n",
+         strchr(text, ':') ? "[" : "", text, strchr(text, ':') ? "]" : "",
+         bound);
   return 0;
 }
 
@@ -875,6 +962,8 @@ static int setup(server *s) {
     return -1;
   if (s->cfg->unix_path && listen_unix(s) != 0)
     return -1;
+  if (s->cfg->metrics_port >= 0 && listen_metrics(s) != 0)
+    return -1;
   return 0;
 }
 
@@ -906,7 +995,7 @@ int server_run(const server_config *cfg, cmd_ctx *ctx) {
       .cfg = cfg, .ctx = ctx, .ep = -1, .sig_write_fd = -1, .spare_fd = -1};
   for (int i = 0; i < MAX_TCP; i++)
     s.tcp[i].fd = -1;
-  s.unix_sock.fd = s.sig.fd = -1;
+  s.unix_sock.fd = s.sig.fd = s.metrics.fd = -1;
   ctx->tcp_port = -1;
   ctx->unix_path = cfg->unix_path;
   ctx->max_clients = cfg->max_clients;

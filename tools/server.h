@@ -31,6 +31,9 @@ typedef struct server_config {
                                   0: never */
   uint64_t shutdown_grace_ms;  /* on SIGTERM/SIGINT, how long to go on
                                   sending replies already computed */
+  int metrics_port;            /* Prometheus text on plain HTTP, GET
+                                  /metrics, on bind_addr's first address at
+                                  this port (0: any free port); -1: none */
 } server_config;
 
 /* Listens as configured, prints "tollgate serve: ready" (after one

@@ -148,6 +148,53 @@ int tg__cmd_parse(tg__cmd_id id, const tg__cmd_arg *argv, size_t argc,
   return 0;
 }
 
+int tg__cmd_parse_policy(const tg__cmd_arg *argv, size_t argc, tg__cmd *rules,
+                         size_t cap, size_t *n, tg__cmd_error *err) {
+  static const char name[] = "tg.policy";
+  *n = 0;
+  size_t i = 1;
+  if (argc < 5) {
+    *err = (tg__cmd_error){"wrong number of arguments for '", name,
+                           sizeof name - 1, "' command"};
+    return -1;
+  }
+  while (i < argc) {
+    if (*n == cap)
+      return fail(err, "too many rules in one policy");
+    if (argc - i < 4) {
+      *err = (tg__cmd_error){"wrong number of arguments for '", name,
+                             sizeof name - 1, "' command"};
+      return -1;
+    }
+    tg__cmd *c = &rules[(*n)++];
+    *c = (tg__cmd){.id = TG__CMD_HIT,
+                   .op = TG__OP_HIT,
+                   .key = argv[i].ptr,
+                   .key_len = argv[i].len,
+                   .arg = 1};
+    if (tg__cmd_parse_algorithm(argv[i + 1].ptr, argv[i + 1].len, &c->alg) != 0)
+      return fail_algorithm(err, &argv[i + 1],
+                            "' (fixed_window, fixed_window_per_key, "
+                            "sliding_window, token_bucket, leaky_bucket)");
+    if (!parse_u63(&argv[i + 2], &c->q.limit) ||
+        !parse_u63(&argv[i + 3], &c->q.period_ms))
+      return fail_int(err);
+    i += 4;
+    /* options while the word is one followed by an integer */
+    uint64_t v;
+    while (i + 1 < argc && parse_u63(&argv[i + 1], &v) &&
+           (is_word(argv[i].ptr, argv[i].len, "burst") ||
+            is_word(argv[i].ptr, argv[i].len, "cost"))) {
+      if (is_word(argv[i].ptr, argv[i].len, "burst"))
+        c->q.burst = v;
+      else
+        c->arg = v;
+      i += 2;
+    }
+  }
+  return 0;
+}
+
 /* Appends n bytes of p to buf[*len..cap - 1), CR and LF as spaces. */
 static void put(char *buf, size_t cap, size_t *len, const char *p, size_t n) {
   for (size_t i = 0; i < n && *len + 1 < cap; i++) {
@@ -187,4 +234,38 @@ void tg__cmd_hit_reply(const tg_result *r, int64_t out[6]) {
   out[3] = r->retry_after_ms == TG_NEVER ? -1 : tg__cmd_int(r->retry_after_ms);
   out[4] = tg__cmd_int(r->reset_after_ms);
   out[5] = r->degraded ? 1 : 0;
+}
+
+void tg__cmd_policy_reply(const tg__outcome *checks, size_t n, bool passed,
+                          int64_t out[7]) {
+  tg_result r = {0};
+  r.allowed = passed;
+  r.remaining = UINT64_MAX;
+  size_t denied_by = n, tightest = 0;
+  for (size_t i = 0; i < n; i++) {
+    /* a rule's answer: as consumed when the call passed, else its verdict
+     * and wait with the key's numbers left as they were */
+    tg_result x = checks[i].r;
+    if (!passed) {
+      x = checks[i].peek;
+      x.allowed = checks[i].r.allowed;
+      x.retry_after_ms = x.allowed ? 0 : checks[i].r.retry_after_ms;
+    }
+    if (!x.allowed) {
+      if (denied_by == n)
+        denied_by = i;
+      if (x.retry_after_ms > r.retry_after_ms)
+        r.retry_after_ms = x.retry_after_ms;
+    }
+    if (x.remaining < r.remaining) {
+      r.remaining = x.remaining;
+      tightest = i;
+      r.count = x.count;
+    }
+    if (x.reset_after_ms > r.reset_after_ms)
+      r.reset_after_ms = x.reset_after_ms;
+  }
+  (void)tightest;
+  tg__cmd_hit_reply(&r, out);
+  out[6] = denied_by < n ? (int64_t)denied_by : -1;
 }

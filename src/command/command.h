@@ -13,6 +13,8 @@
  *   TG.SET key algorithm limit period_ms value [BURST n]     -> OK
  *   TG.EXPIRESAT key algorithm limit period_ms [BURST n]     -> ms or 0
  *   TG.RESET key [algorithm]                                 -> OK
+ *   TG.POLICY key algorithm limit period_ms [BURST n] [COST n] key ...
+ *       -> TG.HIT's six, then the denying rule's index (-1: none)
  *
  * Integers in requests are decimal, 0..2^63-1 (RESP integers are signed);
  * replies saturate at 2^63-1. A malformed request is an "ERR ..." error; a
@@ -92,6 +94,24 @@ int tg__cmd_parse_algorithm(const char *p, size_t len, tg_algorithm *alg);
  * algorithm, the numbers, the options, in the order they appear). */
 int tg__cmd_parse(tg__cmd_id id, const tg__cmd_arg *argv, size_t argc,
                   tg__cmd *cmd, tg__cmd_error *err);
+
+/* TG.POLICY key algorithm limit period_ms [BURST n] [COST n] key ...: one
+ * decision on several rules (tg_hit_rules), each parsed as TG.HIT's
+ * arguments into rules[0..*n) (at most cap, TG_RULES_MAX by the library's
+ * bound). A rule ends where the next word is not BURST or COST followed by
+ * an integer (an algorithm name is never an integer, so a key named
+ * "burst" or "cost" is still a key). Reply: TG.HIT's six integers for the
+ * whole policy, then the index of the first rule that denied, or -1.
+ * Returns 0 or -1 with *err filled. */
+int tg__cmd_parse_policy(const tg__cmd_arg *argv, size_t argc, tg__cmd *rules,
+                         size_t cap, size_t *n, tg__cmd_error *err);
+
+/* TG.POLICY's seven reply integers from each rule's CHECK outcome (r as
+ * if consumed, peek as left), for a policy that passed (every rule
+ * consumed) or not: the answer tg_hit_rules gives, for the module, which
+ * decides on the core alone. */
+void tg__cmd_policy_reply(const tg__outcome *checks, size_t n, bool passed,
+                          int64_t out[7]);
 
 /* Writes the error's reply text ("ERR ...", no CR or LF: they become
  * spaces) into buf, at most cap - 1 bytes and a NUL; returns the length. */

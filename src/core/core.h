@@ -28,6 +28,17 @@ typedef enum tg__op {
   TG__OP_GET,
   TG__OP_SET,
   TG__OP_EXPIRES,
+  /* A policy's rule (tg_hit_rules): */
+  TG__OP_CHECK, /* what TAKE would answer; the store writes nothing and
+                   records in c->tok the state it saw */
+  TG__OP_TAKE,  /* a hit that consumes only when allowed: a denied TAKE
+                   writes nothing, windows included; the store records in
+                   c->tok what it consumed */
+  /* Reservations (the buckets, tg_reserve): */
+  TG__OP_RESERVE, /* a hit admitted up to c->wait_ns late: value = delay */
+  /* Giving back what c->tok records (cost c->arg): */
+  TG__OP_UNDO,   /* a TAKE of a policy that was then denied */
+  TG__OP_CANCEL, /* a RESERVE that will not be used */
   TG__OP_COUNT_
 } tg__op;
 
@@ -72,6 +83,35 @@ static inline tg__entry *tg__log_at(const tg__log *log, uint32_t i) {
   return &log->e[j >= log->cap ? j - log->cap : j];
 }
 
+/* What a policy's CHECK hands its TAKE, and what a TAKE or RESERVE hands
+ * the UNDO or CANCEL that may give it back. The store fills it; the
+ * limiter only carries it (and tg_reservation keeps the receipt part). */
+typedef struct tg__token {
+  /* CHECK -> TAKE: the state the check saw, in the store's own words, so
+   * the TAKE can compare-and-swap from it without reading it again */
+  bool seen_ok;     /* seen[] is valid */
+  bool seen_absent; /* the key was absent */
+  uint64_t seen[2];
+  uint64_t where[2]; /* where the store found the key (table: the slot and
+                        its ctrl word), so the TAKE need not look again */
+  bool next_ok;      /* next[] is the state a TAKE writes over seen[] (the
+                        check ran the same step): a TAKE that finds seen[]
+                        unchanged publishes it without stepping again, and
+                        then sets `reused`: its answer is the CHECK's */
+  bool reused;
+  uint64_t next[2];
+  /* TAKE, RESERVE -> UNDO, CANCEL: the consumption */
+  bool taken;        /* something was consumed (else there is nothing to
+                        give back) */
+  uint64_t gen;      /* the store's incarnation of the key (table: the slot's
+                        generation), so a reset or reclaimed key is left
+                        alone */
+  tg__state before;  /* windows, buckets: the state consumed from */
+  tg__state after;   /* and the state written */
+  uint64_t entry_us; /* sliding: the time of the entry that got the cost */
+  uint64_t now_us;   /* the time of the consumption */
+} tg__token;
+
 /* What one call asks of the store. */
 typedef struct tg__call {
   tg__op op;
@@ -79,17 +119,29 @@ typedef struct tg__call {
   const void *key;
   size_t key_len;
   tg__quota q;
-  uint64_t arg;    /* cost (hit, inc) or value (set) */
-  uint64_t now_us; /* already range-checked */
-  bool store_time; /* the store reads its own clock (the Redis server's
-                      TIME): now_us is 0 until the store sets it */
+  uint64_t arg;     /* cost (hit, inc) or value (set) */
+  uint64_t now_us;  /* already range-checked */
+  bool store_time;  /* the store reads its own clock (the Redis server's
+                       TIME): now_us is 0 until the store sets it */
+  uint64_t wait_ns; /* RESERVE: the longest delay accepted, ns */
+  tg__token *tok;   /* CHECK, TAKE, RESERVE, UNDO, CANCEL: in and out
+                       (NULL for the other operations) */
 } tg__call;
 
 /* What one call answers. */
 typedef struct tg__outcome {
-  tg_result r;    /* hit */
-  uint64_t value; /* inc: new count; get: value; expires: absolute ms */
+  tg_result r;    /* hit, check, take, reserve */
+  uint64_t value; /* inc: new count; get: value; expires: absolute ms;
+                     reserve: the delay, ns */
+  tg_result peek; /* check: the key's numbers left as they are (what a
+                     cost-0 call would report), for a policy denied by
+                     another rule */
 } tg__outcome;
+
+/* The longest wait a reservation may accept, ns: TG_PERIOD_MAX_MS. A TAT
+ * then stays below TG_NOW_MAX_US in ns + TG_TOLERANCE_MAX_NS + this (1.4e19
+ * ns), and every step's sums below 2^64. */
+#define TG__WAIT_MAX_NS (TG_PERIOD_MAX_MS * UINT64_C(1000000))
 
 /* Validates *q for alg and fills *out. TG_EQUOTA when limit or period is 0,
  * the period is above TG_PERIOD_MAX_MS, or (buckets) the rate is above one
@@ -153,6 +205,18 @@ int tg__log_decide(const tg__call *c, tg__log *log, tg__log_view *v,
 /* tg__log_decide then tg__log_report: one call on a log held here. */
 int tg__log_step(const tg__call *c, tg__log *log, tg__outcome *o,
                  bool *changed);
+
+/* CHECK on a log: what TAKE would decide, reading the log without
+ * changing it (expired entries are skipped, not dropped). */
+int tg__log_check(const tg__call *c, const tg__log *log, tg__log_view *v);
+
+/* UNDO: takes cost back from the entry that received it, the first entry
+ * at or after entry_us (a later merge may have moved it there), unless that
+ * entry may be another call's (entry_us has expired under period_us at
+ * now_us); an entry left with no cost is removed. Returns whether the log
+ * changed. */
+bool tg__log_undo(tg__log *log, uint64_t entry_us, uint64_t cost,
+                  uint64_t period_us, uint64_t now_us);
 
 /* True when a sliding-log hit of cost c->arg fits beside live costs sum. */
 bool tg__log_allows(const tg__call *c, uint64_t sum);
@@ -239,6 +303,7 @@ static inline void tg__result_set(tg_result *r, bool allowed, uint64_t count,
                                   uint64_t reset_ms) {
   r->allowed = allowed;
   r->degraded = false;
+  r->shadow_denied = false;
   r->count = count;
   r->remaining = remaining;
   r->retry_after_ms = allowed ? 0 : retry_ms;

@@ -33,6 +33,82 @@ static uint64_t report(const tg__call *c, uint64_t d) {
   return c->alg == TG_TOKEN_BUCKET ? tokens(&c->q, d) : level(&c->q, d);
 }
 
+/* UNDO and CANCEL: takes the consumption c->tok records (TAT0 -> TAT1 at
+ * now1) back out of the current TAT, as far as that is safe.
+ *
+ * A bucket keeps one number, so what later calls did is not known. Removing
+ * the consumption from the history can lower the final TAT by at most
+ * TAT1 - max(TAT0, N), where N is the latest now of any call since (the
+ * bucket would have refilled up to N anyway): that is the refund, with N =
+ * max(now1, the undo's now). A TAKE given back (a policy that was denied)
+ * takes that. A reservation cancelled also must not move reservations made
+ * after it, which were promised their times: it gives back only the part of
+ * its own span cost * T that none of them was scheduled behind, cur - TAT1
+ * being what they consumed (nothing when cur < TAT1: the key was set,
+ * reset or given back meanwhile, and what is safe is unknown). */
+static void give_back(const tg__call *c, tg__state *st, bool *changed) {
+  const tg__token *k = c->tok;
+  if (!k || !k->taken || c->arg == 0)
+    return;
+  uint64_t tat0 = k->before.a, tat1 = k->after.a, cur = st->a;
+  uint64_t now1 = k->now_us * 1000;
+  uint64_t n = c->now_us * 1000 > now1 ? c->now_us * 1000 : now1;
+  uint64_t floor_n = tat0 > n ? tat0 : n;
+  if (tat1 <= floor_n)
+    return; /* the bucket has refilled past it: nothing left to give */
+  uint64_t give = tat1 - floor_n;
+  if (c->op == TG__OP_CANCEL) {
+    uint64_t span = tat1 - (tat0 > now1 ? tat0 : now1); /* cost * T */
+    if (cur < tat1 || cur - tat1 >= span)
+      return;
+    uint64_t free_part = span - (cur - tat1);
+    if (give > free_part)
+      give = free_part;
+  }
+  uint64_t next = cur > give ? cur - give : 0;
+  if (next == cur)
+    return;
+  st->a = next;
+  st->b = 0;
+  *changed = true;
+}
+
+/* CHECK, TAKE, RESERVE: a hit (a CHECK reports the consumed state without
+ * it being published), a reservation accepted up to c->wait_ns late
+ * (<= TG__WAIT_MAX_NS: with tau and the TAT bounds every sum stays below
+ * 2^64), its delay in o->value. d is the debt at now. */
+static int take(const tg__call *c, tg__state *st, uint64_t d, tg__outcome *o,
+                bool *changed) {
+  const tg__quota *q = &c->q;
+  uint64_t now = c->now_us * 1000;
+  uint64_t cost = c->arg;
+  uint64_t late = c->op == TG__OP_RESERVE ? c->wait_ns : 0;
+  if (c->op == TG__OP_CHECK)
+    tg__result_set(&o->peek, d <= q->tau_ns, report(c, d), tokens(q, d), 0,
+                   tg__div_ceil(d, NS_PER_MS));
+  if (c->op == TG__OP_RESERVE)
+    o->value = 0;
+  if (cost > q->burst) {
+    tg__result_set(&o->r, false, report(c, d), tokens(q, d), TG_NEVER,
+                   tg__div_ceil(d, NS_PER_MS));
+    return TG_OK;
+  }
+  uint64_t d2 = d + cost * q->t_ns;
+  bool allowed = d2 <= q->tau_ns + late;
+  if (allowed && cost > 0) {
+    st->a = now + d2;
+    st->b = 0;
+    *changed = true;
+  }
+  if (allowed && c->op == TG__OP_RESERVE && d2 > q->tau_ns)
+    o->value = d2 - q->tau_ns;
+  uint64_t after = allowed ? d2 : d;
+  tg__result_set(&o->r, allowed, report(c, after), tokens(q, after),
+                 allowed ? 0 : tg__div_ceil(d2 - q->tau_ns - late, NS_PER_MS),
+                 tg__div_ceil(after, NS_PER_MS));
+  return TG_OK;
+}
+
 int tg__gcra_step(const tg__call *c, tg__state *st, tg__outcome *o,
                   bool *changed) {
   const tg__quota *q = &c->q;
@@ -42,6 +118,8 @@ int tg__gcra_step(const tg__call *c, tg__state *st, tg__outcome *o,
   *changed = false;
   switch (c->op) {
   case TG__OP_HIT: {
+    /* kept apart from the policy operations below: a plain decision runs
+     * exactly this */
     uint64_t cost = c->arg;
     if (cost > q->burst) {
       tg__result_set(&o->r, false, report(c, d), tokens(q, d), TG_NEVER,
@@ -61,6 +139,14 @@ int tg__gcra_step(const tg__call *c, tg__state *st, tg__outcome *o,
                    tg__div_ceil(after, NS_PER_MS));
     return TG_OK;
   }
+  case TG__OP_CHECK:
+  case TG__OP_TAKE:
+  case TG__OP_RESERVE:
+    return take(c, st, d, o, changed);
+  case TG__OP_UNDO:
+  case TG__OP_CANCEL:
+    give_back(c, st, changed);
+    return TG_OK;
   case TG__OP_GET:
     o->value = report(c, d);
     return TG_OK;

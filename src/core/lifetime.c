@@ -42,17 +42,25 @@ uint64_t tg__state_ttl_ms(tg_algorithm alg, const tg__state *st,
 
 bool tg__call_writes(const tg__call *c) {
   uint64_t arg = c->arg;
+  if (c->op == TG__OP_CHECK)
+    return false;
+  if (c->op == TG__OP_UNDO || c->op == TG__OP_CANCEL)
+    return arg > 0 && tg__op_supported(c->alg, c->op);
   switch (c->alg) {
   case TG_FIXED_WINDOW:
   case TG_FIXED_WINDOW_PER_KEY:
     /* a count of 0 added changes nothing; a set always re-stores */
     return c->op == TG__OP_SET ||
-           ((c->op == TG__OP_HIT || c->op == TG__OP_INC) && arg > 0);
+           ((c->op == TG__OP_HIT || c->op == TG__OP_INC ||
+             c->op == TG__OP_TAKE) &&
+            arg > 0);
   case TG_TOKEN_BUCKET:
   case TG_LEAKY_BUCKET:
     /* a cost or a value above the burst is refused before any change */
     return (c->op == TG__OP_SET && arg <= c->q.burst) ||
-           (c->op == TG__OP_HIT && arg > 0 && arg <= c->q.burst);
+           ((c->op == TG__OP_HIT || c->op == TG__OP_TAKE ||
+             c->op == TG__OP_RESERVE) &&
+            arg > 0 && arg <= c->q.burst);
   case TG_SLIDING_WINDOW:
     /* every call drops the entries that expired under its period; that is
      * a change of state, since a later call with a longer period (a key

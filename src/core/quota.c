@@ -34,11 +34,19 @@ int tg__quota_prepare(tg__quota *out, const tg_quota *q, tg_algorithm alg) {
 }
 
 bool tg__op_supported(tg_algorithm alg, tg__op op) {
+  if (op == TG__OP_HIT) /* every decision asks: first, alone */
+    return true;
   switch (op) {
   case TG__OP_HIT:
   case TG__OP_GET:
   case TG__OP_EXPIRES:
+  case TG__OP_CHECK:
+  case TG__OP_TAKE:
+  case TG__OP_UNDO:
     return true;
+  case TG__OP_RESERVE:
+  case TG__OP_CANCEL:
+    return alg == TG_TOKEN_BUCKET || alg == TG_LEAKY_BUCKET;
   case TG__OP_INC:
     return alg == TG_FIXED_WINDOW || alg == TG_FIXED_WINDOW_PER_KEY;
   case TG__OP_SET:

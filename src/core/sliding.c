@@ -78,7 +78,9 @@ bool tg__log_allows(const tg__call *c, uint64_t sum) {
 int tg__log_report(const tg__call *c, const tg__log_view *v, tg__outcome *o) {
   uint64_t now = c->now_us, period = c->q.period_us, limit = c->q.limit;
   switch (c->op) {
-  case TG__OP_HIT: {
+  case TG__OP_HIT:
+  case TG__OP_TAKE:
+  case TG__OP_CHECK: {
     uint64_t cost = c->arg;
     bool allowed = tg__log_allows(c, v->sum);
     uint64_t retry = 0;
@@ -87,8 +89,21 @@ int tg__log_report(const tg__call *c, const tg__log_view *v, tg__outcome *o) {
                   ? tg__ms_until(v->wait_us + period, now)
                   : TG_NEVER;
     uint64_t count = allowed ? v->sum + cost : v->sum;
-    uint64_t reset =
-        v->has_newest ? tg__ms_until(v->newest_us + period, now) : 0;
+    bool has_newest = v->has_newest;
+    uint64_t newest = v->newest_us;
+    if (c->op == TG__OP_CHECK) {
+      /* the view is of the log before the call: report it as the peek,
+       * and the result as if the cost had been appended (at now, or
+       * merged into a newer entry) */
+      uint64_t r0 = has_newest ? tg__ms_until(newest + period, now) : 0;
+      tg__result_set(&o->peek, v->sum <= limit, v->sum,
+                     v->sum < limit ? limit - v->sum : 0, 0, r0);
+      if (allowed && cost > 0) {
+        newest = has_newest && newest > now ? newest : now;
+        has_newest = true;
+      }
+    }
+    uint64_t reset = has_newest ? tg__ms_until(newest + period, now) : 0;
     tg__result_set(&o->r, allowed, count, count < limit ? limit - count : 0,
                    retry, reset);
     return TG_OK;
@@ -101,20 +116,66 @@ int tg__log_report(const tg__call *c, const tg__log_view *v, tg__outcome *o) {
     return TG_OK;
   case TG__OP_INC:
   case TG__OP_SET:
+  case TG__OP_RESERVE:
+  case TG__OP_UNDO:
+  case TG__OP_CANCEL:
   case TG__OP_COUNT_:
     break;
   }
   return TG_ENOTSUP;
 }
 
+int tg__log_check(const tg__call *c, const tg__log *log, tg__log_view *v) {
+  /* a copy of the ring's bookkeeping: pruning it moves head, n and sum of
+   * the copy only, never an entry */
+  tg__log lg = *log;
+  tg__log_prune(&lg, c->q.period_us, c->now_us);
+  *v = (tg__log_view){lg.sum, false, 0, false, 0};
+  uint64_t cost = c->arg, limit = c->q.limit;
+  if (!tg__log_allows(c, v->sum) && cost <= limit)
+    v->has_wait = wait_entry(&lg, v->sum - (limit - cost), &v->wait_us);
+  if (lg.n > 0) {
+    v->has_newest = true;
+    v->newest_us = tg__log_at(&lg, lg.n - 1)->t_us;
+  }
+  return TG_OK;
+}
+
+bool tg__log_undo(tg__log *log, uint64_t entry_us, uint64_t cost,
+                  uint64_t period_us, uint64_t now_us) {
+  /* the cost sits in the first entry at or after entry_us: a merge only
+   * ever moves the newest entry's time forward, and entries after it were
+   * appended later */
+  uint32_t i = log->n;
+  while (i > 0 && tg__log_at(log, i - 1)->t_us >= entry_us)
+    i--;
+  if (i == log->n || cost == 0)
+    return false; /* expired and pruned: nothing counts it any more */
+  tg__entry *e = tg__log_at(log, i);
+  bool expired = now_us >= entry_us && now_us - entry_us >= period_us;
+  if (e->t_us != entry_us && expired)
+    return false; /* ours expired; this later entry may be another call's */
+  uint64_t take = e->cost < cost ? e->cost : cost;
+  e->cost -= take;
+  log->sum = log->sum >= take ? log->sum - take : 0;
+  if (e->cost == 0) {
+    /* remove it: later entries move down one place (usually none) */
+    for (uint32_t j = i; j + 1 < log->n; j++)
+      *tg__log_at(log, j) = *tg__log_at(log, j + 1);
+    log->n--;
+  }
+  return true;
+}
+
 int tg__log_decide(const tg__call *c, tg__log *log, tg__log_view *v,
                    bool *changed) {
   *changed = false;
-  if (c->op != TG__OP_HIT && c->op != TG__OP_GET && c->op != TG__OP_EXPIRES)
+  if (c->op != TG__OP_HIT && c->op != TG__OP_GET && c->op != TG__OP_EXPIRES &&
+      c->op != TG__OP_TAKE)
     return TG_ENOTSUP;
   *changed = tg__log_prune(log, c->q.period_us, c->now_us) > 0;
   *v = (tg__log_view){log->sum, false, 0, false, 0};
-  if (c->op == TG__OP_HIT) {
+  if (c->op == TG__OP_HIT || c->op == TG__OP_TAKE) {
     uint64_t cost = c->arg, limit = c->q.limit;
     if (tg__log_allows(c, v->sum)) {
       if (cost > 0) {

@@ -61,6 +61,44 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
                    reset);
     return TG_OK;
   }
+  case TG__OP_CHECK:
+  case TG__OP_TAKE: {
+    /* a policy's rule: counts only when allowed */
+    uint64_t cost = c->arg, count;
+    if (!tg__add(w.b, cost, &count))
+      return TG_EOVERFLOW;
+    bool allowed = count <= limit;
+    tg__state after = w;
+    if (allowed && cost > 0) {
+      /* a CHECK reports the consumed state too, without it being published
+       * (the store may publish it on the TAKE that follows) */
+      after.b = count;
+      *st = after;
+      *changed = true;
+    }
+    const tg__state *left = allowed && cost > 0 ? &after : st;
+    uint64_t shown = allowed ? count : w.b;
+    uint64_t retry = cost > limit ? TG_NEVER : tg__ms_until(w.a, c->now_us);
+    uint64_t reset =
+        window_live(c, left) ? tg__ms_until(left->a, c->now_us) : 0;
+    tg__result_set(&o->r, allowed, shown, shown <= limit ? limit - shown : 0,
+                   retry, reset);
+    if (c->op == TG__OP_CHECK) {
+      uint64_t r0 = window_live(c, st) ? tg__ms_until(st->a, c->now_us) : 0;
+      tg__result_set(&o->peek, w.b <= limit, w.b,
+                     w.b <= limit ? limit - w.b : 0, 0, r0);
+    }
+    return TG_OK;
+  }
+  case TG__OP_UNDO: {
+    /* only from the window the cost went into, and never below 0 */
+    const tg__token *k = c->tok;
+    if (!k || !k->taken || st->a != k->after.a || st->b == 0 || c->arg == 0)
+      return TG_OK;
+    st->b = st->b > c->arg ? st->b - c->arg : 0;
+    *changed = true;
+    return TG_OK;
+  }
   case TG__OP_INC: {
     uint64_t count;
     if (!tg__add(w.b, c->arg, &count))
@@ -86,6 +124,8 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
   case TG__OP_EXPIRES:
     o->value = window_live(c, st) ? tg__div_ceil(st->a, 1000) : 0;
     return TG_OK;
+  case TG__OP_RESERVE:
+  case TG__OP_CANCEL:
   case TG__OP_COUNT_:
     break;
   }

@@ -51,9 +51,20 @@ static void mem_destroy(tg__store *s) {
   free(m);
 }
 
+/* Every table may share a policy with any other (the protocol is the
+ * limiter's); a table is known by its random SipHash key, the same in every
+ * process that maps it, so two limiters on one segment share a space. */
+static void mem_ident(const tg__store *s, uint64_t group[2],
+                      uint64_t space[2]) {
+  const memory *m = (const memory *)s;
+  group[0] = group[1] = 0;
+  space[0] = m->t.h->sip[0];
+  space[1] = m->t.h->sip[1];
+}
+
 static const tg__store_ops memory_ops = {mem_exec,  mem_reset, mem_key_count,
                                          mem_clean, mem_bytes, mem_destroy,
-                                         NULL};
+                                         NULL,      mem_ident, NULL};
 
 int tg__table_store_wrap(tg__store **out, const tg__table *t, size_t bytes,
                          bool owner) {

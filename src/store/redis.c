@@ -640,10 +640,457 @@ static int eval(const redis_store *s, conn *k, const tg__call *c,
   }
 }
 
+/* ---- several keys: policies, reservations, cancels ----
+ * These read the keys (the script's R op, with the server's TIME), run the
+ * core on what they read, here, and write everything back with the C op,
+ * which writes only if no key changed in between (then they read again).
+ * All the arithmetic is the core's; the script only compares and stores. */
+
+/* Redis Cluster's slot of a key name: CRC16 (the XMODEM variant Cluster
+ * uses) of its hash tag, the bytes between the first "{" and the next "}"
+ * when there are any, else of the whole name. */
+static unsigned cluster_slot(const char *name, size_t len) {
+  const char *open = memchr(name, '{', len);
+  if (open) {
+    const char *close = memchr(open + 1, '}', len - (size_t)(open + 1 - name));
+    if (close && close > open + 1) {
+      name = open + 1;
+      len = (size_t)(close - name);
+    }
+  }
+  unsigned crc = 0;
+  for (size_t i = 0; i < len; i++) {
+    crc ^= (unsigned)(unsigned char)name[i] << 8;
+    for (int b = 0; b < 8; b++)
+      crc = crc & 0x8000u ? (crc << 1) ^ 0x1021u : crc << 1;
+    crc &= 0xffffu;
+  }
+  return crc & 16383u;
+}
+
+/* One key of such a call. */
+typedef struct mkey {
+  const redis_store *s;
+  tg__call c; /* at the server's now once read */
+  size_t name_len;
+  char name[NAME_MAX_BYTES];
+  char *old; /* the value read (owned), NULL: absent */
+  size_t old_len;
+  char *val; /* the value to write (owned) */
+  size_t val_len;
+  int action; /* 0 leave, 1 set val, 2 delete */
+  uint64_t px;
+  char px_text[24];
+} mkey;
+
+static void mkey_free(mkey *m) {
+  free(m->old);
+  free(m->val);
+  m->old = m->val = NULL;
+}
+
+/* Sends EVALSHA of the script with argv[0..argc) (argv[1], the SHA1, is
+ * set here); loads the script first when the connection has none (one that
+ * uses the module) or lost it (NOSCRIPT). */
+static int eval_script(conn *k, int argc, const char **argv, const size_t *len,
+                       redisReply **out) {
+  if (!k->sha[0]) {
+    int rc = load_script(k);
+    if (rc != TG_OK)
+      return rc;
+  }
+  for (int attempt = 0;; attempt++) {
+    argv[1] = k->sha;
+    int rc = command(k, argc, argv, len, out);
+    if (rc != TG_OK)
+      return rc;
+    if (attempt == 0 && (*out)->type == REDIS_REPLY_ERROR &&
+        starts((*out)->str, "NOSCRIPT")) {
+      freeReplyObject(*out);
+      if ((rc = load_script(k)) != TG_OK)
+        return rc;
+      continue;
+    }
+    return TG_OK;
+  }
+}
+
+/* R: every key's value and the now. */
+static int read_keys(conn *k, mkey *m, size_t n, bool store_time,
+                     uint64_t now_in, uint64_t *now) {
+  size_t argc = 5 + n;
+  const char **argv = malloc(argc * sizeof *argv);
+  size_t *len = malloc(argc * sizeof *len);
+  char nbuf[24], num[24];
+  int rc = TG_ENOMEM;
+  redisReply *r = NULL;
+  if (!argv || !len)
+    goto out;
+  argv[0] = "EVALSHA";
+  len[0] = 7;
+  len[1] = 40;
+  argv[2] = nbuf;
+  len[2] = tg__u64_dec(nbuf, n);
+  for (size_t i = 0; i < n; i++) {
+    argv[3 + i] = m[i].name;
+    len[3 + i] = m[i].name_len;
+  }
+  argv[3 + n] = "R";
+  len[3 + n] = 1;
+  argv[4 + n] = num;
+  len[4 + n] = store_time ? 0 : tg__u64_dec(num, now_in);
+  rc = eval_script(k, (int)argc, argv, len, &r);
+  if (rc != TG_OK)
+    goto out;
+  if (r->type == REDIS_REPLY_ERROR) {
+    rc = reply_error(r);
+    goto out;
+  }
+  rc = TG_ESTORE;
+  if (r->type != REDIS_REPLY_ARRAY || r->elements != n + 1 ||
+      !parse_u64(r->element[0], now))
+    goto out;
+  rc = TG_OK;
+  for (size_t i = 0; i < n && rc == TG_OK; i++) {
+    const redisReply *v = r->element[i + 1];
+    free(m[i].old);
+    m[i].old = NULL;
+    m[i].old_len = 0;
+    if (v->type != REDIS_REPLY_STRING) {
+      rc = TG_ESTORE;
+    } else if (v->len > 0) {
+      m[i].old = malloc(v->len);
+      if (!m[i].old)
+        rc = TG_ENOMEM;
+      else
+        memcpy(m[i].old, v->str, v->len);
+      m[i].old_len = v->len;
+    }
+  }
+out:
+  if (r)
+    freeReplyObject(r);
+  free(argv);
+  free(len);
+  return rc;
+}
+
+/* C: writes every key's action if none changed; *written says whether it
+ * did (false: one changed meanwhile, nothing was written). */
+static int write_keys(conn *k, mkey *m, size_t n, bool *written) {
+  size_t argc = 5 + n + 3 * n;
+  const char **argv = malloc(argc * sizeof *argv);
+  size_t *len = malloc(argc * sizeof *len);
+  char nbuf[24];
+  int rc = TG_ENOMEM;
+  redisReply *r = NULL;
+  if (!argv || !len)
+    goto out;
+  argv[0] = "EVALSHA";
+  len[0] = 7;
+  len[1] = 40;
+  argv[2] = nbuf;
+  len[2] = tg__u64_dec(nbuf, n);
+  size_t a = 3;
+  for (size_t i = 0; i < n; i++, a++) {
+    argv[a] = m[i].name;
+    len[a] = m[i].name_len;
+  }
+  argv[a] = "C";
+  len[a++] = 1;
+  argv[a] = "";
+  len[a++] = 0;
+  for (size_t i = 0; i < n; i++) {
+    argv[a] = m[i].old ? m[i].old : "";
+    len[a++] = m[i].old_len;
+    argv[a] = m[i].action == 1 ? m[i].val : m[i].action == 2 ? "-" : "";
+    len[a++] = m[i].action == 1 ? m[i].val_len : m[i].action == 2 ? 1 : 0;
+    argv[a] = m[i].px_text;
+    len[a++] = tg__u64_dec(m[i].px_text, m[i].px);
+  }
+  rc = eval_script(k, (int)argc, argv, len, &r);
+  if (rc != TG_OK)
+    goto out;
+  if (r->type == REDIS_REPLY_ERROR)
+    rc = reply_error(r);
+  else if (r->type != REDIS_REPLY_INTEGER)
+    rc = TG_ESTORE;
+  else
+    *written = r->integer == 1;
+out:
+  if (r)
+    freeReplyObject(r);
+  free(argv);
+  free(len);
+  return rc;
+}
+
+/* The PX a written state gets: until it is fresh, rounded down, plus the
+ * script's slack (2 ms on the server's clock, 1 s on a caller's). */
+static uint64_t px_for(const tg__call *orig, uint64_t expiry_us,
+                       uint64_t now_us) {
+  uint64_t ms = expiry_us > now_us ? (expiry_us - now_us) / 1000 : 0;
+  return ms + (orig->store_time ? 2 : 1000);
+}
+
+/* Runs m->c (its op, at the now read) on the value read; when `write`,
+ * sets what to store. Returns the step's status (TG_ECORRUPT for a value
+ * that is not a sound state of the algorithm). */
+static int step_key(mkey *m, const tg__call *orig, bool write, tg__outcome *o,
+                    tg__token *tok) {
+  const tg__call *c = &m->c;
+  tg_algorithm alg = c->alg;
+  m->action = 0;
+  free(m->val);
+  m->val = NULL;
+  if (alg != TG_SLIDING_WINDOW) {
+    tg__state st = {0, 0};
+    if (m->old && (!tg__rv_parse_state(alg, m->old, m->old_len, &st) ||
+                   !tg__state_plausible(alg, &st)))
+      return TG_ECORRUPT;
+    tg__state before = st;
+    bool changed;
+    int rc = tg__state_step(c, &st, o, &changed);
+    if (tok && (c->op == TG__OP_RESERVE || c->op == TG__OP_TAKE)) {
+      tok->taken = rc == TG_OK && changed;
+      tok->before = before;
+      tok->after = st;
+      tok->now_us = c->now_us;
+      tok->gen = 0;
+    }
+    if (rc != TG_OK || !write || !changed || c->op == TG__OP_CHECK)
+      return rc;
+    if (tg__state_fresh(alg, &st, c->now_us)) {
+      m->action = m->old ? 2 : 0;
+      return TG_OK;
+    }
+    m->val = malloc(TG__RV_STATE_MAX);
+    if (!m->val)
+      return TG_ENOMEM;
+    m->val_len = tg__rv_format_state(alg, &st, m->val);
+    m->px = px_for(orig, tg__state_expiry_us(alg, &st), c->now_us);
+    m->action = 1;
+    return TG_OK;
+  }
+  size_t n = 0;
+  if (m->old && !tg__rv_log_entries(m->old, m->old_len, &n))
+    return TG_ECORRUPT;
+  tg__entry *e = malloc((n + 1) * sizeof *e);
+  if (!e)
+    return TG_ENOMEM;
+  tg__log lg = {e, 0, (uint32_t)n, (uint32_t)(n + 1), 0};
+  int rc = TG_OK;
+  if (m->old &&
+      (!tg__rv_parse_log(m->old, n, e, &lg.sum) || !tg__log_plausible(&lg)))
+    rc = TG_ECORRUPT;
+  if (rc == TG_OK && c->op == TG__OP_CHECK) {
+    tg__log_view v;
+    rc = tg__log_check(c, &lg, &v);
+    if (rc == TG_OK)
+      rc = tg__log_report(c, &v, o);
+  } else if (rc == TG_OK) {
+    /* as the module does: prune, then a ring whose size makes the step
+     * append below the cap and merge at it */
+    bool pruned = tg__log_prune(&lg, c->q.period_us, c->now_us) > 0;
+    memmove(e, e + lg.head, lg.n * sizeof *e);
+    lg.head = 0;
+    lg.cap = lg.n >= m->s->log_entries ? lg.n : lg.n + 1;
+    if (lg.cap == 0)
+      lg.cap = 1;
+    bool changed;
+    rc = tg__log_step(c, &lg, o, &changed);
+    if (rc == TG_OK && write && (changed || pruned)) {
+      if (lg.n == 0) {
+        m->action = m->old ? 2 : 0;
+      } else {
+        m->val_len = TG__RV_LOG_HEAD + (size_t)TG__RV_LOG_ENTRY * lg.n;
+        m->val = malloc(m->val_len);
+        if (!m->val) {
+          rc = TG_ENOMEM;
+        } else {
+          tg__rv_format_log(&lg, m->val);
+          m->px =
+              px_for(orig, tg__log_expiry_us(&lg, c->q.period_us), c->now_us);
+          m->action = 1;
+        }
+      }
+    }
+  }
+  free(e);
+  return rc;
+}
+
+/* Read, decide, write-if-unchanged, as often as the keys change under it
+ * (at most MULTI_TRIES times, then TG_EBUSY), on one connection. decide()
+ * runs the core on what was read and says whether to write. */
+#define MULTI_TRIES 64
+
+typedef int (*decide_fn)(mkey *m, size_t n, const tg__call *orig, void *ctx,
+                         bool *write, size_t *failed);
+
+static int multi(redis_store *s, mkey *m, size_t n, const tg__call *orig,
+                 decide_fn decide, void *ctx, size_t *failed) {
+  bool probe;
+  int rc = gate(s, &probe);
+  if (rc != TG_OK)
+    return rc;
+  conn *k = acquire(s);
+  rc = conn_open(s, k);
+  bool open_failed = rc != TG_OK;
+  for (int t = 0; rc == TG_OK; t++) {
+    if (t == MULTI_TRIES) {
+      rc = TG_EBUSY; /* the keys kept changing under it */
+      break;
+    }
+    uint64_t now = 0;
+    rc = read_keys(k, m, n, orig->store_time, orig->now_us, &now);
+    if (rc != TG_OK)
+      break;
+    if (orig->store_time && now > TG_NOW_MAX_US) {
+      rc = TG_ETIME;
+      break;
+    }
+    if (!orig->store_time && now != orig->now_us) {
+      rc = TG_ESTORE;
+      break;
+    }
+    for (size_t i = 0; i < n; i++) {
+      m[i].c.now_us = now;
+      m[i].c.store_time = false;
+    }
+    bool write = false;
+    rc = decide(m, n, orig, ctx, &write, failed);
+    if (rc != TG_OK || !write)
+      break;
+    bool written = false;
+    rc = write_keys(k, m, n, &written);
+    if (rc != TG_OK || written)
+      break;
+    /* another client wrote one of the keys in between: read again, after
+     * a pause that grows (and differs between threads, so that two that
+     * keep colliding part) */
+    struct timespec ts = {0, (long)((20000u << (t < 6 ? t : 6)) +
+                                    (uint64_t)(uintptr_t)k % 9973u)};
+    nanosleep(&ts, NULL);
+  }
+  pthread_mutex_unlock(&k->mu);
+  settle(s, rc, open_failed, probe);
+  return rc;
+}
+
+/* A policy's decision on what was read: CHECK every rule, and when the
+ * call passes, TAKE every rule that allowed. */
+typedef struct rules_ctx {
+  const bool *shadow;
+  tg__outcome *o;
+  bool *passed;
+} rules_ctx;
+
+static int decide_rules(mkey *m, size_t n, const tg__call *orig, void *p,
+                        bool *write, size_t *failed) {
+  rules_ctx *x = p;
+  bool pass = true;
+  for (size_t i = 0; i < n; i++) {
+    tg__call keep = m[i].c;
+    m[i].c.op = TG__OP_CHECK;
+    int rc = step_key(&m[i], orig, false, &x->o[i], NULL);
+    m[i].c = keep;
+    if (rc != TG_OK) {
+      *failed = i;
+      return rc;
+    }
+    if (!x->o[i].r.allowed && !x->shadow[i])
+      pass = false;
+  }
+  *x->passed = pass;
+  if (!pass)
+    return TG_OK;
+  for (size_t i = 0; i < n; i++) {
+    if (!x->o[i].r.allowed) {
+      m[i].action = 0; /* a shadow rule that denied: left as it is */
+      continue;
+    }
+    tg__call keep = m[i].c;
+    m[i].c.op = TG__OP_TAKE;
+    tg__outcome o;
+    int rc = step_key(&m[i], orig, true, &o, NULL);
+    m[i].c = keep;
+    if (rc != TG_OK) {
+      *failed = i;
+      return rc;
+    }
+  }
+  *write = true;
+  return TG_OK;
+}
+
+static int redis_exec_rules(tg__store *const *stores, const tg__call *calls,
+                            size_t n, const bool *shadow, tg__outcome *o,
+                            bool *passed, size_t *failed) {
+  *passed = false;
+  mkey *m = calloc(n, sizeof *m);
+  if (!m)
+    return TG_ENOMEM;
+  unsigned slot = 0;
+  int rc = TG_OK;
+  for (size_t i = 0; i < n; i++) {
+    m[i].s = (const redis_store *)stores[i];
+    m[i].c = calls[i];
+    m[i].name_len =
+        make_name(m[i].s, m[i].name, calls[i].key, calls[i].key_len);
+    unsigned sl = cluster_slot(m[i].name, m[i].name_len);
+    if (i == 0) {
+      slot = sl;
+    } else if (sl != slot && rc == TG_OK) {
+      rc = TG_EINVAL; /* not usable in Redis Cluster: see the header */
+      *failed = i;
+    }
+  }
+  if (rc == TG_OK) {
+    rules_ctx x = {shadow, o, passed};
+    rc = multi((redis_store *)stores[0], m, n, &calls[0], decide_rules, &x,
+               failed);
+  }
+  for (size_t i = 0; i < n; i++)
+    mkey_free(&m[i]);
+  free(m);
+  return rc;
+}
+
+/* A reservation or a cancel on one key. */
+typedef struct one_ctx {
+  tg__outcome *o;
+  tg__token *tok;
+} one_ctx;
+
+static int decide_one(mkey *m, size_t n, const tg__call *orig, void *p,
+                      bool *write, size_t *failed) {
+  one_ctx *x = p;
+  (void)n;
+  *failed = 0;
+  int rc = step_key(m, orig, true, x->o, x->tok);
+  *write = rc == TG_OK && m->action != 0;
+  return rc;
+}
+
 /* ---- store operations ---- */
 
 static int redis_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
   redis_store *s = (redis_store *)base;
+  if (c->op == TG__OP_RESERVE || c->op == TG__OP_CANCEL) {
+    mkey m;
+    memset(&m, 0, sizeof m);
+    m.s = s;
+    m.c = *c;
+    m.name_len = make_name(s, m.name, c->key, c->key_len);
+    one_ctx x = {o, c->tok};
+    size_t failed;
+    int rc = multi(s, &m, 1, c, decide_one, &x, &failed);
+    mkey_free(&m);
+    return rc;
+  }
+  if (c->op > TG__OP_EXPIRES)
+    return TG_ENOTSUP; /* a policy's steps: redis_exec_rules decides them */
   bool probe;
   int rc = gate(s, &probe);
   if (rc != TG_OK)
@@ -844,9 +1291,31 @@ static void redis_destroy(tg__store *base) {
   free(s);
 }
 
+/* FNV-1a over a string and a separator, for the ids below. */
+static uint64_t mix(uint64_t h, const char *s) {
+  for (; s && *s; s++)
+    h = (h ^ (unsigned char)*s) * UINT64_C(0x100000001b3);
+  return (h ^ 0xff) * UINT64_C(0x100000001b3);
+}
+
+/* Limiters on one server and database decide policies together; their
+ * states are one space per key prefix and algorithm (the key name's). */
+static void redis_ident(const tg__store *base, uint64_t group[2],
+                        uint64_t space[2]) {
+  const redis_store *s = (const redis_store *)base;
+  char num[48];
+  (void)snprintf(num, sizeof num, "%d/%d", s->port, s->db);
+  group[0] =
+      mix(mix(mix(UINT64_C(0xcbf29ce484222325), s->host), s->unix_path), num);
+  group[1] = 1;
+  space[0] = mix(mix(group[0], s->prefix), SUFFIX[s->alg]);
+  space[1] = 2;
+}
+
 static const tg__store_ops redis_ops = {
-    redis_exec, redis_reset,   redis_zero,      NULL,
-    redis_zero, redis_destroy, redis_exec_batch};
+    redis_exec,      redis_reset,   redis_zero,       NULL,
+    redis_zero,      redis_destroy, redis_exec_batch, redis_ident,
+    redis_exec_rules};
 
 int tg__redis_built(void) { return 1; }
 
@@ -891,7 +1360,7 @@ int tg__redis_decode(const tg__call *c, const redisReply *r, tg__outcome *o) {
   return outcome(c, r, o);
 }
 
-void tg__redis_stats(const tg__store *s, tg_store_stats *st) {
+void tg__redis_stats(const tg__store *s, tg_stats *st) {
   if (s->ops != &redis_ops)
     tg__redis_cluster_stats(s, st);
 }

@@ -183,6 +183,45 @@ if redis.replicate_commands then
   redis.replicate_commands()
 end
 
+-- Several keys at once, for policies, reservations and cancels, whose
+-- arithmetic the client does with the core on what it read:
+--   R  reads: ARGV[2] now or "" for TIME; KEYS[1..n]
+--      -> {now_us, value of each key or ""}
+--   C  writes if nothing changed: per key i, ARGV[3i] the value read ("" for
+--      absent), ARGV[3i+1] the new one ("" leaves the key, "-" deletes it),
+--      ARGV[3i+2] its PX in ms -> 1 written, 0 a key changed meanwhile
+--      (nothing written: the client reads again)
+-- A key of another type answers WRONGTYPE (TG_ECORRUPT).
+if ARGV[1] == 'R' then
+  local out = {}
+  if ARGV[2] == '' then
+    local t = redis.call('TIME')
+    out[1] = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  else
+    out[1] = ARGV[2]
+  end
+  for i = 1, #KEYS do
+    out[i + 1] = redis.call('GET', KEYS[i]) or ''
+  end
+  return out
+end
+if ARGV[1] == 'C' then
+  for i = 1, #KEYS do
+    if (redis.call('GET', KEYS[i]) or '') ~= ARGV[3 * i] then
+      return 0
+    end
+  end
+  for i = 1, #KEYS do
+    local v = ARGV[3 * i + 1]
+    if v == '-' then
+      redis.call('DEL', KEYS[i])
+    elseif v ~= '' then
+      redis.call('SET', KEYS[i], v, 'PX', ARGV[3 * i + 2])
+    end
+  end
+  return 1
+end
+
 local key, op, alg = KEYS[1], ARGV[1], ARGV[2]
 local slack, now, now_s
 if ARGV[3] == '' then
@@ -351,13 +390,14 @@ if alg == '3' or alg == '4' then
   local ah, al = 0, 0
   if cur then
     local uh, ul = parse(u_s)
-    -- a TAT is at most TG_NOW_MAX_US in ns + TG_TOLERANCE_MAX_NS = 1.3e19
-    if not uh or cmp(uh, ul, 1300000, 0) > 0 then
+    -- a TAT is at most TG_NOW_MAX_US in ns + TG_TOLERANCE_MAX_NS + the
+    -- longest reservation wait (TG_PERIOD_MAX_MS) = 1.4e19
+    if not uh or cmp(uh, ul, 1400000, 0) > 0 then
       corrupt('bucket state out of range')
     end
     ah, al = mul1000(uh, ul)
     ah, al = add(ah, al, 0, f)
-    if not ah or cmp(ah, al, 1300000000, 0) > 0 then
+    if not ah or cmp(ah, al, 1400000000, 0) > 0 then
       corrupt('bucket state out of range')
     end
   end

@@ -511,7 +511,7 @@ static size_t cluster_zero(const tg__store *s) {
   return 0;
 }
 
-void tg__redis_cluster_stats(const tg__store *base, tg_store_stats *st) {
+void tg__redis_cluster_stats(const tg__store *base, tg_stats *st) {
   const cluster_store *s = (const cluster_store *)base;
   st->moved += tg__load_relaxed(&s->st.moved);
   st->ask += tg__load_relaxed(&s->st.ask);
@@ -544,8 +544,8 @@ static void cluster_destroy(tg__store *base) {
 }
 
 static const tg__store_ops cluster_ops = {
-    cluster_exec, cluster_reset,   cluster_zero,      NULL,
-    cluster_zero, cluster_destroy, cluster_exec_batch};
+    cluster_exec,    cluster_reset,      cluster_zero, NULL, cluster_zero,
+    cluster_destroy, cluster_exec_batch, NULL,         NULL};
 
 int tg__redis_cluster_new(tg__store **out, const tg_redis_config *rc,
                           tg_algorithm alg, uint32_t log_entries) {

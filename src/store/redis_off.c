@@ -16,7 +16,7 @@ int tg__redis_store_new(tg__store **out, const tg_redis_config *rc,
   return TG_ENOTSUP;
 }
 
-void tg__redis_stats(const tg__store *s, tg_store_stats *st) {
+void tg__redis_stats(const tg__store *s, tg_stats *st) {
   (void)s;
   (void)st;
 }

@@ -35,6 +35,22 @@ typedef struct tg__store_ops {
    * doing them together saves round trips. */
   void (*exec_batch)(tg__store *s, const tg__call *calls, size_t n,
                      tg__outcome *o, int *rcs);
+  /* Which stores may decide a policy together, and which share state
+   * (tg_hit_rules): stores of the same ops whose group ids are equal decide
+   * rules together; two rules with equal keys on stores whose space ids are
+   * equal name the same state. */
+  void (*ident)(const tg__store *s, uint64_t group[2], uint64_t space[2]);
+  /* Decides a policy at once (NULL: the limiter runs its optimistic
+   * protocol over exec's CHECK, TAKE and UNDO). calls[i] (CHECK ops, each
+   * on stores[i], all of this kind and group) are checked together, under
+   * whatever makes them atomic; the policy passes when every rule that is
+   * not shadow[i] allows; then each rule that allowed consumes (as TAKE
+   * would), and nothing is written otherwise. Fills o[i] as CHECK would
+   * (r and peek) and *passed. On a failure returns its code with *failed
+   * the rule's index, having written nothing. */
+  int (*exec_rules)(tg__store *const *stores, const tg__call *calls, size_t n,
+                    const bool *shadow, tg__outcome *o, bool *passed,
+                    size_t *failed);
 } tg__store_ops;
 
 /* Every store starts with this, so a tg__store * can point at any of them. */
@@ -72,8 +88,8 @@ int tg__redis_cluster_new(tg__store **out, const tg_redis_config *rc,
 
 /* Adds a Redis store's counters (MOVED, ASK...) to *st; nothing for the
  * one-server store, which keeps none. */
-void tg__redis_stats(const tg__store *s, tg_store_stats *st);
-void tg__redis_cluster_stats(const tg__store *s, tg_store_stats *st);
+void tg__redis_stats(const tg__store *s, tg_stats *st);
+void tg__redis_cluster_stats(const tg__store *s, tg_stats *st);
 
 /* 1 when the Redis store is built in. */
 int tg__redis_built(void);

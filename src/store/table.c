@@ -795,7 +795,263 @@ static int exec_log(tg__table *t, const kref *k, const tg__call *c,
   }
 }
 
+/* ---- policies and reservations (docs/DESIGN.md, "Policies") ----
+ * The table's side of the optimistic protocol: CHECK reads without writing
+ * and records the pair it saw; TAKE (and RESERVE) publishes with one CAS,
+ * first from that pair, and records what it consumed and the slot's
+ * generation; UNDO (and CANCEL) gives that back only while the slot holds
+ * the same incarnation of the key. No new lock: a sliding log uses its own
+ * block lock, for the length of one step, as a hit does. */
+
+/* The receipt of a consumption published at generation g. */
+static void receipt(tg__token *tok, bool taken, uint32_t g,
+                    const tg__state *before, const tg__state *after,
+                    uint64_t now_us) {
+  tok->taken = taken;
+  tok->gen = g;
+  tok->before = *before;
+  tok->after = *after;
+  tok->now_us = now_us;
+}
+
+/* The generation the key's slot has now (after an insert), or false. */
+static bool gen_now(const tg__table *t, const kref *k, uint32_t *g) {
+  uint64_t i, ctl;
+  if (!find(t, k, &i, &ctl))
+    return false;
+  *g = ctrl_gen(ctl);
+  return true;
+}
+
+/* The key's hash and words, computed on first use: a TAKE that finds its
+ * slot where the CHECK left it never hashes the key again. */
+typedef struct lazy_key {
+  kref k;
+  bool ready;
+} lazy_key;
+
+static const kref *lazy(const tg__table *t, lazy_key *lk, const tg__call *c) {
+  if (!lk->ready) {
+    kref_init(t, &lk->k, c->key, c->key_len);
+    lk->ready = true;
+  }
+  return &lk->k;
+}
+
+static int exec_rule_state(tg__table *t, lazy_key *lk, const tg__call *c,
+                           tg__outcome *o) {
+  tg__token *tok = c->tok;
+  const bool check = c->op == TG__OP_CHECK;
+  const bool give = c->op == TG__OP_UNDO || c->op == TG__OP_CANCEL;
+  tg__call tmp;
+  bool first = !check && !give && tok->seen_ok; /* start from CHECK's pair */
+  for (;;) {
+    uint64_t i = 0, ctl = 0, w0, w1;
+    bool found;
+    if (first && !tok->seen_absent && tok->where[0] < t->g.nslots &&
+        tg__load_acquire(&t->ctrl[tok->where[0]]) == tok->where[1]) {
+      /* the slot the check found still holds that key: the ctrl word
+       * (status, key length, tag, generation) is unchanged */
+      i = tok->where[0];
+      ctl = tok->where[1];
+      found = true;
+    } else {
+      found = find(t, lazy(t, lk, c), &i, &ctl);
+    }
+    if (!found) {
+      first = false;
+      if (give)
+        return TG_OK; /* nothing held: nothing to give back */
+      const tg__call *ac = absent_call(t, c, &tmp);
+      if (!ac)
+        return TG_ECORRUPT;
+      tg__state st = {0, 0}, zero = {0, 0};
+      bool changed, published;
+      int rc = tg__state_step(ac, &st, o, &changed);
+      if (check) {
+        tok->seen_ok = tok->seen_absent = true;
+        return rc;
+      }
+      if (rc != TG_OK || !changed || tg__state_fresh(c->alg, &st, ac->now_us))
+        return rc;
+      rc = insert(t, lazy(t, lk, c), ac, &st, NULL, &published);
+      if (rc != TG_OK)
+        return rc;
+      if (published) {
+        uint32_t g;
+        bool known = gen_now(t, lazy(t, lk, c), &g);
+        receipt(tok, known, known ? g : 0, &zero, &st, ac->now_us);
+        return TG_OK;
+      }
+      c = ac;
+      continue;
+    }
+    tg__pair *p = &t->slots[i].st;
+    uint32_t g = ctrl_gen(ctl);
+    if (give && g != (uint32_t)tok->gen)
+      return TG_OK; /* another incarnation of the key: leave it */
+    if (first && tok->seen[0] != 0 && (uint32_t)tok->gen == g) {
+      w0 = tok->seen[0];
+      w1 = tok->seen[1];
+    } else {
+      /* windows too: their end word changes with every new state, so a
+       * pair read around it is consistent, and a CHECK writes nothing */
+      tg__load_pair(p, is_window(c->alg) ? 0 : 1, &w0, &w1);
+    }
+    if (first && tok->next_ok && w0 == tok->seen[0] && w1 == tok->seen[1] &&
+        tg__cas128(p, &w0, &w1, tok->next[0], tok->next[1])) {
+      /* the state is still the one checked: publish what the check's step
+       * computed; the receipt is the pair it replaced and the one written */
+      tok->taken = true;
+      tok->reused = true;
+      tok->before = decode(c->alg, tok->seen[0], tok->seen[1]);
+      tok->after = decode(c->alg, tok->next[0], tok->next[1]);
+      tok->now_us = c->now_us;
+      return TG_OK;
+    }
+    first = false;
+    while (gen_ok(c->alg, w0, w1, g)) {
+      tg__state st = decode(c->alg, w0, w1), before = st;
+      if (t->g.shared && !tg__state_plausible(c->alg, &st))
+        return TG_ECORRUPT;
+      bool changed;
+      int rc = tg__state_step(c, &st, o, &changed);
+      if (check) {
+        tok->seen_ok = true;
+        tok->seen_absent = false;
+        tok->seen[0] = w0;
+        tok->seen[1] = w1;
+        tok->where[0] = i;
+        tok->where[1] = ctl;
+        tok->gen = g;
+        /* what a TAKE from this pair would write: the same step (a CHECK
+         * computes the consumed state, it only does not publish it) */
+        tok->next_ok = rc == TG_OK && changed;
+        if (tok->next_ok)
+          encode(c->alg, &st, g, &tok->next[0], &tok->next[1]);
+        return rc;
+      }
+      if (rc != TG_OK || !changed) {
+        if (!give)
+          receipt(tok, false, g, &before, &st, c->now_us);
+        return rc;
+      }
+      uint64_t n0, n1;
+      encode(c->alg, &st, g, &n0, &n1);
+      if (tg__cas128(p, &w0, &w1, n0, n1)) {
+        if (!give)
+          receipt(tok, true, g, &before, &st, c->now_us);
+        return rc;
+      }
+      /* lost a race: w0, w1 are current; the step runs again on them */
+    }
+    int rc = settle(t, lazy(t, lk, c));
+    if (rc != TG_OK)
+      return rc;
+  }
+}
+
+static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
+                         tg__outcome *o) {
+  tg__token *tok = c->tok;
+  tg__call tmp;
+  for (;;) {
+    uint64_t i, ctl;
+    bool changed;
+    if (!find(t, k, &i, &ctl)) {
+      if (c->op == TG__OP_UNDO)
+        return TG_OK;
+      const tg__call *ac = absent_call(t, c, &tmp);
+      if (!ac)
+        return TG_ECORRUPT;
+      tg__entry one[1];
+      tg__log lg = {one, 0, 0, 1, 0};
+      if (c->op == TG__OP_CHECK) {
+        tg__log_view v;
+        int rc = tg__log_check(ac, &lg, &v);
+        return rc != TG_OK ? rc : tg__log_report(ac, &v, o);
+      }
+      int rc = tg__log_step(ac, &lg, o, &changed);
+      if (rc != TG_OK || !changed)
+        return rc;
+      bool published;
+      rc = insert(t, k, ac, NULL, &lg, &published);
+      if (rc != TG_OK)
+        return rc;
+      if (published) {
+        uint32_t g;
+        tok->taken = gen_now(t, k, &g);
+        tok->gen = tok->taken ? g : 0;
+        tok->entry_us = ac->now_us;
+        tok->now_us = ac->now_us;
+        return TG_OK;
+      }
+      c = ac;
+      continue;
+    }
+    tg__pair *p = &t->slots[i].st;
+    uint32_t g = ctrl_gen(ctl);
+    uint64_t w0, w1;
+    tg__load_pair(p, 1, &w0, &w1);
+    int rc;
+    if (w1 != g) {
+      if ((rc = settle(t, k)) != TG_OK)
+        return rc;
+      continue;
+    }
+    if (c->op == TG__OP_UNDO && g != (uint32_t)tok->gen)
+      return TG_OK;
+    if (w0 == 0 || w0 > t->g.nlogs)
+      return TG_ECORRUPT;
+    tg__log_block *b = block(t, w0 - 1);
+    if ((rc = lock_block(t, b)) != TG_OK)
+      return rc;
+    if (tg__load_acquire(&p->w[1]) != g) {
+      unlock(&b->mu);
+      if ((rc = settle(t, k)) != TG_OK)
+        return rc;
+      continue;
+    }
+    tg__log lg = log_view(t, b);
+    if (t->g.shared && !tg__log_plausible(&lg)) {
+      unlock(&b->mu);
+      return TG_ECORRUPT;
+    }
+    changed = false;
+    if (c->op == TG__OP_CHECK) {
+      tg__log_view v;
+      rc = tg__log_check(c, &lg, &v);
+      if (rc == TG_OK)
+        rc = tg__log_report(c, &v, o);
+    } else if (c->op == TG__OP_UNDO) {
+      changed =
+          tg__log_undo(&lg, tok->entry_us, c->arg, c->q.period_us, c->now_us);
+      rc = TG_OK;
+    } else {
+      rc = tg__log_step(c, &lg, o, &changed);
+      bool took = rc == TG_OK && o->r.allowed && c->arg > 0;
+      tok->taken = took;
+      tok->gen = g;
+      tok->entry_us = took ? tg__log_at(&lg, lg.n - 1)->t_us : 0;
+      tok->now_us = c->now_us;
+    }
+    if (changed) {
+      log_store(b, &lg);
+      b->period_us = c->q.period_us;
+    }
+    unlock(&b->mu);
+    return rc;
+  }
+}
+
 int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o) {
+  if (c->op > TG__OP_EXPIRES) { /* policies and reservations: c->tok set */
+    lazy_key lk;                /* not zeroed: kref_init fills what it uses */
+    lk.ready = false;
+    if (c->alg != TG_SLIDING_WINDOW)
+      return exec_rule_state(t, &lk, c, o);
+    return exec_rule_log(t, lazy(t, &lk, c), c, o);
+  }
   kref k;
   kref_init(t, &k, c->key, c->key_len);
   if (c->alg == TG_SLIDING_WINDOW)

@@ -294,6 +294,34 @@ def test_key_positions(r):
     assert keys in ([b"user:{42}"], ["user:{42}"]), keys
 
 
+def test_policy(r):
+    """TG.POLICY: all rules or none, the same reply shape as serve's."""
+    admitted = 0
+    for i in range(8):
+        v = r.execute_command("TG.POLICY", "pol:b", "token_bucket", 5, 60000,
+                              "pol:m", "fixed_window", 6, 60000)
+        assert len(v) == 7, v
+        admitted += v[0]
+        assert v[6] == (-1 if v[0] else 0), (i, v)
+    assert admitted == 5, admitted
+    # the minute was charged only for the five admitted
+    assert r.execute_command("TG.GET", "pol:m", "fixed_window", 6,
+                             60000) == 5
+    keys = r.command_getkeys("TG.POLICY", "a", "token_bucket", 1, 1,
+                             "BURST", 2, "b", "fixed_window", 1, 1)
+    assert [k.decode() if isinstance(k, bytes) else k for k in keys] == \
+        ["a", "b"], keys
+    expect_error(r, "TG.POLICY", "x", "fixed_window", 1, 1000, "x",
+                 "token_bucket", 1, 1000, starts="TG_EINVAL")
+    expect_error(r, "TG.POLICY", "x", "fixed_window", 1)
+    # a rule that can never pass leaves the other untouched
+    v = r.execute_command("TG.POLICY", "pol:n", "fixed_window", 3, 60000,
+                          "pol:o", "fixed_window", 1, 60000, "COST", 2)
+    assert v[0] == 0 and v[6] == 1 and v[3] == -1, v
+    assert r.execute_command("TG.GET", "pol:n", "fixed_window", 3,
+                             60000) == 0
+
+
 def test_values_not_ours(r):
     r.set("junk", "garbage")
     expect_error(r, "TG.HIT", "junk", "fixed_window", 3, 1000,
@@ -457,7 +485,8 @@ def test_aof_and_rdb():
 def main():
     one = Server()
     for t in (test_bad_arguments, test_same_protocol_as_serve,
-              test_key_positions, test_values_not_ours, test_multi_and_lua,
+              test_key_positions, test_policy, test_values_not_ours,
+              test_multi_and_lua,
               test_oom, test_unload_and_load):
         t(one.r)
         print("ok", t.__name__)

@@ -54,6 +54,7 @@ class Server:
             if ready:
                 out += os.read(fd, 4096)
         out = out.decode()
+        self.banner = out  # the lines up to "ready", e.g. the metrics URL
         m = re.search(r"listening on \S+ port (\d+)", out)
         if m:
             self.port = int(m.group(1))

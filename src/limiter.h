@@ -1,0 +1,154 @@
+/*
+ * limiter.h - the limiter's insides (tollgate.c) that the policy code
+ * (rules.c), the reservations (reserve.c) and the non-blocking API (nb.c)
+ * share: the handle itself, the validation every call goes through, the
+ * deny cache, the failure policy's answer (the local fallback's included),
+ * and the bookkeeping after a decision (counters, shadow mode, the hook).
+ * The non-blocking API keeps only its connections for itself, so a decision
+ * made through it is the one tg_hit would make.
+ */
+#ifndef TG_LIMITER_H
+#define TG_LIMITER_H
+
+#include "cleanup.h"
+#include "core/core.h"
+#include "deny_cache.h"
+#include "stats.h"
+#include "store/store.h"
+
+struct tg_limiter {
+  tg_config cfg;           /* copied at creation (cfg.redis is then NULL:
+                              the store copied what it needs) */
+  bool store_time;         /* the store reads its own clock (Redis TIME) */
+  tg_custom_store custom;  /* copy of *cfg.custom_store (cfg points here) */
+  tg__store *store;        /* owned */
+  tg__cleaner *cleaner;    /* owned; NULL when no thread runs */
+  tg__clean_bridge bridge; /* before_clean as the cleaning pass calls it */
+  tg__stats *stats;        /* owned: the counters */
+  bool shadow;             /* cfg.shadow, and */
+  bool hook;               /* cfg.on_decision != NULL, kept beside stats so
+                              a decision reads one cache line of the handle */
+  bool ident_ok;           /* the store can decide policies: */
+  uint64_t group[2];       /* its ops->ident, asked once at creation */
+  uint64_t space[2];
+  tg__store *fallback;  /* TG_POLICY_FALLBACK: the local memory store
+                           that decides while the store fails; owned */
+  tg__deny_cache *deny; /* deny_cache_entries > 0; owned */
+};
+
+/* Everything every operation checks, in the order the header documents,
+ * and the call built from it. now is NULL to read the limiter's clock
+ * (once), or, for a store with its own clock, to let the store read it. */
+int tg__limiter_prepare(const tg_limiter *lim, tg__op op, const uint64_t *now,
+                        const void *key, size_t key_len, const tg_quota *q,
+                        uint64_t arg, tg__call *c);
+
+/* True for the codes a store fails with (the failure policy answers). */
+bool tg__store_failure(int rc);
+
+/* The result written when a call fails: the policy's answer for a store
+ * failure, "not allowed, never" for invalid input. */
+void tg__limiter_failure(const tg_limiter *lim, int rc, const tg_quota *q,
+                         tg_result *out);
+
+/* ---- for the non-blocking API (nb.c) ---- */
+
+/* A limiter without a store (its policy, fallback, deny cache and counters
+ * only): what tg_limiter_new would check and build, but no connection.
+ * Only the functions below may be used on it, and tg_limiter_destroy. */
+int tg__limiter_shell_new(tg_limiter **out, const tg_config *cfg);
+
+/* The moment a call is made, in the deny cache's timeline for it (this
+ * host's monotonic clock for calls on the store's clock, else the call's
+ * now); 0 without a cache. */
+uint64_t tg__limiter_when(const tg_limiter *lim, const tg__call *c);
+
+/* True when the deny cache answers hit c: *out is then its final answer
+ * (counted, shadow mode and the hook applied, as tg_hit's). */
+bool tg__limiter_cached(tg_limiter *lim, const tg__call *c, uint64_t when,
+                        const tg_quota *q, tg_result *out);
+
+/* The final answer to hit c (made at `when`) from the store's rc and
+ * outcome: the outcome's result, remembered by the deny cache; or for a
+ * failure the policy's answer (the fallback's decision included); then
+ * counted, with shadow mode and the hook, as tg_hit's. Returns rc. */
+int tg__limiter_answer(tg_limiter *lim, const tg__call *c, const tg_quota *q,
+                       uint64_t when, int rc, const tg__outcome *o,
+                       tg_result *out);
+
+/* The final answer to a hit refused before it was built (invalid input
+ * rc, key and q as given), as tg_hit's. */
+void tg__limiter_invalid(tg_limiter *lim, int rc, const void *key,
+                         size_t key_len, const tg_quota *q, uint64_t cost,
+                         tg_result *out);
+
+/* The limiter's counters: the shards', and its store's own (Redis). */
+void tg__limiter_stats_read(const tg_limiter *lim, tg_stats *st);
+
+/* What a decision reports to the bookkeeping. */
+typedef struct tg__decided {
+  const void *key;
+  size_t key_len;
+  const tg_quota *q;
+  uint64_t cost;
+  bool in_rules;
+} tg__decided;
+
+/* Calls the hook for a decision (not inlined: only when one is set). */
+void tg__limiter_hook(tg_limiter *lim, tg__shard *sh, bool own, int rc,
+                      const tg_result *r, bool real_allowed,
+                      const tg__decided *d);
+
+/* tg__limiter_done for everything but a plain answer without shadow mode
+ * or hook (not inlined). */
+void tg__limiter_done_slow(tg_limiter *lim, int rc, tg_result *r, bool shadow,
+                           const tg__decided *d);
+
+/* After a decision: counts its real answer *r (and rc), turns *r into
+ * shadow mode's answer when `shadow`, then calls the hook if one is set.
+ * Inline, for its common case: an answer (no failure), no shadow mode, no
+ * hook costs one counter in the thread's own shard (the decision's
+ * description is built only for the slow path). */
+static inline void tg__limiter_done(tg_limiter *lim, int rc, tg_result *r,
+                                    bool shadow, const void *key,
+                                    size_t key_len, const tg_quota *q,
+                                    uint64_t cost, bool in_rules) {
+  if (__builtin_expect(rc == TG_OK && !shadow && !lim->hook, 1)) {
+    bool own;
+    tg__shard *sh = tg__shard_get(lim->stats, &own);
+    tg__count(sh, own, r->allowed ? TG__N_ALLOWED : TG__N_DENIED);
+    return;
+  }
+  tg__decided d = {key, key_len, q, cost, in_rules};
+  tg__limiter_done_slow(lim, rc, r, shadow, &d);
+}
+
+/* The whole of it (see tg__limiter_done). */
+static inline void tg__limiter_done_all(tg_limiter *lim, int rc, tg_result *r,
+                                        bool shadow, const tg__decided *d) {
+  bool own;
+  tg__shard *sh = tg__shard_get(lim->stats, &own);
+  bool real = r->allowed;
+  if (rc == TG_OK) {
+    tg__count(sh, own,
+              real     ? TG__N_ALLOWED
+              : shadow ? TG__N_SHADOW
+                       : TG__N_DENIED);
+  } else {
+    tg__count(sh, own, TG__N_ERR0 + ((unsigned)-rc & 31u));
+    if (r->degraded)
+      tg__count(sh, own, TG__N_DEGRADED);
+    if (rc == TG_EFULL)
+      tg__count(sh, own, TG__N_FULL);
+    if (shadow && !real)
+      tg__count(sh, own, TG__N_SHADOW);
+  }
+  if (shadow && !real) {
+    r->allowed = true;
+    r->shadow_denied = true;
+  }
+  if (lim->cfg.on_decision)
+    tg__limiter_hook(lim, sh, own, rc, r, real, d);
+}
+
+#endif /* TG_LIMITER_H */

@@ -1,0 +1,110 @@
+/*
+ * reserve.c - reservations (tg_reserve, tg_cancel): a bucket's next slot
+ * taken now and a delay answered, instead of a refusal.
+ *
+ * A reservation is a hit whose tolerance is stretched by max_wait: GCRA's
+ * tat' = max(tat, now) + cost * T is accepted while tat' - now <= tau +
+ * wait, and the delay is how far past tau it lands (src/core/gcra.c). The
+ * receipt of what it consumed (the TAT before and after, the store's
+ * incarnation of the key) travels in tg_reservation's private words, so
+ * tg_cancel can give back exactly what is still safe to give.
+ */
+#include "limiter.h"
+
+/* The private words of a tg_reservation. */
+enum { P_TAKEN, P_GEN, P_BEFORE, P_AFTER, P_NOW, P_COST, P_COUNT_ };
+
+static int reserve(tg_limiter *lim, const uint64_t *now, const void *key,
+                   size_t key_len, const tg_quota *q, uint64_t cost,
+                   uint64_t max_wait_ms, tg_reservation *out) {
+  if (!out)
+    return TG_EINVAL;
+  *out = (tg_reservation){0};
+  int rc = TG_EINVAL;
+  tg__call c;
+  tg__token tok = {0};
+  tg__outcome o;
+  if (lim && max_wait_ms <= TG_PERIOD_MAX_MS)
+    rc = tg__limiter_prepare(lim, TG__OP_RESERVE, now, key, key_len, q, cost,
+                             &c);
+  if (rc == TG_OK) {
+    c.wait_ns = max_wait_ms * UINT64_C(1000000);
+    c.tok = &tok;
+    rc = lim->store->ops->exec(lim->store, &c, &o);
+  }
+  if (rc == TG_OK) {
+    out->result = o.r;
+    out->delay_ns = o.r.allowed ? o.value : 0;
+    out->delay_ms = tg__div_ceil(out->delay_ns, 1000000);
+    if (tok.taken) {
+      out->private_[P_TAKEN] = 1;
+      out->private_[P_GEN] = tok.gen;
+      out->private_[P_BEFORE] = tok.before.a;
+      out->private_[P_AFTER] = tok.after.a;
+      out->private_[P_NOW] = tok.now_us;
+      out->private_[P_COST] = cost;
+    }
+  } else {
+    tg__limiter_failure(lim, rc, q, &out->result);
+  }
+  if (lim) {
+    bool shadow = lim->shadow;
+    tg__limiter_done(lim, rc, &out->result, shadow, key, key_len, q, cost,
+                     false);
+    if (shadow && out->delay_ns > 0) {
+      out->result.shadow_denied = true;
+      out->delay_ns = out->delay_ms = 0;
+    }
+  }
+  out->ok = out->result.allowed;
+  return rc;
+}
+
+int tg_reserve(tg_limiter *lim, const void *key, size_t key_len,
+               const tg_quota *q, uint64_t cost, uint64_t max_wait_ms,
+               tg_reservation *out) {
+  return reserve(lim, NULL, key, key_len, q, cost, max_wait_ms, out);
+}
+
+int tg_reserve_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                  size_t key_len, const tg_quota *q, uint64_t cost,
+                  uint64_t max_wait_ms, tg_reservation *out) {
+  return reserve(lim, &now_us, key, key_len, q, cost, max_wait_ms, out);
+}
+
+static int cancel(tg_limiter *lim, const uint64_t *now, const void *key,
+                  size_t key_len, const tg_quota *q, tg_reservation *res) {
+  if (!lim || !res)
+    return TG_EINVAL;
+  tg__call c;
+  int rc = tg__limiter_prepare(lim, TG__OP_CANCEL, now, key, key_len, q,
+                               res->private_[P_COST], &c);
+  if (rc != TG_OK || res->private_[P_TAKEN] != 1)
+    return rc;
+  tg__token tok = {0};
+  tok.taken = true;
+  tok.gen = res->private_[P_GEN];
+  tok.before.a = res->private_[P_BEFORE];
+  tok.after.a = res->private_[P_AFTER];
+  tok.now_us = res->private_[P_NOW];
+  c.tok = &tok;
+  tg__outcome o;
+  rc = lim->store->ops->exec(lim->store, &c, &o);
+  if (rc == TG_OK) {
+    res->private_[P_TAKEN] = 0;
+    /* what was given back may admit a call a cached denial refuses */
+    if (lim->deny)
+      tg__deny_cache_forget(lim->deny, key, key_len);
+  }
+  return rc;
+}
+
+int tg_cancel(tg_limiter *lim, const void *key, size_t key_len,
+              const tg_quota *q, tg_reservation *res) {
+  return cancel(lim, NULL, key, key_len, q, res);
+}
+
+int tg_cancel_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                 size_t key_len, const tg_quota *q, tg_reservation *res) {
+  return cancel(lim, &now_us, key, key_len, q, res);
+}

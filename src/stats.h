@@ -1,0 +1,91 @@
+/*
+ * stats.h - a limiter's counters (tg_stats), cheap enough to be always on.
+ *
+ * A decision must not write a cache line other threads write, or counting
+ * would cost more than deciding on a hot key. So the counters live in
+ * shards of their own cache lines, one per thread: threads are numbered
+ * once, from 1, in the order of their first decision, and numbers are
+ * never reused, so thread k (k < TG__SHARDS) alone ever writes shard k and
+ * counts there with plain relaxed loads and stores (no locked instruction,
+ * no ownership to check). Threads numbered beyond count in one shared
+ * shard with atomic adds: correct and only slower, for programs that have
+ * run more threads than that. Reading adds every shard up with relaxed
+ * loads: each counter is exact, the set is not one snapshot.
+ */
+#ifndef TG_STATS_H
+#define TG_STATS_H
+
+#include "atomic.h"
+#include "tollgate.h"
+
+#include <stddef.h>
+
+/* Shards threads own, by number; one more (the last) is shared. */
+#define TG__SHARDS 64u
+
+/* What a shard counts: tg_stats's fields, in its order, up to those the
+ * store keeps itself (tg__redis_stats), then the hook's sampling
+ * sequence. */
+enum {
+  TG__N_ALLOWED = 0,
+  TG__N_DENIED,
+  TG__N_SHADOW,
+  TG__N_DEGRADED,
+  TG__N_FULL,
+  TG__N_RECLAIMED,
+  TG__N_ERR0,                    /* errors[0..32) follow */
+  TG__N_CACHE = TG__N_ERR0 + 32, /* deny_cache_hits */
+  TG__N_FALLBACK,                /* fallback_decisions */
+  TG__N_HOOK,                    /* decisions the hook considered */
+  TG__N_COUNT_
+};
+
+typedef struct tg__shard {
+  uint64_t n[TG__N_COUNT_];
+} __attribute__((aligned(64))) tg__shard;
+
+typedef struct tg__stats {
+  tg__shard shard[TG__SHARDS + 1]; /* the last one is shared */
+} tg__stats;
+
+/* The initial-exec TLS model keeps the thread-local a plain fs-relative
+ * load, not a call into the dynamic linker: it is read on every decision. */
+#if defined(__GNUC__)
+#define TG__TLS_FAST __attribute__((tls_model("initial-exec")))
+#else
+#define TG__TLS_FAST
+#endif
+
+/* The calling thread's number once it has one, else 0. */
+extern _Thread_local uint64_t tg__my_number TG__TLS_FAST;
+
+/* Gives the calling thread its number (>= 1, never reused). */
+uint64_t tg__thread_number_new(void);
+
+/* The shard the calling thread counts in; *own: it is the thread's own
+ * (else the shared one). */
+static inline tg__shard *tg__shard_get(tg__stats *st, bool *own) {
+  uint64_t me = tg__my_number;
+  if (__builtin_expect(me == 0, 0))
+    me = tg__thread_number_new();
+  *own = me < TG__SHARDS;
+  return &st->shard[*own ? me : TG__SHARDS];
+}
+
+/* Adds 1 to counter i of shard sh. */
+static inline void tg__count(tg__shard *sh, bool own, unsigned i) {
+  if (own)
+    tg__store_relaxed(&sh->n[i], tg__load_relaxed(&sh->n[i]) + 1);
+  else
+    __atomic_fetch_add(&sh->n[i], 1, __ATOMIC_RELAXED);
+}
+
+/* Allocates zeroed, cache-line aligned counters (NULL: no memory). */
+tg__stats *tg__stats_new(void);
+void tg__stats_free(tg__stats *st);
+
+/* Adds every shard up into *out (all of tg_stats but the store's own
+ * counters, left 0). */
+void tg__stats_read(const tg__stats *st, tg_stats *out);
+
+#endif /* TG_STATS_H */

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# run.sh SERVER - the example HTTP server (examples/http_server.c) through
+# curl: one client's policy of 5 per second and 20 per minute answers 200
+# five times, then 429 with Retry-After and the RateLimit fields; another
+# client is not affected; --legacy writes the older fields. The server is
+# started on a free loopback port and always stopped.
+set -euo pipefail
+server=$1
+dir=$(mktemp -d "${TMPDIR:-/tmp}/tg-http.XXXXXX")
+pid=
+cleanup() {
+  [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+  [ -z "$pid" ] || wait "$pid" 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+start() {
+  "$server" --max-requests 50 "$@" >"$dir/port" 2>"$dir/err" &
+  pid=$!
+  for _ in $(seq 100); do
+    [ -s "$dir/port" ] && break
+    sleep 0.05
+  done
+  port=$(head -1 "$dir/port")
+  [ -n "$port" ] || { echo "server did not start"; cat "$dir/err"; exit 1; }
+}
+
+fail() { echo "FAIL: $*"; exit 1; }
+
+start
+for i in 1 2 3 4 5 6; do
+  curl -s -D "$dir/h$i" -o "$dir/b$i" --max-time 5 -H 'X-Client: alice' \
+    "http://127.0.0.1:$port/" || fail "curl $i"
+done
+for i in 1 2 3 4 5; do
+  grep -q '^HTTP/1.1 200' "$dir/h$i" || fail "request $i not 200: $(cat "$dir/h$i")"
+done
+h=$dir/h6
+grep -q '^HTTP/1.1 429' "$h" || fail "request 6 not 429: $(cat "$h")"
+grep -q '^Retry-After: 1' "$h" || fail "no Retry-After: 1: $(cat "$h")"
+grep -q '^RateLimit-Policy: "per-second";q=5;w=1, "per-minute";q=20;w=60' "$h" ||
+  fail "RateLimit-Policy: $(cat "$h")"
+grep -q '^RateLimit: "per-second";r=0;t=1, "per-minute";r=15;t=' "$h" ||
+  fail "RateLimit: $(cat "$h")"
+grep -q '^RateLimit: "per-second";r=4;t=1, "per-minute";r=19;t=' "$dir/h1" ||
+  fail "first RateLimit: $(cat "$dir/h1")"
+curl -s -D "$dir/bob" -o /dev/null --max-time 5 -H 'X-Client: bob' \
+  "http://127.0.0.1:$port/" || fail "curl bob"
+grep -q '^HTTP/1.1 200' "$dir/bob" || fail "bob: $(cat "$dir/bob")"
+kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
+
+start --legacy
+for i in 1 2 3 4 5 6; do
+  curl -s -D "$dir/l$i" -o /dev/null --max-time 5 -H 'X-Client: carol' \
+    "http://127.0.0.1:$port/" || fail "curl legacy $i"
+done
+h=$dir/l6
+grep -q '^HTTP/1.1 429' "$h" || fail "legacy 6 not 429"
+grep -q '^RateLimit-Limit: 5, 5;w=1, 20;w=60' "$h" || fail "legacy limit: $(cat "$h")"
+grep -q '^RateLimit-Remaining: 0' "$h" || fail "legacy remaining"
+grep -q '^RateLimit-Reset: 1' "$h" || fail "legacy reset: $(cat "$h")"
+echo "http_server: 2 passed, 0 failed"

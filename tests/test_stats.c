@@ -1,0 +1,179 @@
+/*
+ * test_stats.c - counters (tg_limiter_stats), shadow mode on one limiter
+ * and the decision hook, from tollgate.h's "Shadow mode" and "Counters and
+ * the decision hook": what is counted where, the hook's sampling and its
+ * denials-only filter, and exact counts from 4 threads (run under TSan).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "tollgate.h"
+
+#define T0 UINT64_C(1699999980000000)
+
+typedef struct seen {
+  unsigned calls, denied, shadow, in_rules;
+  int last_status;
+} seen;
+
+static void hook(const tg_decision *d, void *ctx) {
+  seen *s = ctx;
+  s->calls++;
+  s->denied += !d->result->allowed;
+  s->shadow += d->result->shadow_denied;
+  s->in_rules += d->in_rules;
+  s->last_status = d->status;
+  assert_true(d->key_len > 0 && d->q != NULL);
+}
+
+static tg_limiter *make(bool shadow, seen *s, uint32_t every, bool denied) {
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.clean_period_ms = 0;
+  cfg.capacity = 4;
+  cfg.shadow = shadow;
+  if (s) {
+    cfg.on_decision = hook;
+    cfg.on_decision_ctx = s;
+    cfg.on_decision_every = every;
+    cfg.on_decision_denied_only = denied;
+  }
+  tg_limiter *lim;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), 0);
+  return lim;
+}
+
+static void test_counts(void **state) {
+  (void)state;
+  seen s = {0};
+  tg_limiter *lim = make(false, &s, 1, false);
+  const tg_quota q = {2, 1000, 0}, bad = {0, 1000, 0};
+  tg_result r;
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(tg_hit_at(lim, T0, "k", 1, &q, 1, &r), 0);
+  assert_int_equal(tg_hit_at(lim, T0, "k", 1, &bad, 1, &r), TG_EQUOTA);
+  /* a full table (capacity 4): TG_EFULL through the failure policy */
+  char key[8];
+  int full = 0;
+  for (int i = 0; i < 6; i++) {
+    key[0] = (char)('a' + i);
+    full += tg_hit_at(lim, T0, key, 1, &q, 1, &r) == TG_EFULL;
+  }
+  tg_stats st;
+  assert_int_equal(tg_limiter_stats(lim, &st, sizeof st), 0);
+  assert_int_equal(st.allowed, 2 + (6 - full));
+  assert_int_equal(st.denied, 3);
+  assert_int_equal(st.errors[-TG_EQUOTA], 1);
+  assert_int_equal(st.errors[-TG_EFULL], (uint64_t)full);
+  assert_int_equal(st.table_full, (uint64_t)full);
+  assert_int_equal(st.degraded, (uint64_t)full);
+  assert_true(full > 0);
+  assert_int_equal(s.calls, 5 + 1 + 6);
+  assert_int_equal(s.denied, 3 + 1); /* EQUOTA answers not allowed */
+  /* a short copy writes no more than asked */
+  tg_stats part;
+  memset(&part, 0xab, sizeof part);
+  assert_int_equal(tg_limiter_stats(lim, &part, sizeof(uint64_t)), 0);
+  assert_int_equal(part.allowed, st.allowed);
+  assert_int_equal(part.denied, 0xababababababababu);
+  assert_int_equal(tg_limiter_stats(lim, &part, 0), TG_EINVAL);
+  assert_int_equal(tg_limiter_stats(NULL, &part, sizeof part), TG_EINVAL);
+  tg_limiter_destroy(lim);
+}
+
+static void test_shadow(void **state) {
+  (void)state;
+  seen s = {0};
+  tg_limiter *lim = make(true, &s, 1, false);
+  const tg_quota q = {1, 1000, 0};
+  tg_result r;
+  assert_int_equal(tg_hit_at(lim, T0, "k", 1, &q, 1, &r), 0);
+  assert_true(r.allowed);
+  assert_false(r.shadow_denied);
+  assert_int_equal(tg_hit_at(lim, T0, "k", 1, &q, 1, &r), 0);
+  assert_true(r.allowed);
+  assert_true(r.shadow_denied);
+  assert_int_equal(r.count, 2); /* recorded as usual: the window counted */
+  assert_int_equal(r.retry_after_ms, 1000);
+  tg_stats st;
+  assert_int_equal(tg_limiter_stats(lim, &st, sizeof st), 0);
+  assert_int_equal(st.allowed, 1);
+  assert_int_equal(st.shadow_denied, 1);
+  assert_int_equal(st.denied, 0);
+  assert_int_equal(s.shadow, 1);
+  /* batches too */
+  tg_batch_item it = {"k", 1, &q, 1, 0, {0}};
+  assert_int_equal(tg_hit_batch_at(lim, T0, &it, 1), 0);
+  assert_true(it.result.allowed && it.result.shadow_denied);
+  tg_limiter_destroy(lim);
+}
+
+static void test_sampling(void **state) {
+  (void)state;
+  seen s = {0};
+  tg_limiter *lim = make(false, &s, 10, false);
+  const tg_quota q = {1000000, 1000, 0};
+  tg_result r;
+  for (int i = 0; i < 100; i++)
+    assert_int_equal(tg_hit_at(lim, T0, "k", 1, &q, 1, &r), 0);
+  assert_int_equal(s.calls, 10); /* the 1st, 11th, ... */
+  tg_limiter_destroy(lim);
+  seen d = {0};
+  lim = make(false, &d, 2, true);
+  const tg_quota one = {1, 1000, 0};
+  for (int i = 0; i < 9; i++)
+    assert_int_equal(tg_hit_at(lim, T0, "k", 1, &one, 1, &r), 0);
+  assert_int_equal(d.calls, 4); /* 8 denials, one in two */
+  assert_int_equal(d.denied, 4);
+  tg_limiter_destroy(lim);
+}
+
+/* Four threads, 20000 decisions each: the counts add up exactly. */
+typedef struct worker {
+  tg_limiter *lim;
+  int id;
+} worker;
+
+static void *work(void *p) {
+  worker *w = p;
+  const tg_quota q = {10000, 1000, 0};
+  char key[2] = {(char)('a' + w->id), 0};
+  tg_result r;
+  for (int i = 0; i < 20000; i++)
+    tg_hit_at(w->lim, T0, key, 1, &q, 1, &r);
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  tg_limiter *lim = make(false, NULL, 1, false);
+  pthread_t th[4];
+  worker w[4];
+  for (int i = 0; i < 4; i++) {
+    w[i] = (worker){lim, i};
+    assert_int_equal(pthread_create(&th[i], NULL, work, &w[i]), 0);
+  }
+  tg_stats st;
+  assert_int_equal(tg_limiter_stats(lim, &st, sizeof st), 0); /* racing */
+  for (int i = 0; i < 4; i++)
+    pthread_join(th[i], NULL);
+  assert_int_equal(tg_limiter_stats(lim, &st, sizeof st), 0);
+  assert_int_equal(st.allowed, 4 * 10000);
+  assert_int_equal(st.denied, 4 * 10000);
+  tg_limiter_destroy(lim);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_counts), cmocka_unit_test(test_shadow),
+      cmocka_unit_test(test_sampling), cmocka_unit_test(test_threads)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
