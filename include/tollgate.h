@@ -486,6 +486,20 @@ typedef struct tg_custom_store {
  * Unix sockets and databases other than 0 are TG_EINVAL with cluster_nodes;
  * calls never go to replicas (every decision may write).
  *
+ * Policies (tg_hit_rules) and reservations (tg_reserve, tg_cancel) on a
+ * Cluster: all of a policy's key names must share a hash slot (see "Redis
+ * Cluster and hash tags" under Policies: TG_EINVAL otherwise, nothing
+ * decided). They run as with one server (read, decide here, write if
+ * unchanged) on the master of that slot, through a second pool of at most
+ * pool_size connections per node, opened on first need. A MOVED or
+ * CLUSTERDOWN reply there refreshes the map and starts over (at most 8
+ * times), an ASK or TRYAGAIN (the slot is being migrated) waits 2 to 50 ms
+ * and starts over (at most 40 times, about 1.8 s in all); then TG_ESTORE.
+ * Nothing had run, so nothing is counted twice; they are counted in
+ * tg_stats's moved and ask (a TRYAGAIN as an ASK). A node that cannot be
+ * reached answers as in "Failing fast" (per node) and asks for a new map,
+ * so after a failover they follow the promoted replica.
+ *
  * fork(): a connection opened before a fork is not used by the child (each
  * call checks the process id and the child opens its own), so a limiter may
  * be created before forking workers, as long as no thread is inside a
@@ -760,7 +774,8 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * Every rule's limiter must use the same kind of store: memory and shared
  * memory limiters mix freely; custom-store limiters must share one custom
  * store (the same callbacks and ctx); Redis limiters must address the same
- * server and database, with key names in one Cluster slot (see below). Two
+ * server and database, or the same Redis Cluster (equal cluster_nodes
+ * strings), with key names in one Cluster slot (see below). Two
  * rules may not name the same state (the same key on limiters that share a
  * table or a custom store, or the same Redis key name). Anything else is
  * TG_EINVAL and decides nothing.
@@ -793,7 +808,8 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * Redis Cluster and hash tags: the store names a key prefix ":{" key "}:"
  * algorithm, so a name's Cluster slot is that of its key bytes up to the
  * first "}" (the hash tag). A policy's names must all be in one slot, or it
- * is TG_EINVAL (denied_by names the first rule out of place): give the keys
+ * is TG_EINVAL (denied_by names the first rule out of place), on one server
+ * too (so a policy that works there works on a Cluster): give the keys
  * of one policy a common beginning ended by "}", e.g. "acme}user:42" and
  * "acme}tenant" (tag "acme"). The same key under two algorithms is two
  * names in one slot.

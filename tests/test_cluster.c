@@ -730,6 +730,77 @@ static void nb_on_the_cluster(void **state) {
   tg_nb_destroy(nb);
 }
 
+/* ---- policies and reservations --------------------------------------------
+ * tg_hit_rules and tg_reserve on the Cluster store, after the policy's slot
+ * changed hands: the first call meets MOVED at the old master, reads again
+ * at the new one, and counts once (the acceptance suites test_rules and
+ * test_reserve run on the cluster too, through run_cluster_tests.sh). */
+
+static void policy_follows_a_moved_slot(void **state) {
+  (void)state;
+  const char *prefix = prefix_of("pol");
+  tg_limiter *fw = limiter(TG_FIXED_WINDOW, prefix, TG_POLICY_ERROR, 2);
+  tg_limiter *tb = limiter(TG_TOKEN_BUCKET, prefix, TG_POLICY_ERROR, 2);
+  tg_quota qf = {.limit = 5, .period_ms = 3600000};
+  tg_quota qt = {.limit = 3, .period_ms = 3600000, .burst = 3};
+  tg_rule r[2] = {
+      {.lim = fw, .key = "p}user", .key_len = 6, .q = &qf, .cost = 1},
+      {.lim = tb, .key = "p}tenant", .key_len = 8, .q = &qt, .cost = 1}};
+  tg_rules_result out;
+  assert_int_equal(tg_hit_rules(r, 2, 0, &out), TG_OK);
+  assert_true(out.r.allowed);
+  /* names in two slots: refused, nothing decided */
+  tg_rule x[2] = {r[0], r[1]};
+  x[1].key = "q}tenant";
+  assert_int_equal(tg_hit_rules(x, 2, 0, &out), TG_EINVAL);
+  assert_int_equal(out.denied_by, 1);
+  /* the slot moves to another master, keys and all */
+  char name[96];
+  size_t nl = name_of(prefix, "p}user", 6, "fw", name);
+  unsigned slot = keyslot(name, nl);
+  int from = master_of(slot, live_port()), to = 0;
+  for (int i = 0; i < 3 && !to; i++)
+    if (ports[i] != from && !dead[i])
+      to = ports[i];
+  char from_id[64], to_id[64], slot_s[8];
+  node_id(from, from_id);
+  node_id(to, to_id);
+  snprintf(slot_s, sizeof slot_s, "%u", slot);
+  redisReply *rr = on(to, "CLUSTER SETSLOT %s IMPORTING %s", slot_s, from_id);
+  freeReplyObject(rr);
+  rr = on(from, "CLUSTER SETSLOT %s MIGRATING %s", slot_s, to_id);
+  freeReplyObject(rr);
+  migrate_keys(from, to, slot);
+  for (int i = 0; i < 3; i++) {
+    if (dead[i])
+      continue;
+    rr = on(ports[i], "CLUSTER SETSLOT %s NODE %s", slot_s, to_id);
+    assert_true(rr && rr->type != REDIS_REPLY_ERROR);
+    freeReplyObject(rr);
+  }
+  tg_stats before, after;
+  assert_int_equal(tg_limiter_stats(fw, &before, sizeof before), TG_OK);
+  /* the token bucket (3) runs out first: 2 more pass, then denials that
+   * consume nothing, so the window ends at exactly 3 */
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(tg_hit_rules(r, 2, 0, &out), TG_OK);
+    assert_int_equal(out.r.allowed, i < 2);
+  }
+  assert_int_equal(tg_limiter_stats(fw, &after, sizeof after), TG_OK);
+  assert_true(after.moved >= before.moved + 1);
+  uint64_t count = 0;
+  assert_int_equal(tg_get(fw, "p}user", 6, &qf, &count), TG_OK);
+  assert_int_equal(count, 3);
+  /* a reservation on the moved slot: the bucket is empty, so it waits */
+  tg_reservation res;
+  assert_int_equal(tg_reserve(tb, "p}tenant", 8, &qt, 1, 3600000, &res), TG_OK);
+  assert_true(res.ok);
+  assert_true(res.delay_ms > 0);
+  assert_int_equal(tg_cancel(tb, "p}tenant", 8, &qt, &res), TG_OK);
+  tg_limiter_destroy(fw);
+  tg_limiter_destroy(tb);
+}
+
 /* ---- a master dies
  * ------------------------------------------------------------- */
 
@@ -905,6 +976,7 @@ int main(void) {
       cmocka_unit_test(exact_across_processes),
       cmocka_unit_test(reshard_while_traffic_runs),
       cmocka_unit_test(nb_on_the_cluster),
+      cmocka_unit_test(policy_follows_a_moved_slot),
       cmocka_unit_test(master_killed_then_promoted), /* last: kills a node */
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

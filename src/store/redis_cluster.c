@@ -21,6 +21,14 @@
  * (CLUSTER SLOTS from a node that is up), at most once per backoff period
  * unless calls are waiting for a map: so after a failover the map follows
  * the promoted replica, and calls are exact again without anyone's help.
+ *
+ * Policies and reservations read keys, decide here and write them back
+ * only if unchanged: several commands on one connection, which the
+ * one-server store does (redis.c). So they go to a one-server store per
+ * node of the slot's master, made on first need and kept; the slot map is
+ * this store's, and a MOVED (or CLUSTERDOWN) there refreshes it and starts
+ * over, an ASK or TRYAGAIN (a slot being migrated) waits a little and
+ * starts over: nothing had run, so nothing is counted twice.
  */
 #include "redis_engine.h"
 
@@ -44,6 +52,10 @@
 #define READ_CHUNK 16384u
 /* The shortest wait between two map refreshes no call is waiting for. */
 #define REFRESH_GAP_MIN_MS 100u
+/* Tries of a policy or reservation that meets a MOVED (or CLUSTERDOWN),
+ * and one that meets a migrating slot (ASK, TRYAGAIN), then TG_ESTORE. */
+#define MULTI_MOVED_MAX TG__REDIRECTS_MAX
+#define MULTI_WAIT_MAX 40
 
 /* One node's health, shared by the pool (all atomic). */
 typedef struct health {
@@ -73,6 +85,12 @@ typedef struct cluster_store {
                              starts unless calls wait for a map (atomic) */
   tg__eng_stats st;
   health *health; /* per node id (TG__NODES_MAX) */
+  /* For the node stores: */
+  tg_redis_config nrc; /* host and port set per node; strings owned */
+  tg_algorithm alg;
+  uint32_t log_entries;
+  char *seeds, *prefix;
+  tg__store **nodes; /* per node id, made on first need (atomic pointers) */
   size_t npool;
   pooled *pool;
   tg__slotmap map; /* last: the largest */
@@ -220,10 +238,10 @@ static pooled *acquire(cluster_store *s) {
 /* Asks a node that is up for the slot map: one already connected if any,
  * else the first usable one from a rotating start. With none, calls that
  * wait for a map fail with the code of a down node. */
-static void refresh(cluster_store *s, pooled *k) {
+static void refresh(cluster_store *s, pooled *k, bool force) {
   tg__eng *e = &k->eng;
   uint64_t now = mono_ms();
-  if (!tg__eng_parked(e)) {
+  if (!force && !tg__eng_parked(e)) {
     uint64_t after = tg__load_acquire(&s->refresh_after);
     uint64_t gap =
         s->backoff_ms > REFRESH_GAP_MIN_MS ? s->backoff_ms : REFRESH_GAP_MIN_MS;
@@ -336,7 +354,7 @@ static void drive(cluster_store *s, pooled *k, size_t want,
     if (got >= want && !busy && !tg__eng_parked(e))
       break;
     if (tg__eng_refresh_wanted(e))
-      refresh(s, k);
+      refresh(s, k, false);
     uint64_t now = mono_ms();
     nfds_t np = 0;
     int timeout = -1;
@@ -454,7 +472,7 @@ static void collect_none(tg__ereq *r, void *ctx) {
   (void)ctx;
 }
 
-static int cluster_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
+static int exec_one(tg__store *base, const tg__call *c, tg__outcome *o) {
   cluster_store *s = (cluster_store *)base;
   pooled *k = acquire(s);
   tg__ereq r;
@@ -506,6 +524,148 @@ static int cluster_reset(tg__store *base, const void *key, size_t key_len) {
   return r.status;
 }
 
+/* ---- policies and reservations, through a node's one-server store ---- */
+
+/* Fetches a new slot map now (force: even if one was fetched lately), and
+ * waits for it. */
+static void refresh_now(cluster_store *s, bool force) {
+  pooled *k = acquire(s);
+  refresh(s, k, force);
+  drive(s, k, 0, collect_none, NULL);
+  pthread_mutex_unlock(&k->mu);
+}
+
+/* The one-server store of node id, made on first need. NULL: no memory. */
+static tg__store *node_store(cluster_store *s, uint32_t id) {
+  tg__store *ns = __atomic_load_n(&s->nodes[id], __ATOMIC_ACQUIRE);
+  if (ns)
+    return ns;
+  const tg__node *d = tg__slotmap_addr(&s->map, id);
+  tg_redis_config rc = s->nrc;
+  rc.host = d->host;
+  rc.port = d->port;
+  if (tg__redis_node_new(&ns, &rc, s->alg, s->log_entries) != TG_OK)
+    return NULL;
+  tg__store *none = NULL;
+  if (!__atomic_compare_exchange_n(&s->nodes[id], &none, ns, false,
+                                   __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    ns->ops->destroy(ns); /* another thread made it first */
+    ns = none;
+  }
+  return ns;
+}
+
+/* The node of store s's map at address d, added if new. */
+static uint32_t node_at(cluster_store *s, const tg__node *d) {
+  return tg__slotmap_node(&s->map, d->host, strlen(d->host), d->port);
+}
+
+/* What a policy or a reservation runs on its node's stores. */
+typedef struct multi_job {
+  tg__store *const *stores; /* n Cluster stores (one per rule) */
+  const tg__call *calls;
+  size_t n;
+  const bool *shadow; /* a policy's; NULL: a reservation or cancel */
+  tg__outcome *o;
+  bool *passed;
+  size_t *failed;
+} multi_job;
+
+/* Runs a job on the master of the first call's slot, as long as the
+ * Cluster says it did not run there (see the top of the file). */
+static int multi_run(const multi_job *j) {
+  cluster_store *s0 = (cluster_store *)j->stores[0];
+  char name[TG__REDIS_NAME_MAX];
+  size_t len = tg__redis_key_name(s0->codec, &j->calls[0], name);
+  unsigned slot = tg__key_slot(name, len);
+  tg__store *fixed[TG_RULES_MAX];
+  if (j->n > TG_RULES_MAX)
+    return TG_EINVAL;
+  int moved = 0, waits = 0;
+  for (;;) {
+    uint32_t id = tg__slotmap_get(&s0->map, slot);
+    if (id == TG__NO_NODE) {
+      /* forced: another thread's refresh may be on its way, but this call
+       * cannot wait for it (it waits for its own) */
+      refresh_now(s0, true);
+      id = tg__slotmap_get(&s0->map, slot);
+      if (id == TG__NO_NODE)
+        return TG_ECONNECT; /* no node could say where the slot is */
+    }
+    const tg__node *d = tg__slotmap_addr(&s0->map, id);
+    int rc = TG_OK;
+    for (size_t i = 0; i < j->n && rc == TG_OK; i++) {
+      cluster_store *si = (cluster_store *)j->stores[i];
+      uint32_t ii = si == s0 ? id : node_at(si, d);
+      fixed[i] = ii == TG__NO_NODE ? NULL : node_store(si, ii);
+      if (!fixed[i])
+        rc = TG_ENOMEM;
+    }
+    if (rc == TG_OK && j->shadow)
+      rc = fixed[0]->ops->exec_rules(fixed, j->calls, j->n, j->shadow, j->o,
+                                     j->passed, j->failed);
+    else if (rc == TG_OK)
+      rc = fixed[0]->ops->exec(fixed[0], &j->calls[0], j->o);
+    if (rc == TG__EMOVED && ++moved < MULTI_MOVED_MAX) {
+      tg__fetch_add(&s0->st.moved, 1);
+      refresh_now(s0, true);
+      continue;
+    }
+    if (rc == TG__ETRYAGAIN && ++waits < MULTI_WAIT_MAX) {
+      tg__fetch_add(&s0->st.ask, 1);
+      int pause_ms = waits < 6 ? 1 << waits : 50;
+      struct timespec ts = {0, (long)pause_ms * 1000000L};
+      nanosleep(&ts, NULL);
+      continue;
+    }
+    if (rc == TG__EMOVED || rc == TG__ETRYAGAIN)
+      return TG_ESTORE; /* the slot kept moving */
+    if (rc == TG_ECONNECT || rc == TG_ETIMEDOUT)
+      refresh_now(s0, false); /* the master may have failed over */
+    return rc;
+  }
+}
+
+static int cluster_exec_rules(tg__store *const *stores, const tg__call *calls,
+                              size_t n, const bool *shadow, tg__outcome *o,
+                              bool *passed, size_t *failed) {
+  *passed = false;
+  *failed = 0;
+  multi_job j = {stores, calls, n, shadow, o, passed, failed};
+  return multi_run(&j);
+}
+
+static int cluster_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
+  if (c->op == TG__OP_RESERVE || c->op == TG__OP_CANCEL) {
+    tg__store *const stores[1] = {base};
+    multi_job j = {stores, c, 1, NULL, o, NULL, NULL};
+    return multi_run(&j);
+  }
+  if (c->op > TG__OP_EXPIRES)
+    return TG_ENOTSUP; /* a policy's steps: cluster_exec_rules decides them */
+  return exec_one(base, c, o);
+}
+
+/* FNV-1a over a string and a separator, for the ids below. */
+static uint64_t mix(uint64_t h, const char *str) {
+  for (; str && *str; str++)
+    h = (h ^ (unsigned char)*str) * UINT64_C(0x100000001b3);
+  return (h ^ 0xff) * UINT64_C(0x100000001b3);
+}
+
+/* Limiters on one Cluster (the same seed list) decide policies together;
+ * their states are one space per key prefix and algorithm. */
+static void cluster_ident(const tg__store *base, uint64_t group[2],
+                          uint64_t space[2]) {
+  static const char suffix[TG_ALGORITHM_COUNT][3] = {"fw", "pk", "sw", "tb",
+                                                     "lb"};
+  const cluster_store *s = (const cluster_store *)base;
+  group[0] = mix(UINT64_C(0xcbf29ce484222325), s->seeds);
+  group[1] = 3;
+  space[0] = mix(mix(group[0], s->prefix), suffix[s->alg]);
+  space[1] = 4;
+}
+
 static size_t cluster_zero(const tg__store *s) {
   (void)s;
   return 0;
@@ -535,6 +695,12 @@ static void cluster_destroy(tg__store *base) {
   }
   free(s->pool);
   free(s->health);
+  for (uint32_t i = 0; s->nodes && i < TG__NODES_MAX; i++)
+    if (s->nodes[i])
+      s->nodes[i]->ops->destroy(s->nodes[i]);
+  free(s->nodes);
+  free(s->seeds);
+  free(s->prefix);
   if (s->codec)
     s->codec->ops->destroy(s->codec);
   free(s->username);
@@ -544,8 +710,9 @@ static void cluster_destroy(tg__store *base) {
 }
 
 static const tg__store_ops cluster_ops = {
-    cluster_exec,    cluster_reset,      cluster_zero, NULL, cluster_zero,
-    cluster_destroy, cluster_exec_batch, NULL,         NULL};
+    cluster_exec,      cluster_reset,   cluster_zero,       NULL,
+    cluster_zero,      cluster_destroy, cluster_exec_batch, cluster_ident,
+    cluster_exec_rules};
 
 int tg__redis_cluster_new(tg__store **out, const tg_redis_config *rc,
                           tg_algorithm alg, uint32_t log_entries) {
@@ -573,9 +740,19 @@ int tg__redis_cluster_new(tg__store **out, const tg_redis_config *rc,
   if (err == TG_OK) {
     s->health = calloc(TG__NODES_MAX, sizeof *s->health);
     s->pool = calloc(rc->pool_size, sizeof *s->pool);
-    if (!s->health || !s->pool)
+    s->nodes = calloc(TG__NODES_MAX, sizeof *s->nodes);
+    s->seeds = strdup(rc->cluster_nodes);
+    s->prefix = strdup(rc->key_prefix);
+    if (!s->health || !s->pool || !s->nodes || !s->seeds || !s->prefix)
       err = TG_ENOMEM;
   }
+  s->alg = alg;
+  s->log_entries = log_entries;
+  s->nrc = *rc;
+  s->nrc.cluster_nodes = NULL;
+  s->nrc.key_prefix = s->prefix;
+  s->nrc.username = s->username;
+  s->nrc.password = s->password;
   tg__eng_config ec = {s->codec, s->username, s->password, 0,
                        true,     &s->map,     &s->st};
   for (uint32_t i = 0; err == TG_OK && i < rc->pool_size; i++) {

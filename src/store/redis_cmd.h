@@ -52,4 +52,20 @@ size_t tg__redis_key_name(const tg__store *redis, const tg__call *c,
  * reply (redisReply's fields) built by any reader will do. */
 int tg__redis_decode(const tg__call *c, const redisReply *r, tg__outcome *o);
 
+/* Internal codes of a Cluster node's store (tg__redis_node_new), never
+ * returned to a caller: the Cluster store acts on them. */
+#define TG__EMOVED                                                             \
+  (-100) /* MOVED or CLUSTERDOWN: nothing ran; refresh                         \
+            the slot map and try again */
+#define TG__ETRYAGAIN                                                          \
+  (-101) /* ASK or TRYAGAIN: the slot is migrating;                            \
+            nothing ran, try again shortly */
+
+/* A one-server store (rc->cluster_nodes must be NULL) for one node of a
+ * Cluster: the policies and reservations (several commands on one
+ * connection) of the Cluster store go through it. Errors as
+ * tg__redis_store_new. */
+int tg__redis_node_new(tg__store **out, const tg_redis_config *rc,
+                       tg_algorithm alg, uint32_t log_entries);
+
 #endif /* TG_STORE_REDIS_CMD_H */
