@@ -20,16 +20,18 @@ import struct
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "corpus", "table")
 
-# region layout (see fuzz_table.c; sliding tables add the log blocks)
-CTRL, SLOT, CHUNK, LOG = 320, 512, 1472, 2496
-BLOCK = 192  # bytes per log block: mu 0-39, n 40, head 44, sum 48,
-#              period 56, next_free 64, inited 72, last_us 80, entries 88
+# region layout (see fuzz_table.c; sliding tables add the log blocks), of
+# table format version 2
+CTRL, SLOT, CHUNK, LOG = 256, 448, 1408, 2432
+BLOCK = 128  # bytes per log block: lock 0, n 8, head 12, sum 16,
+#              period 24, next_free 32, last_us 40, entries 48
 HDR = {"magic": 0, "version": 8, "hdr_bytes": 12, "algorithm": 16,
        "slot_bytes": 20, "log_entries": 24, "log_block_bytes": 28,
        "shared": 32, "capacity": 40, "nslots": 48, "nchunks": 56,
-       "nlogs": 64, "ctrl_off": 88, "total_bytes": 120, "live": 128,
-       "chunk_bump": 136, "chunk_free": 144, "log_bump": 152,
-       "log_free": 160, "cursor": 168, "horizon": 176}
+       "nlogs": 64, "ctrl_off": 88, "total_bytes": 120, "pidns": 128,
+       "live": 136, "chunk_bump": 144, "chunk_free": 152, "log_bump": 160,
+       "log_free": 168, "cursor": 176, "horizon": 184, "reach": 192,
+       "lock": 200, "clean_lock": 208}
 KEY_SLOT = [8, 18, 10, 5, 0, 12, 1, 6]
 FIXED, PER_KEY, SLIDING, TOKEN, LEAKY = range(5)
 HIT, INC, GET, SET, EXPIRES, RESET, CLEAN, POKE = range(8)
@@ -89,12 +91,20 @@ def main():
         # header: fields attach checks (refused) and counters it does not
         if a != TOKEN:
             for fld in ("magic", "version", "algorithm", "nslots",
-                        "total_bytes", "shared"):
+                        "total_bytes", "shared", "pidns"):
                 seeds[f"{n}-hdr-{fld}"] = seed(a, [(HDR[fld], 0x01)])
         seeds[f"{n}-hdr-live"] = seed(a, [(HDR["live"], 0x10)])
         seeds[f"{n}-hdr-live-max"] = seed(a, [(HDR["live"] + 7, 0xff)])
         seeds[f"{n}-hdr-horizon"] = seed(a, [(HDR["horizon"] + 6, 0x20)])
         seeds[f"{n}-hdr-cursor"] = seed(a, [(HDR["cursor"] + 7, 0x80)])
+        seeds[f"{n}-hdr-reach"] = seed(a, [(HDR["reach"] + 7, 0x80)])
+        # lock words: a garbage owner (bit 31), a live one (pid 1, start
+        # unknown: held), a reaped one (pid 4000000, most likely free)
+        for lk in ("lock", "clean_lock"):
+            seeds[f"{n}-hdr-{lk}-garbage"] = seed(a, [(HDR[lk] + 3, 0x80)])
+            seeds[f"{n}-hdr-{lk}-pid-1"] = seed(a, [(HDR[lk], 0x01)])
+            seeds[f"{n}-hdr-{lk}-pid-4000000"] = seed(
+                a, [(HDR[lk], 0x00), (HDR[lk] + 1, 0x09), (HDR[lk] + 2, 0x3d)])
         # ctrl words: status, length (bits 2-10), tag; an EMPTY made LIVE
         seeds[f"{n}-ctrl-status"] = seed(a, [(CTRL + 8 * s, 0x03)])
         seeds[f"{n}-ctrl-len"] = seed(a, [(CTRL + 8 * s + 1, 0x01)])
@@ -120,18 +130,20 @@ def main():
         FIXED, [(HDR["chunk_free"] + 7, 0x80)])
     seeds["sliding-hdr-log-free-out-of-range"] = seed(
         SLIDING, [(HDR["log_free"] + 7, 0x80)])
-    # sliding-log blocks: n, head, sum, period, next_free, inited, last_us,
+    # sliding-log blocks: lock, n, head, sum, period, next_free, last_us,
     # entries
     blk = LOG + BLOCK * 3  # key 3's log (block index 3 + 1 - 1)
-    for fld, off, x in (("n", 40, 0x07), ("head", 44, 0x02),
-                        ("sum", 48, 0x01), ("period", 63, 0x80),
-                        ("next-free", 64, 0x09), ("inited", 72, 0x01),
-                        ("last-us", 80 + 6, 0x40),
-                        ("entry-time", 88 + 16 + 3, 0x10),
-                        ("entry-cost", 88 + 8 + 7, 0xff)):
+    for fld, off, x in (("lock-garbage", 3, 0x80), ("lock-pid-1", 0, 0x01),
+                        ("lock-waiters", 3, 0x40),
+                        ("n", 8, 0x07), ("head", 12, 0x02),
+                        ("sum", 16, 0x01), ("period", 31, 0x80),
+                        ("next-free", 32, 0x09),
+                        ("last-us", 40 + 6, 0x40),
+                        ("entry-time", 48 + 16 + 3, 0x10),
+                        ("entry-cost", 48 + 8 + 7, 0xff)):
         seeds[f"sliding-log-{fld}"] = seed(SLIDING, [(blk + off, x)])
     seeds["sliding-log-free"] = seed(
-        SLIDING, [(HDR["log_free"], 0x03), (LOG + 2 * BLOCK + 64, 0x03)])
+        SLIDING, [(HDR["log_free"], 0x03), (LOG + 2 * BLOCK + 32, 0x03)])
     seeds["sliding-log-bump"] = seed(SLIDING, [(HDR["log_bump"], 0x1f)])
     # corruption between operations, as a concurrent writer would do it
     mid = b""

@@ -103,10 +103,15 @@ TG_EXTERN const char *tg_version_string(void);
   XX(EFULL, -9, "store is full")                                               \
   XX(ESTORE, -10, "store failure")                                             \
   XX(EBUSY, -11, "key is locked by another caller")                            \
-  XX(ECORRUPT, -12, "stored state is corrupt or of an unknown version")        \
-  XX(EMISMATCH, -13, "shared segment was created with other parameters")       \
+  XX(ECORRUPT, -12, "stored state is corrupt")                                 \
+  XX(EMISMATCH, -13,                                                           \
+     "shared segment was created with other parameters, by another "           \
+     "tollgate version or in another PID namespace")                           \
   XX(ECONNECT, -14, "cannot reach the store: connection refused or lost")      \
-  XX(ETIMEDOUT, -15, "the store did not answer in time")
+  XX(ETIMEDOUT, -15, "the store did not answer in time")                       \
+  XX(EPERM, -16,                                                               \
+     "shared segment refused: another user's, not a regular file, or open "    \
+     "beyond shm_mode")
 
 typedef enum tg_errno {
   TG_OK = 0,
@@ -120,6 +125,14 @@ typedef enum tg_errno {
 TG_EXTERN const char *tg_strerror(int err);
 /* The code's name, e.g. "TG_EKEY"; "TG_OK" for 0, "TG_UNKNOWN" otherwise. */
 TG_EXTERN const char *tg_err_name(int err);
+
+/* Why the calling thread's last tg_limiter_new failed, in words: which
+ * field is invalid, which segment was refused and why ("owned by uid 1001,
+ * not by this process's effective uid 1000"), how many bytes a full tmpfs
+ * could not supply... The string is thread-local (like dlerror), valid until
+ * the thread's next tg_limiter_new, and "" when that call succeeded or none
+ * was made. Never NULL. */
+TG_EXTERN const char *tg_last_error(void);
 
 /* ---- Algorithms -----------------------------------------------------------
  * All five give the same answers on every store. The summary each caller
@@ -230,6 +243,8 @@ TG_EXTERN uint64_t tg_clock_coarse(void *ctx);
  * BUSY, READONLY, a failed AUTH...). The function still returns that code;
  * the policy only decides what is written into the result, which then has
  * degraded = true. A store failure is never disguised as a plain denial.
+ * (A shared segment whose file system is full answers TG_ENOMEM for the
+ * new key that needed memory, through this policy, never with a signal.)
  * TG_POLICY_FALLBACK decides instead, locally: see "Surviving a store
  * outage" below. */
 typedef enum tg_policy {
@@ -318,7 +333,30 @@ typedef enum tg_policy {
  * further; a cleaning pass reclaims them all). The scan is bounded so that
  * a stream of new keys cannot make each refusal cost O(capacity), but it is
  * still work under the table lock (about 36 us measured for a refusal in a
- * full 65536-key table): give capacity room above the keys live at once. */
+ * full 65536-key table): give capacity room above the keys live at once.
+ * With tg_config.on_full = TG_FULL_EVICT a new key that finds no decayed key
+ * there evicts a live one instead of being refused (see tg_full). A key
+ * emptied by tg_reset is reclaimed like any fresh key, but not handed to
+ * before_clean (it has nothing to report). */
+
+/* What a new key does when the memory (or shm) table is full and the
+ * bounded scan above finds no decayed key to reclaim. */
+typedef enum tg_full {
+  TG_FULL_REFUSE = 0, /* the call fails with TG_EFULL and the failure
+                         policy answers (the default): no key's count is
+                         ever lost, but new keys go unlimited (fail-open) or
+                         are denied (fail-closed) while the table is full */
+  TG_FULL_EVICT = 1   /* the live key closest to fresh (whose state would
+                         decay soonest) among those the scan inspected is
+                         evicted, and the new key takes its place. The
+                         evicted key's count is forgotten: its next call
+                         starts from a fresh state, so within one period it
+                         may be admitted up to a full limit again, on top of
+                         what it had used. Each limit stays exact for keys
+                         that are not evicted. An eviction never moves the
+                         reclaim horizon (see "Operations"), and a sliding
+                         log held by another call is not evicted */
+} tg_full;
 
 /* One expired entry handed to before_clean. The key bytes are valid only for
  * the duration of the call. */
@@ -577,9 +615,10 @@ typedef struct tg_config {
                                     65536, at most 2^40). The table takes about 64
                                     bytes per key, reserved up front; a sliding
                                     window table also reserves, as address space
-                                    backed only once used, 80 + 16 *
-                                    sliding_max_entries bytes per key (TG_ENOMEM if
-                                    the address space cannot hold it). */
+                                    backed only once used, 48 + 16 *
+                                    sliding_max_entries bytes per key, rounded
+                                    up to 64 (TG_ENOMEM if the address space
+                                    cannot hold it). */
   uint64_t long_keys;           /* memory store: most keys longer than 32 bytes
                                     held at once; 0 (the default) means "as many
                                     as capacity". 256 bytes each, backed by the
@@ -604,17 +643,32 @@ typedef struct tg_config {
                                     algorithm, capacity, long_keys and
                                     sliding_max_entries if absent, attached if
                                     present (those must then be equal, else
-                                    TG_EMISMATCH; a segment that is not a sound
-                                    tollgate table is TG_ECORRUPT). The string is
+                                    TG_EMISMATCH, as is a segment of another
+                                    tollgate table version or created in
+                                    another PID namespace; one that is not a
+                                    sound tollgate table is TG_ECORRUPT; one
+                                    that is not a regular file owned by this
+                                    process's effective user, or whose mode
+                                    has bits beyond shm_mode, is TG_EPERM).
+                                    See "Shared memory" below for what a
+                                    segment guarantees. The string is
                                     only read during tg_limiter_new. Cannot be
                                     combined with custom_store. */
   unsigned shm_mode;            /* permissions of a segment this limiter creates
-                                    (default 0600: only the same user may attach) */
-  uint32_t lock_timeout_ms;     /* shared memory: the longest an operation
-                                    waits for a lock another process holds
-                                    (a table or sliding-log lock), in ms,
-                                    default 2000; then it answers TG_EBUSY.
-                                    0 means try once and never wait. */
+                                    (default 0600: only the same user may attach),
+                                    and the most an existing one may allow */
+  uint32_t lock_timeout_ms;     /* shared memory: the longest one operation
+                                    waits, in all, for locks other processes
+                                    hold (the table's, a sliding log's, the
+                                    segment's creation lock in
+                                    tg_limiter_new), in ms, default 2000, at
+                                    most 3600000; then it answers TG_EBUSY.
+                                    0 means never wait (a lock whose holder
+                                    has died is still taken over). */
+  tg_full on_full;              /* memory and shm stores: what a new key does
+                                    in a full table, default TG_FULL_REFUSE.
+                                    Each limiter's own choice, even on one
+                                    segment. */
   const tg_redis_config *redis; /* NULL (default): not Redis. Else the
                             Redis store with these settings (copied, strings
                             included, during tg_limiter_new). Cannot be
@@ -668,14 +722,18 @@ typedef struct tg_limiter tg_limiter;
 
 /* Creates a limiter from *cfg (copied; NULL means all defaults) and stores it
  * in *out; starts the cleaning thread if clean_period_ms > 0 (memory and shm
- * stores). Returns TG_EINVAL for a bad algorithm, policy,
+ * stores). Returns TG_EINVAL for a bad algorithm, policy, on_full,
  * sliding_max_entries, capacity, long_keys, fallback_share or
  * deny_cache_entries, a custom store without its three callbacks, more than
  * one of custom_store, shm_name and redis, or a bad tg_redis_config
  * (pool_size, port, prefix, a username without a password, cluster_nodes
  * that do not parse or come with unix_path or a db other than 0);
- * TG_ENOTSUP for redis in a build without hiredis; TG_ENOMEM or
- * TG_ESTORE if memory or the thread cannot be had (*out is then NULL). A
+ * TG_ENOTSUP for redis in a build without hiredis; TG_ENOMEM or TG_ESTORE
+ * if memory or the thread cannot be had (for a shared segment: its file
+ * system cannot hold the table's header, ctrl words and slots); for a
+ * shared segment also TG_EPERM, TG_EMISMATCH, TG_ECORRUPT (see shm_name)
+ * and TG_EBUSY (another process kept the segment's creation lock for
+ * lock_timeout_ms). *out is then NULL and tg_last_error() says why. A
  * Redis limiter does not connect here: see "Redis store" above. */
 TG_EXTERN int tg_limiter_new(tg_limiter **out, const tg_config *cfg);
 /* Stops the cleaning thread (waiting for a pass in progress), frees the
@@ -698,9 +756,14 @@ TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
  * has already dropped entries that expired by the later time. Once the
  * memory (or shm) store has reclaimed a key, any key it does not hold,
  * reclaimed or never seen, is evaluated no earlier than the latest moment at
- * which a reclaimed state expired (so a clock stepping back cannot revive a
- * reclaimed count as fresh). The Redis store keeps a state until its TTL,
- * counted on the server's clock.
+ * which a reclaimed state expired (the reclaim horizon), so a clock stepping
+ * back cannot revive a reclaimed count as fresh; but never further past the
+ * call's now than the longest period (a bucket's: burst * T) of any key the
+ * table has held, at most TG_PERIOD_MAX_MS: after a clock jump forward and
+ * back, new keys run on the real time. A horizon beyond now +
+ * TG_PERIOD_MAX_MS (or TG_NOW_MAX_US) is corrupt and is cleared, not obeyed.
+ * The Redis store keeps a state until its TTL, counted on the server's
+ * clock.
  *
  * Supported operations per algorithm (others are TG_ENOTSUP):
  *
@@ -992,18 +1055,67 @@ TG_EXTERN int tg_expires_at_at(tg_limiter *lim, uint64_t now_us,
                                const tg_quota *q, uint64_t *at_ms);
 
 /* Deletes the key's state (it becomes fresh). Deleting an unknown key is not
- * an error. */
+ * an error. The next call on the key behaves exactly as on a key never seen,
+ * at that call's own now (the reclaim horizon does not apply to it). The
+ * memory and shm stores keep the emptied key in its slot until a cleaning
+ * pass or a full table reclaims it (so it still counts in tg_key_count);
+ * resetting takes no table lock, and for a sliding log only that log's
+ * (TG_EBUSY after lock_timeout_ms). */
 TG_EXTERN int tg_reset(tg_limiter *lim, const void *key, size_t key_len);
 
-/* Number of keys the memory store currently holds (fresh keys are counted
- * until they are reclaimed); 0 for a custom or Redis store (they cannot
- * tell). */
+/* Number of keys the memory store currently holds (fresh keys, reset ones
+ * included, are counted until they are reclaimed); 0 for a custom or Redis
+ * store (they cannot tell). */
 TG_EXTERN size_t tg_key_count(const tg_limiter *lim);
 
 /* Bytes of memory the store has reserved for key state (the whole table,
  * including its virtual reservation for long keys and logs); 0 for a custom
  * or Redis store. */
 TG_EXTERN size_t tg_store_bytes(const tg_limiter *lim);
+
+/* ---- Shared memory
+ * ----------------------------------------------------------- A limiter with
+ * shm_name keeps its table in a POSIX shared-memory segment (on Linux, a file
+ * in the tmpfs /dev/shm) that every process naming it maps. What a process can
+ * rely on, and against whom:
+ *
+ * Any bytes in the segment (a bug, a process killed half way, or a process
+ * that may write it): tollgate does not crash, abort or hang. Indices and
+ * counts are range-checked before use; locks are tollgate's own words,
+ * never a C library's mutex state; a lock whose holder died is taken over
+ * and what it guarded repaired; a lock naming a live process is waited for
+ * at most lock_timeout_ms per operation, then TG_EBUSY; state that makes no
+ * sense is TG_ECORRUPT. (The counts themselves are only as right as the
+ * writers.)
+ *
+ * A full file system (Docker's /dev/shm is 64 MiB, and any local user can
+ * fill /dev/shm): tg_limiter_new reserves the header, ctrl words and slots
+ * (about 64 bytes per key of capacity) or fails with TG_ENOMEM; long keys'
+ * chunks and sliding logs are reserved as they are first used, and a new
+ * key whose memory cannot be had is TG_ENOMEM through the failure policy
+ * (decayed keys are reclaimed first, and their memory reused). Never a
+ * SIGBUS.
+ *
+ * Another local user: a segment is used only if it is a regular file owned
+ * by this process's effective user whose mode has no bits beyond shm_mode
+ * (TG_EPERM otherwise), so nobody can plant one in advance and keep write
+ * access to our limits. With the default shm_mode 0600 only the same user,
+ * who could ptrace the process anyway, can write it.
+ *
+ * Not guaranteed: a process that may write the segment (the same user, or
+ * a group that shm_mode 0660 lets in) can change any count, fill the table,
+ * or hold a lock so that operations answer TG_EBUSY after lock_timeout_ms;
+ * it can also truncate the file or punch holes in it, after which touching
+ * the lost pages raises SIGBUS (a file's size cannot be checked on every
+ * access). Lock owners are process ids, so a segment created in another PID
+ * namespace is refused (TG_EMISMATCH): containers share a segment only if
+ * they share the PID namespace. A process that calls execve while one of
+ * its threads holds a tollgate lock still looks alive to the others (same
+ * pid, same start time): that lock is waited for, then TG_EBUSY, until the
+ * process exits. A segment made by another tollgate table version is
+ * refused (TG_EMISMATCH): unlink it (tg_shm_unlink) to start afresh. Each
+ * limiter on a segment keeps one file descriptor open.
+ */
 
 /* Removes the name of a shared-memory segment: new limiters can no longer
  * attach to it, while those attached keep working until destroyed (the
@@ -1015,7 +1127,9 @@ TG_EXTERN int tg_shm_unlink(const char *name);
  * for at least key_older_than_ms are handed to before_clean and reclaimed.
  * *removed (may be NULL) receives how many were reclaimed. If another pass is
  * running it returns 0 at once with nothing removed. TG_ENOTSUP for a custom
- * or Redis store (they expire keys by their TTL). */
+ * or Redis store (they expire keys by their TTL). TG_EBUSY when a shared
+ * table's lock stayed held by another process for lock_timeout_ms (the pass
+ * stops; *removed counts what it reclaimed before). */
 TG_EXTERN int tg_clean(tg_limiter *lim, size_t *removed);
 TG_EXTERN int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed);
 

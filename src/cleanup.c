@@ -6,6 +6,7 @@
 #include "cleanup.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 

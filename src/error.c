@@ -1,8 +1,13 @@
 /*
  * error.c - tg_strerror and tg_err_name, generated from TG_ERRNO_MAP so the
- * messages and names can never drift from the codes.
+ * messages and names can never drift from the codes; and tg_last_error, the
+ * thread-local detail of the last failed tg_limiter_new.
  */
+#include "error.h"
 #include "tollgate.h"
+
+#include <stdarg.h>
+#include <stdio.h>
 
 const char *tg_strerror(int err) {
   switch (err) {
@@ -31,3 +36,19 @@ const char *tg_err_name(int err) {
     return "TG_UNKNOWN";
   }
 }
+
+/* One per thread, so concurrent tg_limiter_new calls never mix details. */
+static _Thread_local char detail[256];
+
+void tg__error_set(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  (void)vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+}
+
+void tg__error_clear(void) { detail[0] = '\0'; }
+
+int tg__error_isset(void) { return detail[0] != '\0'; }
+
+const char *tg_last_error(void) { return detail; }

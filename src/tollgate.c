@@ -6,6 +6,7 @@
 #include "tollgate.h"
 
 #include "atomic.h"
+#include "error.h"
 #include "limiter.h"
 
 #include <errno.h>
@@ -53,6 +54,7 @@ void tg_config_init(tg_config *cfg) {
   cfg->shm_name = NULL;
   cfg->shm_mode = 0600;
   cfg->lock_timeout_ms = LOCK_TIMEOUT_DEFAULT_MS;
+  cfg->on_full = TG_FULL_REFUSE;
   cfg->redis = NULL;
   cfg->shadow = false;
   cfg->on_decision = NULL;
@@ -82,32 +84,47 @@ void tg_redis_config_init(tg_redis_config *rc) {
 
 int tg_redis_available(void) { return tg__redis_built(); }
 
+/* Checks *cfg; on failure says which field in tg_last_error. */
 static bool config_valid(const tg_config *cfg) {
+  const char *bad = NULL;
   if ((unsigned)cfg->algorithm >= TG_ALGORITHM_COUNT)
-    return false;
-  if (cfg->on_failure != TG_POLICY_ERROR &&
-      cfg->on_failure != TG_POLICY_FAIL_OPEN &&
-      cfg->on_failure != TG_POLICY_FAIL_CLOSED &&
-      cfg->on_failure != TG_POLICY_FALLBACK)
-    return false;
-  if (cfg->fallback_share < 1 || cfg->fallback_share > FALLBACK_SHARE_LIMIT ||
-      cfg->deny_cache_entries > DENY_CACHE_LIMIT)
-    return false;
-  if ((cfg->custom_store != NULL) + (cfg->shm_name != NULL) +
-          (cfg->redis != NULL) >
-      1)
-    return false;
-  if (cfg->shm_mode & ~0777u)
-    return false;
-  if (cfg->lock_timeout_ms > LOCK_TIMEOUT_LIMIT_MS)
-    return false;
-  if (cfg->custom_store &&
-      (!cfg->custom_store->lock_and_get || !cfg->custom_store->set_and_unlock ||
-       !cfg->custom_store->unlock))
-    return false;
-  return cfg->clock != NULL && cfg->sliding_max_entries >= 1 &&
-         cfg->sliding_max_entries <= SLIDING_MAX_LIMIT && cfg->capacity >= 1 &&
-         cfg->capacity <= CAPACITY_LIMIT && cfg->long_keys <= cfg->capacity;
+    bad = "algorithm is not a tg_algorithm";
+  else if (cfg->on_failure != TG_POLICY_ERROR &&
+           cfg->on_failure != TG_POLICY_FAIL_OPEN &&
+           cfg->on_failure != TG_POLICY_FAIL_CLOSED &&
+           cfg->on_failure != TG_POLICY_FALLBACK)
+    bad = "on_failure is not a tg_policy";
+  else if (cfg->fallback_share < 1 ||
+           cfg->fallback_share > FALLBACK_SHARE_LIMIT)
+    bad = "fallback_share outside 1..65536";
+  else if (cfg->deny_cache_entries > DENY_CACHE_LIMIT)
+    bad = "deny_cache_entries above 2^24";
+  else if (cfg->on_full != TG_FULL_REFUSE && cfg->on_full != TG_FULL_EVICT)
+    bad = "on_full is not a tg_full";
+  else if ((cfg->custom_store != NULL) + (cfg->shm_name != NULL) +
+               (cfg->redis != NULL) >
+           1)
+    bad = "more than one of custom_store, shm_name and redis";
+  else if (cfg->shm_mode & ~0777u)
+    bad = "shm_mode has bits beyond 0777";
+  else if (cfg->lock_timeout_ms > LOCK_TIMEOUT_LIMIT_MS)
+    bad = "lock_timeout_ms above 3600000 (one hour)";
+  else if (cfg->custom_store &&
+           (!cfg->custom_store->lock_and_get ||
+            !cfg->custom_store->set_and_unlock || !cfg->custom_store->unlock))
+    bad = "custom_store lacks one of its three callbacks";
+  else if (cfg->clock == NULL)
+    bad = "clock is NULL";
+  else if (cfg->sliding_max_entries < 1 ||
+           cfg->sliding_max_entries > SLIDING_MAX_LIMIT)
+    bad = "sliding_max_entries outside 1..2^24";
+  else if (cfg->capacity < 1 || cfg->capacity > CAPACITY_LIMIT)
+    bad = "capacity outside 1..2^40";
+  else if (cfg->long_keys > cfg->capacity)
+    bad = "long_keys above capacity";
+  if (bad)
+    tg__error_set("invalid tg_config: %s", bad);
+  return bad == NULL;
 }
 
 /* A portable shm name: "/" then 1..254 bytes with no further "/" (glibc's
@@ -137,9 +154,13 @@ static int store_new(tg_limiter *lim) {
                         cfg->long_keys ? cfg->long_keys : cfg->capacity,
                         cfg->sliding_max_entries,
                         false,
-                        cfg->lock_timeout_ms};
-  if (cfg->shm_name && !shm_name_ok(cfg->shm_name))
+                        cfg->lock_timeout_ms,
+                        cfg->on_full == TG_FULL_EVICT};
+  if (cfg->shm_name && !shm_name_ok(cfg->shm_name)) {
+    tg__error_set("invalid tg_config: shm_name is not \"/\" then 1..254 "
+                  "bytes without \"/\"");
     return TG_EINVAL;
+  }
   if (cfg->shm_name)
     return tg__shm_store_new(&lim->store, cfg->shm_name, cfg->shm_mode, &p);
   return tg__memory_store_new(&lim->store, &p);
@@ -156,7 +177,8 @@ static int extras_new(tg_limiter *lim) {
                           cfg->long_keys ? cfg->long_keys : cfg->capacity,
                           cfg->sliding_max_entries,
                           false,
-                          cfg->lock_timeout_ms};
+                          cfg->lock_timeout_ms,
+                          cfg->on_full == TG_FULL_EVICT};
     rc = tg__memory_store_new(&lim->fallback, &p);
   }
   if (rc == TG_OK && cfg->deny_cache_entries > 0)
@@ -177,8 +199,11 @@ static void limiter_free(tg_limiter *lim) {
 /* tg_limiter_new, or without a store (`shell`) for the non-blocking API,
  * which keeps its connections itself. */
 static int limiter_new(tg_limiter **out, const tg_config *cfg, bool shell) {
-  if (!out)
+  tg__error_clear();
+  if (!out) {
+    tg__error_set("out is NULL");
     return TG_EINVAL;
+  }
   *out = NULL;
   tg_config defaults;
   if (!cfg) {
@@ -188,8 +213,10 @@ static int limiter_new(tg_limiter **out, const tg_config *cfg, bool shell) {
   if (!config_valid(cfg))
     return TG_EINVAL;
   tg_limiter *lim = calloc(1, sizeof *lim);
-  if (!lim)
+  if (!lim) {
+    tg__error_set("out of memory");
     return TG_ENOMEM;
+  }
   lim->cfg = *cfg;
   lim->shadow = cfg->shadow;
   lim->hook = cfg->on_decision != NULL;
@@ -217,6 +244,8 @@ static int limiter_new(tg_limiter **out, const tg_config *cfg, bool shell) {
     rc = tg__cleaner_start(&lim->cleaner, lim, cfg->clean_period_ms);
   if (rc != TG_OK) {
     limiter_free(lim);
+    if (!tg__error_isset()) /* the store had nothing more precise to say */
+      tg__error_set("%s", tg_strerror(rc));
     return rc;
   }
   *out = lim;

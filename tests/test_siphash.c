@@ -106,7 +106,6 @@ static void tables_draw_their_own_key(void **state) {
     assert_int_equal(tg__table_init(&t, mem, &p), TG_OK);
     keys[i][0] = t.h->sip[0];
     keys[i][1] = t.h->sip[1];
-    tg__table_fini(&t);
     free(mem);
     assert_true(keys[i][0] != 0 || keys[i][1] != 0);
     for (int j = 0; j < i; j++) /* 2^-128 chance of a false failure */

@@ -62,6 +62,7 @@ typedef struct serve_opts {
   uint64_t capacity;            /* keys per algorithm */
   uint64_t sliding_max_entries; /* per sliding-window key */
   tg_policy policy;
+  tg_full on_full;          /* a new key in a full table */
   uint64_t lock_timeout_ms; /* --shm: longest wait for another's lock */
   uint64_t backoff_ms;      /* after a wait that timed out */
   bool require_store;       /* refuse to start unless the store answers */
@@ -144,6 +145,10 @@ static void usage(FILE *f) {
       "  --on-failure POLICY     open (default), closed or error: the answer\n"
       "                          when the store cannot decide (full, busy,\n"
       "                          unreachable); marked degraded in the reply\n"
+      "  --on-full refuse|evict  a new key when the table is full and no key\n"
+      "                          has decayed: refused (default; --on-failure\n"
+      "                          answers) or given the slot of the live key\n"
+      "                          closest to fresh\n"
       "  --shm NAME              keep the limits in shared memory segments\n"
       "                          NAME.<algorithm> (NAME like /myapp), shared\n"
       "                          with every process that opens them\n"
@@ -358,6 +363,17 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
                 "tollgate serve: --on-failure wants open, closed or error\n");
         return -1;
       }
+    } else if (OPT("--on-full")) {
+      if (r < 0)
+        return -1;
+      if (strcmp(val, "refuse") == 0)
+        o->on_full = TG_FULL_REFUSE;
+      else if (strcmp(val, "evict") == 0)
+        o->on_full = TG_FULL_EVICT;
+      else {
+        fprintf(stderr, "tollgate serve: --on-full wants refuse or evict\n");
+        return -1;
+      }
     } else if (OPT("--max-clients")) {
       if (r < 0 || opt_u64("serve", "--max-clients", val, 1, 1000000,
                            &o->srv.max_clients) != 0)
@@ -416,6 +432,7 @@ static tg_limiter *make_limiter(const serve_opts *o, tg_algorithm a,
   cfg.capacity = o->capacity;
   cfg.sliding_max_entries = (uint32_t)o->sliding_max_entries;
   cfg.on_failure = o->policy;
+  cfg.on_full = o->on_full;
   cfg.lock_timeout_ms = (uint32_t)lock_timeout;
   if (!cleaner)
     cfg.clean_period_ms = 0;
@@ -435,10 +452,11 @@ static tg_limiter *make_limiter(const serve_opts *o, tg_algorithm a,
   tg_limiter *lim = NULL;
   int rc = tg_limiter_new(&lim, &cfg);
   if (rc != TG_OK) {
-    fprintf(stderr, "tollgate serve: %s limiter%s%s: %s (%s)\n",
+    const char *why = tg_last_error();
+    fprintf(stderr, "tollgate serve: %s limiter%s%s: %s (%s)%s%s\n",
             tg_algorithm_name(a), o->store == STORE_SHM ? " on segment " : "",
-            o->store == STORE_SHM ? name : "", tg_strerror(rc),
-            tg_err_name(rc));
+            o->store == STORE_SHM ? name : "", tg_strerror(rc), tg_err_name(rc),
+            *why ? ": " : "", why);
     return NULL;
   }
   return lim;

@@ -107,7 +107,8 @@ static int examine(const char *name, seg_info *si) {
                             h->nchunks,
                             h->log_entries,
                             true,
-                            0};
+                            0,
+                            false};
       tg__table t;
       if (tg__table_attach(&t, mem, size, &p) == TG_OK) {
         si->kind = SEG_TABLE;

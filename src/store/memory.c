@@ -5,7 +5,9 @@
  *
  * The anonymous mapping is reserved with MAP_NORESERVE and the kernel backs
  * pages as they are first touched, so long-key chunks and sliding-log blocks
- * cost physical memory only once used (and are reused from free lists).
+ * cost physical memory only once used (and are reused from free lists). A
+ * segment's pages are backed by its store instead (the table's tg__backing,
+ * which this store owns and releases).
  */
 #include "store.h"
 #include "table.h"
@@ -15,10 +17,8 @@
 
 typedef struct memory {
   tg__store base;
-  tg__table t;
+  tg__table t;  /* t.bk, if any, is owned here */
   size_t bytes; /* size of the mapping */
-  bool owner;   /* this process created the table alone: destroy its
-                   mutexes with it (never for a shared segment) */
 } memory;
 
 static int mem_exec(tg__store *s, const tg__call *c, tg__outcome *o) {
@@ -45,9 +45,9 @@ static size_t mem_bytes(const tg__store *s) {
 
 static void mem_destroy(tg__store *s) {
   memory *m = (memory *)s;
-  if (m->owner)
-    tg__table_fini(&m->t);
   munmap(m->t.base, m->bytes);
+  if (m->t.bk)
+    m->t.bk->release(m->t.bk);
   free(m);
 }
 
@@ -66,15 +66,13 @@ static const tg__store_ops memory_ops = {mem_exec,  mem_reset, mem_key_count,
                                          mem_clean, mem_bytes, mem_destroy,
                                          NULL,      mem_ident, NULL};
 
-int tg__table_store_wrap(tg__store **out, const tg__table *t, size_t bytes,
-                         bool owner) {
+int tg__table_store_wrap(tg__store **out, const tg__table *t, size_t bytes) {
   memory *m = calloc(1, sizeof *m);
   if (!m)
     return TG_ENOMEM;
   m->base.ops = &memory_ops;
   m->t = *t;
   m->bytes = bytes;
-  m->owner = owner;
   *out = &m->base;
   return TG_OK;
 }
@@ -91,11 +89,8 @@ int tg__memory_store_new(tg__store **out, const tg__table_params *p) {
     return TG_ENOMEM;
   tg__table t;
   int rc = tg__table_init(&t, mem, p);
-  if (rc == TG_OK) {
-    rc = tg__table_store_wrap(out, &t, bytes, true);
-    if (rc != TG_OK)
-      tg__table_fini(&t);
-  }
+  if (rc == TG_OK)
+    rc = tg__table_store_wrap(out, &t, bytes);
   if (rc != TG_OK)
     munmap(mem, bytes);
   return rc;

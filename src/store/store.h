@@ -61,13 +61,14 @@ struct tg__store {
 /* The embedded memory store: the concurrent table in anonymous memory. */
 int tg__memory_store_new(tg__store **out, const tg__table_params *p);
 
-/* A store over table *t, whose region of `bytes` is mapped; `owner`: this
- * process alone created it (destroying the store destroys its mutexes). */
-int tg__table_store_wrap(tg__store **out, const tg__table *t, size_t bytes,
-                         bool owner);
+/* A store over table *t, whose region of `bytes` is mapped; the store takes
+ * over the mapping and t->bk (both go when it is destroyed). */
+int tg__table_store_wrap(tg__store **out, const tg__table *t, size_t bytes);
 
 /* The shared-memory store: creates the named segment with *p, or attaches
- * to it (then *p must match what it was created with: TG_EMISMATCH). */
+ * to it (then *p must match what it was created with: TG_EMISMATCH). A
+ * segment not owned by this user, not a regular file, or open beyond `mode`
+ * is refused (TG_EPERM); tg_last_error says why any failure happened. */
 int tg__shm_store_new(tg__store **out, const char *name, unsigned mode,
                       const tg__table_params *p);
 

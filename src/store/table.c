@@ -3,9 +3,9 @@
  * layout and the concurrency contract).
  *
  * Open addressing with linear probing from home = (hash * nslots) >> 64.
- * Inserts and reclaims are serialised by the table mutex, so an insert may
+ * Inserts and reclaims are serialised by the table lock, so an insert may
  * reuse a TOMB safely; lookups never lock and fall back to the insert path
- * when they miss, which re-checks under the mutex. A TOMB directly followed
+ * when they miss, which re-checks under the lock. A TOMB directly followed
  * by an EMPTY becomes EMPTY again (no LIVE key beyond it can depend on it), so
  * probe chains stay short however long the table runs.
  *
@@ -14,13 +14,18 @@
  *   buckets : w0 = TAT (ns),                     w1 = g
  *   sliding : w0 = log block index + 1,          w1 = g
  * (end_us stays below 2^54 because now <= TG_NOW_MAX_US and period <=
- * TG_PERIOD_MAX_MS.)
+ * TG_PERIOD_MAX_MS.) The all-zero state of each (with the slot's
+ * generation) is the one tg__table_reset leaves: fresh at any now.
+ *
+ * Locks (lock.h): the table lock for structural changes, one per sliding
+ * log, one for cleaning passes. An operation's waits share one tg__wait.
+ * While holding the table lock nothing waits for a log's lock (it tries,
+ * and leaves a busy log alone), so the order table -> log never blocks.
  */
 #include "table.h"
 
 #include "../siphash.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +38,7 @@ enum { EMPTY = 0, LIVE = 1, TOMB = 2 };
 #define WIN_GEN_MASK UINT64_C(0x3ff)
 /* Slots a pressure reclaim inspects per failed insert. */
 #define RECLAIM_SCAN 4096u
+#define PERIOD_MAX_US (TG_PERIOD_MAX_MS * 1000u)
 
 /* ---- ctrl words ---- */
 
@@ -80,29 +86,64 @@ static uint64_t prev(const tg__table *t, uint64_t i) {
   return i == 0 ? t->g.nslots - 1 : i - 1;
 }
 
+/* Long-key chunk ci's words, backed; NULL when ci is out of range or its
+ * memory cannot be backed (a chunk in use always is: that index is
+ * corrupt). */
+static uint64_t *chunk_words(const tg__table *t, uint64_t ci) {
+  if (ci >= t->g.nchunks ||
+      !tg__backed(t->bk, t->g.chunk_off + ci * TG_KEY_MAX, TG_KEY_MAX))
+    return NULL;
+  return t->chunks + ci * CHUNK_WORDS;
+}
+
 /* The words holding slot i's key, or NULL if a chunk index is corrupt. */
 static const uint64_t *key_words(const tg__table *t, uint64_t i, size_t len) {
   const tg__slot *s = &t->slots[i];
   if (len <= TG__INLINE_KEY)
     return s->key;
-  uint64_t ci = tg__load_relaxed(&s->key[0]);
-  return ci < t->g.nchunks ? t->chunks + ci * CHUNK_WORDS : NULL;
+  return chunk_words(t, tg__load_relaxed(&s->key[0]));
 }
 
-static bool key_equal(const tg__table *t, uint64_t i, const kref *k) {
-  const uint64_t *w = key_words(t, i, k->len);
-  if (!w)
-    return false;
+/* Whether this process has seen every extent of chunk ci backed: a bit
+ * test, no call, so that the lookup stays a leaf function. */
+static bool chunk_seen(const tg__table *t, uint64_t ci) {
+  const tg__backing *b = t->bk;
+  if (!b)
+    return true;
+  uint64_t off = t->g.chunk_off + ci * TG_KEY_MAX;
+  uint64_t e = (off - b->ext_base) >> b->shift,
+           last = (off + TG_KEY_MAX - 1 - b->ext_base) >> b->shift;
+  for (; e <= last && e < b->nextents; e++)
+    if (!(__atomic_load_n(&b->done[e / 64], __ATOMIC_RELAXED) >> (e % 64) & 1u))
+      return false;
+  return true;
+}
+
+/* Slot i's key equals k's. A long key whose chunk this process has not
+ * seen backed is not compared: its index goes to *unseen, for find() to
+ * back it and look again. */
+static bool key_equal(const tg__table *t, uint64_t i, const kref *k,
+                      uint64_t *unseen) {
+  const uint64_t *w = t->slots[i].key;
+  if (k->len > TG__INLINE_KEY) {
+    uint64_t ci = tg__load_relaxed(&w[0]);
+    if (ci >= t->g.nchunks)
+      return false;
+    if (!chunk_seen(t, ci)) {
+      *unseen = ci;
+      return false;
+    }
+    w = t->chunks + ci * CHUNK_WORDS;
+  }
   for (size_t j = 0; j < k->nw; j++)
     if (tg__load_relaxed(&w[j]) != k->w[j])
       return false;
   return true;
 }
 
-/* Lock-free lookup. On success *idx is the slot and *ctrl the ctrl word that
- * was valid before and after the key comparison. */
-static bool find(const tg__table *t, const kref *k, uint64_t *idx,
-                 uint64_t *ctrl) {
+/* The lookup proper (see find). */
+static bool find_leaf(const tg__table *t, const kref *k, uint64_t *idx,
+                      uint64_t *ctrl, uint64_t *unseen) {
   uint64_t n = t->g.nslots, i = home(t, k->hash);
   /* the slot's address is known from the hash: start fetching it now, so
    * its miss overlaps the ctrl word's instead of following it */
@@ -113,7 +154,7 @@ static bool find(const tg__table *t, const kref *k, uint64_t *idx,
     if (st == EMPTY)
       return false;
     if (st == LIVE && ctrl_tag(c) == k->tag && ctrl_len(c) == k->len &&
-        key_equal(t, i, k)) {
+        key_equal(t, i, k, unseen)) {
       tg__fence_acquire();
       if (tg__load_acquire(&t->ctrl[i]) == c) {
         *idx = i;
@@ -125,6 +166,20 @@ static bool find(const tg__table *t, const kref *k, uint64_t *idx,
     i = next(t, i);
   }
   return false;
+}
+
+/* Lock-free lookup. On success *idx is the slot and *ctrl the ctrl word that
+ * was valid before and after the key comparison. A long key whose chunk
+ * this process has not touched yet is backed first (on a full file system
+ * it cannot be: such an index is no key's, and is skipped). */
+static inline bool find(const tg__table *t, const kref *k, uint64_t *idx,
+                        uint64_t *ctrl) {
+  for (;;) {
+    uint64_t unseen = UINT64_MAX;
+    bool found = find_leaf(t, k, idx, ctrl, &unseen);
+    if (found || unseen == UINT64_MAX || !chunk_words(t, unseen))
+      return found;
+  }
 }
 
 /* ---- state encodings ---- */
@@ -176,56 +231,32 @@ static void read_pair(tg_algorithm alg, tg__pair *p, uint64_t *w0,
     ;
 }
 
-/* ---- locks ---- */
+/* ---- log blocks and their locks ---- */
 
-/* Takes m. Returns TG_OK, TG_OK with *died set when the previous owner died
- * holding it (robust mutexes: the caller repairs what it guards), TG_EBUSY
- * when a shared table's lock is still held after the limiter's
- * lock_timeout_ms (a live process holding one that long is stuck, and a
- * corrupt segment must not hang its readers), TG_ESTORE otherwise. */
-static int lock2(const tg__table *t, pthread_mutex_t *m, bool *died) {
-  int rc;
-  if (died)
-    *died = false;
-  if (t->g.shared) {
-    /* Wait in 10 ms slices: if the process an unlock woke dies before
-     * taking the lock and a third takes it on the fast path, the kernel
-     * wakes nobody else (seen with plain glibc), and a single long wait
-     * would sleep through a free lock. */
-    rc = pthread_mutex_trylock(m);
-    for (uint32_t waited = 0; rc == EBUSY && waited < t->g.lock_timeout_ms;
-         waited += 10) {
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_nsec += 10000000;
-      if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-      }
-      rc = pthread_mutex_timedlock(m, &ts);
-      if (rc == ETIMEDOUT)
-        rc = EBUSY;
-    }
-    if (rc == EBUSY)
-      rc = ETIMEDOUT;
-  } else {
-    rc = pthread_mutex_lock(m);
-  }
-  if (rc == EOWNERDEAD) {
-    pthread_mutex_consistent(m);
-    if (died)
-      *died = true;
-    return TG_OK;
-  }
-  if (rc == ETIMEDOUT)
-    return TG_EBUSY;
-  return rc == 0 ? TG_OK : TG_ESTORE;
+/* Block idx, its header backed; NULL when idx is out of range or that
+ * memory cannot be backed (a block in use always is: that index is
+ * corrupt). Its entries are backed as the log grows (entries_backed), so
+ * that a log's memory follows its entries, as in anonymous memory. */
+static tg__log_block *block(const tg__table *t, uint64_t idx) {
+  if (idx >= t->g.nlogs)
+    return NULL;
+  uint64_t off = t->g.log_off + idx * t->g.log_block_bytes;
+  if (!tg__backed(t->bk, off, sizeof(tg__log_block)))
+    return NULL;
+  return (tg__log_block *)(void *)(t->base + off);
 }
 
-static void unlock(pthread_mutex_t *m) { pthread_mutex_unlock(m); }
+/* Backs the first `count` entries of block b's ring. */
+static bool entries_backed(const tg__table *t, const tg__log_block *b,
+                           uint64_t count) {
+  if (!t->bk)
+    return true;
+  uint64_t off = (uint64_t)((const unsigned char *)b - t->base);
+  return tg__backed(t->bk, off + sizeof *b, count * sizeof(tg__entry));
+}
 
 /* A block's log as the steps see it, head and n clamped to the ring (a
- * corrupt segment must not send them out of it). Block mutex held. */
+ * corrupt segment must not send them out of it). Block lock held. */
 static tg__log log_view(const tg__table *t, tg__log_block *b) {
   tg__log lg = {b->e, b->head, b->n, t->g.log_entries, b->sum};
   if (lg.head >= lg.cap)
@@ -237,7 +268,7 @@ static tg__log log_view(const tg__table *t, tg__log_block *b) {
 
 /* Writes a view back. Entries were written in place first; head goes before
  * n, so a process dying in between exposes stale slots past the tail (which
- * repair drops), never hides live ones. Block mutex held. */
+ * repair drops), never hides live ones. Block lock held. */
 static void log_store(tg__log_block *b, const tg__log *lg) {
   if (lg->n > 0) /* so an emptied log still knows when it expired */
     tg__store_release(&b->last_us, tg__log_at(lg, lg->n - 1)->t_us);
@@ -247,94 +278,19 @@ static void log_store(tg__log_block *b, const tg__log *lg) {
 }
 
 /* When the log stops mattering, us: its newest entry plus the period, or,
- * for a log emptied by pruning, its last entry's. Block mutex held. */
+ * for a log emptied by pruning, its last entry's; 0 for a log that never
+ * kept one (or was reset). Block lock held. */
 static uint64_t log_expiry(const tg__table *t, tg__log_block *b) {
   tg__log lg = log_view(t, b);
   uint64_t last = lg.n ? tg__log_at(&lg, lg.n - 1)->t_us : b->last_us;
   return last ? last + b->period_us : 0;
 }
 
+/* Empties the log, forgetting its last entry too. Block lock held. */
 static void log_clear(tg__log_block *b) {
   tg__log empty = {NULL, 0, 0, 0, 0};
   log_store(b, &empty);
-}
-
-static int mutex_init(pthread_mutex_t *m, bool shared) {
-  pthread_mutexattr_t a;
-  if (pthread_mutexattr_init(&a) != 0)
-    return TG_ESTORE;
-  int rc = 0;
-  if (shared) {
-    rc |= pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    rc |= pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-  }
-  rc |= pthread_mutex_init(m, &a);
-  pthread_mutexattr_destroy(&a);
-  return rc == 0 ? TG_OK : TG_ESTORE;
-}
-
-/* ---- arenas (all under the table mutex) ---- */
-
-static tg__log_block *block(const tg__table *t, uint64_t idx) {
-  return (tg__log_block *)(void *)(t->logs + idx * t->g.log_block_bytes);
-}
-
-/* The free lists keep index + 1 (0 ends them). Every link read from the
- * region is range-checked: a corrupt list is dropped (its chunks or blocks
- * are lost to the table), never followed out of bounds. */
-
-/* Returns chunk index + 1, or 0 when none is left. */
-static uint64_t chunk_alloc(tg__table *t) {
-  tg__table_hdr *h = t->h;
-  if (h->chunk_free > t->g.nchunks)
-    h->chunk_free = 0;
-  if (h->chunk_free) {
-    uint64_t idx = h->chunk_free - 1;
-    uint64_t nx = tg__load_relaxed(&t->chunks[idx * CHUNK_WORDS]);
-    h->chunk_free = nx <= t->g.nchunks ? nx : 0;
-    return idx + 1;
-  }
-  if (h->chunk_bump < t->g.nchunks)
-    return ++h->chunk_bump;
-  return 0;
-}
-
-static void chunk_release(tg__table *t, uint64_t idx) {
-  if (idx >= t->g.nchunks)
-    return;
-  tg__store_relaxed(&t->chunks[idx * CHUNK_WORDS], t->h->chunk_free);
-  t->h->chunk_free = idx + 1;
-}
-
-/* Returns block index + 1, or 0 when none is left. */
-static uint64_t block_alloc(tg__table *t) {
-  tg__table_hdr *h = t->h;
-  uint64_t idx;
-  if (h->log_free > t->g.nlogs)
-    h->log_free = 0;
-  if (h->log_free) {
-    idx = h->log_free - 1;
-    uint64_t nx = block(t, idx)->next_free;
-    h->log_free = nx <= t->g.nlogs ? nx : 0;
-  } else if (h->log_bump < t->g.nlogs) {
-    idx = h->log_bump++;
-  } else {
-    return 0;
-  }
-  tg__log_block *b = block(t, idx);
-  if (!b->inited) {
-    if (mutex_init(&b->mu, t->g.shared) != TG_OK)
-      return 0; /* the index is lost to this table: harmless and unlikely */
-    b->inited = 1;
-  }
-  return idx + 1;
-}
-
-static void block_release(tg__table *t, uint64_t idx) {
-  if (idx >= t->g.nlogs)
-    return;
-  block(t, idx)->next_free = t->h->log_free;
-  t->h->log_free = idx + 1;
+  tg__store_release(&b->last_us, 0);
 }
 
 /* Repairs a log whose last writer died in the middle of a step. A step
@@ -344,45 +300,174 @@ static void block_release(tg__table *t, uint64_t idx) {
  * answer), a head advanced with n not yet shrunk (stale slots past the
  * tail, all older than the newest live entry), or a stale sum: repair keeps
  * each entry newer than the last kept and recomputes the sum. */
+static bool log_backed(const tg__table *t, tg__log_block *b);
+
 static void repair_log(const tg__table *t, tg__log_block *b) {
+  if (!log_backed(t, b)) { /* entries never written: nothing to keep */
+    log_clear(b);
+    return;
+  }
   tg__log lg = log_view(t, b);
   tg__log_repair(&lg);
   log_store(b, &lg);
 }
 
-static int lock_block(const tg__table *t, tg__log_block *b) {
+/* Backs every entry a step on b may read or write: the ring is filled from
+ * its start, so the entries up to the one after the last in use are all it
+ * ever wrote, plus the one it may append. Block lock held. False: a log no
+ * legitimate writer left (its entries were never backed) on a full file
+ * system; the caller treats it as such. */
+static bool log_backed(const tg__table *t, tg__log_block *b) {
+  if (!t->bk)
+    return true;
+  tg__log lg = log_view(t, b);
+  uint64_t used = (uint64_t)lg.head + lg.n + 1;
+  return entries_backed(t, b, used < lg.cap ? used : lg.cap);
+}
+
+static int lock_block(const tg__table *t, tg__log_block *b, tg__wait *wt) {
   bool died;
-  int rc = lock2(t, &b->mu, &died);
+  int rc = tg__lock_take(&b->lock, t->g.shared, wt, &died);
   if (rc == TG_OK && died)
     repair_log(t, b);
   return rc;
 }
 
+/* The block's lock if it is free (or its holder gone), without waiting. */
+static int try_block(const tg__table *t, tg__log_block *b) {
+  bool died;
+  int rc = tg__lock_try(&b->lock, t->g.shared, &died);
+  if (rc == TG_OK && died)
+    repair_log(t, b);
+  return rc;
+}
+
+static void unlock_block(const tg__table *t, tg__log_block *b) {
+  tg__lock_release(&b->lock, t->g.shared);
+}
+
+/* ---- arenas (all under the table lock) ---- */
+
+/* The free lists keep index + 1 (0 ends them). Every link read from the
+ * region is range-checked: a corrupt list is dropped (its chunks or blocks
+ * are lost to the table), never followed out of bounds. Memory is backed
+ * before an entry is first touched, so a full file system answers
+ * TG_ENOMEM here instead of a signal later. */
+
+/* Returns chunk index + 1, or 0 with *rc = TG_EFULL (none left) or
+ * TG_ENOMEM (the next one cannot be backed). */
+static uint64_t chunk_alloc(tg__table *t, int *rc) {
+  tg__table_hdr *h = t->h;
+  if (h->chunk_free > t->g.nchunks)
+    h->chunk_free = 0;
+  if (h->chunk_free) {
+    uint64_t idx = h->chunk_free - 1;
+    const uint64_t *w = chunk_words(t, idx);
+    if (w) {
+      uint64_t nx = tg__load_relaxed(&w[0]);
+      h->chunk_free = nx <= t->g.nchunks ? nx : 0;
+      return idx + 1;
+    }
+    h->chunk_free = 0; /* a free chunk never backed: not one we freed */
+  }
+  if (h->chunk_bump < t->g.nchunks) {
+    if (!chunk_words(t, h->chunk_bump)) {
+      *rc = TG_ENOMEM;
+      return 0;
+    }
+    return ++h->chunk_bump;
+  }
+  *rc = TG_EFULL;
+  return 0;
+}
+
+static void chunk_release(tg__table *t, uint64_t idx) {
+  uint64_t *w = chunk_words(t, idx);
+  if (!w)
+    return;
+  tg__store_relaxed(&w[0], t->h->chunk_free);
+  t->h->chunk_free = idx + 1;
+}
+
+/* Returns block index + 1, or 0 with *rc as chunk_alloc's. */
+static uint64_t block_alloc(tg__table *t, int *rc) {
+  tg__table_hdr *h = t->h;
+  if (h->log_free > t->g.nlogs)
+    h->log_free = 0;
+  if (h->log_free) {
+    uint64_t idx = h->log_free - 1;
+    const tg__log_block *b = block(t, idx);
+    if (b) {
+      uint64_t nx = b->next_free;
+      h->log_free = nx <= t->g.nlogs ? nx : 0;
+      return idx + 1;
+    }
+    h->log_free = 0;
+  }
+  if (h->log_bump < t->g.nlogs) {
+    if (!block(t, h->log_bump)) {
+      *rc = TG_ENOMEM;
+      return 0;
+    }
+    return ++h->log_bump;
+  }
+  *rc = TG_EFULL;
+  return 0;
+}
+
+static void block_release(tg__table *t, uint64_t idx) {
+  tg__log_block *b = block(t, idx);
+  if (!b)
+    return;
+  b->next_free = t->h->log_free;
+  t->h->log_free = idx + 1;
+}
+
 /* ---- reclaim ---- */
 
-/* When a state stopped mattering, us since the epoch (0: never mattered). */
-static uint64_t state_expiry_us(tg_algorithm alg, const tg__state *st) {
-  if (is_window(alg))
-    return st->a;
-  return tg__div_ceil(st->a, 1000); /* TAT ns -> us */
+/* How long after the call that wrote it the call's state may matter, us:
+ * a window or log ends a period after its last write, a bucket's TAT lies
+ * at most its tolerance ahead of the call. */
+static uint64_t call_reach_us(const tg__call *c) {
+  uint64_t r = c->alg == TG_TOKEN_BUCKET || c->alg == TG_LEAKY_BUCKET
+                   ? tg__div_ceil(c->q.tau_ns, 1000)
+                   : c->q.period_us;
+  return r < PERIOD_MAX_US ? r : PERIOD_MAX_US;
+}
+
+static void raise_max(uint64_t *w, uint64_t v) {
+  uint64_t cur = tg__load_relaxed(w);
+  while (cur < v && !tg__cas64(w, &cur, v))
+    ;
 }
 
 /* Publishes, before the reclaim that needs it, that no call may evaluate an
  * absent key earlier than expiry_us. */
 static void raise_horizon(tg__table *t, uint64_t expiry_us) {
-  uint64_t cur = tg__load_relaxed(&t->h->horizon_us);
-  while (cur < expiry_us && !tg__cas64(&t->h->horizon_us, &cur, expiry_us))
-    ;
+  raise_max(&t->h->horizon_us, expiry_us);
 }
 
-/* The call as it applies to an absent key: no earlier than the horizon. */
-static const tg__call *absent_call(const tg__table *t, const tg__call *c,
+/* The call as it applies to an absent key: no earlier than the horizon, so
+ * a call whose time was read before a reclaim, or a clock that stepped back
+ * a little, cannot find fresh a key whose reclaimed state still mattered.
+ * Bounded: a reclaimed state mattered at most reach_us after the call that
+ * wrote it, so a horizon further ahead of now than that is not applied
+ * (the clock went back further than any state reaches, e.g. after a jump
+ * forward). A horizon beyond what any accepted clock could have written is
+ * corruption, or a clock that was once decades ahead: it is cleared, not
+ * obeyed, so it cannot hold every new key in the future for good. */
+static const tg__call *absent_call(tg__table *t, const tg__call *c,
                                    tg__call *tmp) {
   uint64_t hz = tg__load_acquire(&t->h->horizon_us);
   if (c->now_us >= hz)
     return c;
-  if (hz > TG_NOW_MAX_US)
-    return NULL; /* no state tollgate writes expires so late: corrupt */
+  uint64_t ahead = hz - c->now_us;
+  if (hz > TG_NOW_MAX_US || ahead > PERIOD_MAX_US) {
+    (void)tg__cas64(&t->h->horizon_us, &hz, 0);
+    return c;
+  }
+  if (ahead > tg__load_acquire(&t->h->reach_us))
+    return c;
   if (c != tmp)
     *tmp = *c;
   tmp->now_us = hz;
@@ -407,7 +492,7 @@ static void tombs_to_empty(tg__table *t, uint64_t i) {
  * ctrl word turns TOMB first, and only then are the key's chunk and log
  * block freed, so a process dying in between leaks at most those (never a
  * double free), and one dying before the ctrl store leaves a LIVE slot with a
- * newer state that settle() finishes. Table mutex held. */
+ * newer state that settle() finishes. Table lock held. */
 static void finish_reclaim(tg__table *t, uint64_t i, uint64_t c) {
   tg__table_hdr *h = t->h;
   tg__store_release(&t->ctrl[i], ctrl_make(TOMB, 0, 0, ctrl_gen(c) + 1));
@@ -425,8 +510,8 @@ static void finish_reclaim(tg__table *t, uint64_t i, uint64_t c) {
 
 /* Slot i holds ctrl c: if its state has moved to another generation, that is
  * a reclaim left half done (in this process only while the reclaimer holds
- * the mutex we now hold, so: by a process that died), and we finish it.
- * Table mutex held. Returns true if it was finished. */
+ * the lock we now hold, so: by a process that died), and we finish it.
+ * Table lock held. Returns true if it was finished. */
 static bool settle_slot(tg__table *t, uint64_t i, uint64_t c) {
   tg_algorithm alg = (tg_algorithm)t->g.algorithm;
   uint64_t w0, w1;
@@ -437,7 +522,7 @@ static bool settle_slot(tg__table *t, uint64_t i, uint64_t c) {
   return true;
 }
 
-/* After a process died holding the table mutex: finish every reclaim left
+/* After a process died holding the table lock: finish every reclaim left
  * half done and recount the LIVE slots (an insert or reclaim may have died
  * between its ctrl store and the count). */
 static void repair_table(tg__table *t) {
@@ -450,53 +535,65 @@ static void repair_table(tg__table *t) {
   tg__store_release(&t->h->live, live);
 }
 
-static int lock_table(tg__table *t) {
+static int lock_table(tg__table *t, tg__wait *wt) {
   bool died;
-  int rc = lock2(t, &t->h->mu, &died);
+  int rc = tg__lock_take(&t->h->lock, t->g.shared, wt, &died);
   if (rc == TG_OK && died)
     repair_table(t);
   return rc;
 }
 
-/* Reclaims slot i if it still holds ctrl c and state (w0, w1) and, unless
- * force (reset), that state has been absent-equivalent for at least
- * older_than_us at now. Table mutex held. Returns true if the slot was
- * freed. */
+static void unlock_table(tg__table *t) {
+  tg__lock_release(&t->h->lock, t->g.shared);
+}
+
+/* Decayed enough to reclaim: stopped mattering at expiry, at least
+ * older_than_us before now. */
+static bool decayed(uint64_t now_us, uint64_t expiry, uint64_t older_than_us) {
+  return now_us >= expiry && now_us - expiry >= older_than_us;
+}
+
+/* Reclaims slot i if it still holds ctrl c and state (w0, w1) and either
+ * that state has been absent-equivalent for at least older_than_us at now,
+ * or `evict` (the table is full and its user chose to forget a live key;
+ * the horizon is then not raised, as the evicted state did not decay: it is
+ * lost, and a key's next call starts afresh at its own now). Table lock
+ * held; never waits (a log in use is left alone). Returns true if the slot
+ * was freed. */
 static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
                     uint64_t w1, uint64_t now_us, uint64_t older_than_us,
-                    bool force) {
+                    bool evict) {
   tg_algorithm alg = (tg_algorithm)t->g.algorithm;
   if (tg__load_acquire(&t->ctrl[i]) != c)
     return false;
   uint32_t g2 = ctrl_gen(c) + 1;
   tg__pair *p = &t->slots[i].st;
-  if (!force && alg != TG_SLIDING_WINDOW) {
-    /* the caller inspected (w0, w1) as fresh at now, so this never moves
-     * the horizon past now, even if the CAS below then fails */
-    tg__state st = decode(alg, w0, w1);
-    raise_horizon(t, state_expiry_us(alg, &st));
-  }
-  if (alg == TG_SLIDING_WINDOW && (w0 == 0 || w0 > t->g.nlogs)) {
-    /* a corrupt block index: nothing to lock or free; only a reset may
-     * drop such a key */
-    if (!force || !tg__cas128(p, &w0, &w1, w0, g2))
+  if (alg == TG_SLIDING_WINDOW) {
+    tg__log_block *b = w0 >= 1 ? block(t, w0 - 1) : NULL;
+    if (!b || try_block(t, b) != TG_OK)
+      return false; /* a corrupt index (only a reset drops it), or in use */
+    if (!log_backed(t, b)) {
+      unlock_block(t, b);
       return false;
-  } else if (alg == TG_SLIDING_WINDOW) {
-    tg__log_block *b = block(t, w0 - 1);
-    if (lock_block(t, b) != TG_OK)
-      return false;
+    }
     uint64_t expiry = log_expiry(t, b);
-    bool ok = force || (now_us >= expiry && now_us - expiry >= older_than_us);
-    if (ok && !force)
-      raise_horizon(t, expiry); /* only for a log that is being reclaimed */
+    bool ok = evict || decayed(now_us, expiry, older_than_us);
+    if (ok && !evict)
+      raise_horizon(t, expiry);
     /* the block index stays in w0 so a repair can still free the block */
     ok = ok && tg__cas128(p, &w0, &w1, w0, g2);
     if (ok)
       log_clear(b);
-    unlock(&b->mu);
+    unlock_block(t, b);
     if (!ok)
       return false;
   } else {
+    if (!evict) {
+      /* the caller inspected (w0, w1) as decayed at now, so this never
+       * moves the horizon past now, even if the CAS below then fails */
+      tg__state st = decode(alg, w0, w1);
+      raise_horizon(t, tg__state_expiry_us(alg, &st));
+    }
     tg__state absent = {0, 0};
     uint64_t n0, n1;
     encode(alg, &absent, g2, &n0, &n1);
@@ -507,71 +604,125 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
   return true;
 }
 
-/* Inspects LIVE slot i (ctrl c): fills the observed state and reports whether
- * it has been absent-equivalent at now for at least older_than_us. */
-static bool inspect(tg__table *t, uint64_t i, uint64_t c, uint64_t now_us,
-                    uint64_t older_than_us, tg__clean_item *it) {
+/* Inspects LIVE slot i (ctrl c): fills the observed state into *it, and its
+ * expiry (when it stops or stopped mattering) into *expiry. False when the
+ * slot cannot be judged now: another generation, a corrupt log index, or a
+ * log whose lock is held (it is in use, so hardly decayed; never waited
+ * for). */
+static bool inspect(tg__table *t, uint64_t i, uint64_t c, tg__clean_item *it,
+                    uint64_t *expiry) {
   tg_algorithm alg = (tg_algorithm)t->g.algorithm;
-  uint64_t w0, w1, expiry;
+  uint64_t w0, w1;
   read_pair(alg, &t->slots[i].st, &w0, &w1);
   if (!gen_ok(alg, w0, w1, ctrl_gen(c)))
     return false;
   if (alg == TG_SLIDING_WINDOW) {
-    if (w0 == 0 || w0 > t->g.nlogs)
+    tg__log_block *b = w0 >= 1 ? block(t, w0 - 1) : NULL;
+    if (!b || try_block(t, b) != TG_OK)
       return false;
-    tg__log_block *b = block(t, w0 - 1);
-    if (lock_block(t, b) != TG_OK)
+    if (!log_backed(t, b)) {
+      unlock_block(t, b);
       return false;
+    }
     tg__log lg = log_view(t, b);
-    expiry = log_expiry(t, b);
-    unlock(&b->mu);
+    *expiry = log_expiry(t, b);
+    unlock_block(t, b);
     it->value = lg.sum;
   } else {
     tg__state st = decode(alg, w0, w1);
-    if (!tg__state_fresh(alg, &st, now_us))
-      return false;
-    expiry = state_expiry_us(alg, &st);
+    *expiry = tg__state_expiry_us(alg, &st);
     it->value = is_window(alg) ? st.b : 0;
   }
-  if (now_us < expiry || now_us - expiry < older_than_us)
-    return false;
   it->slot = i;
   it->ctrl = c;
   it->w0 = w0;
   it->w1 = w1;
-  it->expired_at_ms = tg__div_ceil(expiry, 1000);
+  it->expired_at_ms = tg__div_ceil(*expiry, 1000);
   return true;
 }
 
-/* Under pressure (table full): reclaim every decayed key among the next
- * RECLAIM_SCAN slots from the rotating cursor. Table mutex held. */
-static void reclaim_some(tg__table *t, uint64_t now_us) {
+/* What an insert lacks when it reclaims: a slot, a long key's chunk, a log
+ * block. Any reclaim frees a slot; only a long key frees a chunk; every
+ * sliding key frees a block. */
+enum need { NEED_SLOT, NEED_CHUNK, NEED_BLOCK };
+
+/* Under pressure (table or arena full): reclaims every decayed key among
+ * the next RECLAIM_SCAN slots from the rotating cursor. Then, with evict,
+ * if none of those freed what the caller needs, evicts the live key
+ * closest to fresh (earliest expiry) among those inspected that would.
+ * Table lock held; never waits. */
+static void reclaim_some(tg__table *t, uint64_t now_us, enum need need,
+                         bool evict) {
   tg__table_hdr *h = t->h;
   uint64_t i = h->cursor % t->g.nslots;
   uint64_t scan = t->g.nslots;
   if (scan > RECLAIM_SCAN)
     scan = RECLAIM_SCAN;
+  bool freed = false, have = false;
+  uint64_t best_expiry = 0, best_slot = 0, best_ctrl = 0, best_w0 = 0,
+           best_w1 = 0;
   tg__clean_item it;
   for (uint64_t n = 0; n != scan; n++, i = next(t, i)) {
-    uint64_t c = tg__load_acquire(&t->ctrl[i]);
-    if (ctrl_status(c) == LIVE && inspect(t, i, c, now_us, 0, &it))
-      reclaim(t, i, c, it.w0, it.w1, now_us, 0, false);
+    uint64_t c = tg__load_acquire(&t->ctrl[i]), expiry;
+    if (ctrl_status(c) != LIVE || !inspect(t, i, c, &it, &expiry))
+      continue;
+    bool useful = need != NEED_CHUNK || ctrl_len(c) > TG__INLINE_KEY;
+    if (decayed(now_us, expiry, 0)) {
+      if (reclaim(t, i, c, it.w0, it.w1, now_us, 0, false))
+        freed = freed || useful;
+    } else if (evict && useful && (!have || expiry < best_expiry)) {
+      have = true;
+      best_expiry = expiry;
+      best_slot = i;
+      best_ctrl = c;
+      best_w0 = it.w0;
+      best_w1 = it.w1;
+    }
   }
   h->cursor = i;
+  if (evict && !freed && have)
+    (void)reclaim(t, best_slot, best_ctrl, best_w0, best_w1, now_us, 0, true);
 }
 
 /* ---- insert ---- */
 
-/* Takes a chunk (long key) or a log block, reclaiming decayed keys a few
- * scans at a time when none is free. Table mutex held. */
-static uint64_t alloc_or_reclaim(tg__table *t, uint64_t (*alloc)(tg__table *),
-                                 uint64_t now_us) {
-  uint64_t x = alloc(t);
+/* Takes a chunk (long key) or a log block, reclaiming (or evicting) a few
+ * scans at a time when none is free. On failure *rc says why (TG_EFULL,
+ * TG_ENOMEM). Table lock held. */
+static uint64_t alloc_or_reclaim(tg__table *t,
+                                 uint64_t (*alloc)(tg__table *, int *),
+                                 enum need need, uint64_t now_us, int *rc) {
+  uint64_t x = alloc(t, rc);
   for (int pass = 0; !x && pass < 4; pass++) {
-    reclaim_some(t, now_us);
-    x = alloc(t);
+    reclaim_some(t, now_us, need, t->g.evict);
+    x = alloc(t, rc);
   }
   return x;
+}
+
+/* A log block for a new key, locked (index + 1; 0 with *rc on failure). A
+ * free block's lock may still be held: by a thread that found the block's
+ * old key just before its reclaim (it lets go at once, seeing the key
+ * gone), or by a process stopped right there. Such a block is set aside and
+ * another taken, never waited for. Table lock held. */
+static uint64_t take_block(tg__table *t, uint64_t now_us, int *rc) {
+  uint64_t aside[4], bi = 0;
+  unsigned na = 0;
+  while (na < 4) {
+    bi = alloc_or_reclaim(t, block_alloc, NEED_BLOCK, now_us, rc);
+    if (!bi)
+      break;
+    tg__log_block *b = block(t, bi - 1);
+    if (b && try_block(t, b) == TG_OK)
+      break;
+    aside[na++] = bi;
+    bi = 0;
+  }
+  if (!bi && na == 4)
+    *rc = TG_EBUSY;
+  while (na > 0)
+    block_release(t, aside[--na] - 1);
+  return bi;
 }
 
 /* Creates the key with its first state already in place: `init` (windows,
@@ -582,30 +733,38 @@ static uint64_t alloc_or_reclaim(tg__table *t, uint64_t (*alloc)(tg__table *),
  * the existing state. */
 static int insert(tg__table *t, const kref *k, const tg__call *c,
                   const tg__state *init, const tg__log *init_log,
-                  bool *published) {
+                  bool *published, tg__wait *wt) {
   tg__table_hdr *h = t->h;
   *published = false;
   const bool sliding = c->alg == TG_SLIDING_WINDOW;
   if (sliding ? init_log == NULL : init == NULL)
     return TG_EINVAL; /* a caller's bug: every caller passes the right one */
-  int rc = lock_table(t);
+  int rc = lock_table(t, wt);
   if (rc != TG_OK)
     return rc;
   uint64_t i, ctl, chunk = 0, bi = 0;
   if (find(t, k, &i, &ctl) && !settle_slot(t, i, ctl))
     goto out; /* someone else created it meanwhile */
-  if (tg__load_relaxed(&h->live) >= t->g.capacity)
-    reclaim_some(t, c->now_us);
+  /* one bounded scan; an eviction can lose its CAS to a racing decision,
+   * so evicting tries a few more */
+  for (int pass = 0; tg__load_relaxed(&h->live) >= t->g.capacity &&
+                     pass < (t->g.evict ? 4 : 1);
+       pass++)
+    reclaim_some(t, c->now_us, NEED_SLOT, t->g.evict);
   rc = TG_EFULL;
   if (tg__load_relaxed(&h->live) >= t->g.capacity)
     goto out;
   /* arenas before the slot: a reclaim may turn TOMBs into EMPTYs, and the
    * slot must be the first free one on the key's probe path */
   if (k->len > TG__INLINE_KEY &&
-      !(chunk = alloc_or_reclaim(t, chunk_alloc, c->now_us)))
+      !(chunk = alloc_or_reclaim(t, chunk_alloc, NEED_CHUNK, c->now_us, &rc)))
     goto out;
-  if (sliding && !(bi = alloc_or_reclaim(t, block_alloc, c->now_us)))
+  if (sliding && !(bi = take_block(t, c->now_us, &rc)))
     goto fail;
+  if (sliding && !entries_backed(t, block(t, bi - 1), init_log->n)) {
+    rc = TG_ENOMEM;
+    goto fail;
+  }
   i = home(t, k->hash);
   uint64_t cc = 0, probes;
   for (probes = 0; probes < t->g.nslots; probes++, i = next(t, i)) {
@@ -613,12 +772,13 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
     if (ctrl_status(cc) != LIVE)
       break;
   }
+  rc = TG_EFULL;
   if (probes == t->g.nslots || tg__load_relaxed(&h->live) >= t->g.capacity)
     goto fail;
   uint32_t g = ctrl_gen(cc);
   tg__slot *s = &t->slots[i];
   if (chunk) {
-    uint64_t *w = t->chunks + (chunk - 1) * CHUNK_WORDS;
+    uint64_t *w = chunk_words(t, chunk - 1); /* backed by chunk_alloc */
     for (size_t j = 0; j < k->nw; j++)
       tg__store_relaxed(&w[j], k->w[j]);
     tg__store_relaxed(&s->key[0], chunk - 1);
@@ -628,26 +788,24 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
   }
   uint64_t w0, w1;
   if (sliding) {
-    tg__log_block *b = block(t, bi - 1);
-    if (lock_block(t, b) != TG_OK) /* a stale waiter may hold it */
-      goto fail;
-    {
-      tg__log lg = log_view(t, b);
-      lg.head = 0;
-      lg.n = 0;
-      lg.sum = init_log->sum;
-      for (uint32_t j = 0; j < init_log->n && j < lg.cap; j++)
-        *tg__log_at(&lg, lg.n++) = *tg__log_at(init_log, j);
-      b->period_us = c->q.period_us;
-      b->last_us = 0;
-      log_store(b, &lg);
-      unlock(&b->mu);
-    }
+    tg__log_block *b = block(t, bi - 1); /* locked by take_block */
+    tg__log lg = log_view(t, b);
+    lg.head = 0;
+    lg.n = 0;
+    lg.sum = init_log->sum;
+    for (uint32_t j = 0; j < init_log->n && j < lg.cap; j++)
+      *tg__log_at(&lg, lg.n++) = *tg__log_at(init_log, j);
+    b->period_us = c->q.period_us;
+    b->last_us = 0;
+    log_store(b, &lg);
+    unlock_block(t, b);
     w0 = bi;
     w1 = g;
   } else {
     encode(c->alg, init, g, &w0, &w1);
   }
+  /* before the key can be reclaimed, so before any horizon it raises */
+  raise_max(&h->reach_us, call_reach_us(c));
   tg__store_relaxed(&s->st.w[0], w0);
   tg__store_relaxed(&s->st.w[1], w1);
   tg__store_release(&t->ctrl[i], ctrl_make(LIVE, k->len, k->tag, g));
@@ -658,48 +816,60 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
 fail:
   if (chunk)
     chunk_release(t, chunk - 1);
-  if (bi)
+  if (bi) {
+    tg__log_block *b = block(t, bi - 1);
+    if (b)
+      unlock_block(t, b);
     block_release(t, bi - 1);
-  rc = TG_EFULL;
+  }
 out:
-  unlock(&h->mu);
+  unlock_table(t);
   return rc;
 }
 
 /* Finishes a reclaim of the key left half done (see settle_slot); in this
- * process, simply waits for the reclaimer holding the mutex. */
-static int settle(tg__table *t, const kref *k) {
-  int rc = lock_table(t);
+ * process, simply waits for the reclaimer holding the lock. */
+static int settle(tg__table *t, const kref *k, tg__wait *wt) {
+  int rc = lock_table(t, wt);
   if (rc != TG_OK)
     return rc;
   uint64_t i, c;
   if (find(t, k, &i, &c))
     settle_slot(t, i, c);
-  unlock(&t->h->mu);
+  unlock_table(t);
   return TG_OK;
 }
 
 /* ---- operations ---- */
+
+/* The all-zero state (a reset key) stands for an absent key, for which a
+ * step that leaves the state fresh creates nothing: writing that state
+ * would make it matter to an earlier now, as an absent key never does.
+ * True when (w0, w1) is that state and *st is fresh: nothing to write. */
+static bool blank_stays(const tg__call *c, uint64_t w0, uint64_t w1,
+                        const tg__state *st) {
+  tg__state was = decode(c->alg, w0, w1);
+  return was.a == 0 && was.b == 0 && tg__state_fresh(c->alg, st, c->now_us);
+}
 
 /* Windows and buckets: one CAS per decision. A bucket reads its pair without
  * writing and publishes only a changed state, so a denied decision writes
  * nothing; a window snapshot is validated by the CAS itself. */
 static int exec_state(tg__table *t, const kref *k, const tg__call *c,
                       tg__outcome *o) {
+  tg__wait wait = tg__wait_bound(t->g.lock_timeout_ms), *wt = &wait;
   bool win = is_window(c->alg);
   tg__call tmp; /* c with its time clamped to the horizon, when needed */
   for (;;) {
     uint64_t i, ctl;
     if (!find(t, k, &i, &ctl)) {
       const tg__call *ac = absent_call(t, c, &tmp);
-      if (!ac)
-        return TG_ECORRUPT;
       tg__state st = {0, 0};
       bool changed, published;
       int rc = tg__state_step(ac, &st, o, &changed);
       if (rc != TG_OK || !changed || tg__state_fresh(c->alg, &st, ac->now_us))
         return rc;
-      rc = insert(t, k, ac, &st, NULL, &published);
+      rc = insert(t, k, ac, &st, NULL, &published, wt);
       if (rc != TG_OK || published)
         return rc; /* *o is this call's answer on the state it published */
       c = ac;      /* created meanwhile: step on it, keeping the clamped time */
@@ -721,7 +891,7 @@ static int exec_state(tg__table *t, const kref *k, const tg__call *c,
       bool changed;
       int rc = tg__state_step(c, &st, o, &changed);
       uint64_t n0 = w0, n1 = w1;
-      if (rc == TG_OK && changed)
+      if (rc == TG_OK && changed && !blank_stays(c, w0, w1, &st))
         encode(c->alg, &st, g, &n0, &n1);
       else if (!win)
         return rc; /* consistent snapshot, nothing to write */
@@ -731,30 +901,29 @@ static int exec_state(tg__table *t, const kref *k, const tg__call *c,
     }
     /* the slot was reclaimed since the lookup (or a reclaim was left half
      * done by a dead process): settle it, then look the key up again */
-    int rc = settle(t, k);
+    int rc = settle(t, k, wt);
     if (rc != TG_OK)
       return rc;
   }
 }
 
-/* Sliding log: the block's mutex serialises the key's log. */
+/* Sliding log: the block's lock serialises the key's log. */
 static int exec_log(tg__table *t, const kref *k, const tg__call *c,
                     tg__outcome *o) {
+  tg__wait wait = tg__wait_bound(t->g.lock_timeout_ms), *wt = &wait;
   tg__call tmp; /* c with its time clamped to the horizon, when needed */
   for (;;) {
     uint64_t i, ctl;
     bool changed;
     if (!find(t, k, &i, &ctl)) {
       const tg__call *ac = absent_call(t, c, &tmp);
-      if (!ac)
-        return TG_ECORRUPT;
       tg__entry one[1];
       tg__log lg = {one, 0, 0, 1, 0};
       int rc = tg__log_step(ac, &lg, o, &changed);
       if (rc != TG_OK || !changed)
         return rc;
       bool published;
-      rc = insert(t, k, ac, NULL, &lg, &published);
+      rc = insert(t, k, ac, NULL, &lg, &published, wt);
       if (rc != TG_OK || published)
         return rc;
       c = ac;
@@ -766,31 +935,35 @@ static int exec_log(tg__table *t, const kref *k, const tg__call *c,
     tg__load_pair(p, 1, &w0, &w1);
     int rc;
     if (w1 != g) {
-      if ((rc = settle(t, k)) != TG_OK)
+      if ((rc = settle(t, k, wt)) != TG_OK)
         return rc;
       continue;
     }
-    if (w0 == 0 || w0 > t->g.nlogs)
+    tg__log_block *b = w0 >= 1 ? block(t, w0 - 1) : NULL;
+    if (!b)
       return TG_ECORRUPT;
-    tg__log_block *b = block(t, w0 - 1);
-    if ((rc = lock_block(t, b)) != TG_OK)
+    if ((rc = lock_block(t, b, wt)) != TG_OK)
       return rc;
     if (tg__load_acquire(&p->w[1]) != g) {
-      unlock(&b->mu);
-      if ((rc = settle(t, k)) != TG_OK)
+      unlock_block(t, b);
+      if ((rc = settle(t, k, wt)) != TG_OK)
         return rc;
       continue;
+    }
+    if (!log_backed(t, b)) {
+      unlock_block(t, b);
+      return TG_ENOMEM;
     }
     tg__log lg = log_view(t, b);
     if (t->g.shared && !tg__log_plausible(&lg)) {
-      unlock(&b->mu);
+      unlock_block(t, b);
       return TG_ECORRUPT;
     }
     rc = tg__log_step(c, &lg, o, &changed);
     if (changed)
       log_store(b, &lg);
     b->period_us = c->q.period_us;
-    unlock(&b->mu);
+    unlock_block(t, b);
     return rc;
   }
 }
@@ -843,6 +1016,7 @@ static int exec_rule_state(tg__table *t, lazy_key *lk, const tg__call *c,
   tg__token *tok = c->tok;
   const bool check = c->op == TG__OP_CHECK;
   const bool give = c->op == TG__OP_UNDO || c->op == TG__OP_CANCEL;
+  tg__wait wait = tg__wait_bound(t->g.lock_timeout_ms), *wt = &wait;
   tg__call tmp;
   bool first = !check && !give && tok->seen_ok; /* start from CHECK's pair */
   for (;;) {
@@ -863,8 +1037,6 @@ static int exec_rule_state(tg__table *t, lazy_key *lk, const tg__call *c,
       if (give)
         return TG_OK; /* nothing held: nothing to give back */
       const tg__call *ac = absent_call(t, c, &tmp);
-      if (!ac)
-        return TG_ECORRUPT;
       tg__state st = {0, 0}, zero = {0, 0};
       bool changed, published;
       int rc = tg__state_step(ac, &st, o, &changed);
@@ -874,7 +1046,7 @@ static int exec_rule_state(tg__table *t, lazy_key *lk, const tg__call *c,
       }
       if (rc != TG_OK || !changed || tg__state_fresh(c->alg, &st, ac->now_us))
         return rc;
-      rc = insert(t, lazy(t, lk, c), ac, &st, NULL, &published);
+      rc = insert(t, lazy(t, lk, c), ac, &st, NULL, &published, wt);
       if (rc != TG_OK)
         return rc;
       if (published) {
@@ -926,12 +1098,12 @@ static int exec_rule_state(tg__table *t, lazy_key *lk, const tg__call *c,
         tok->gen = g;
         /* what a TAKE from this pair would write: the same step (a CHECK
          * computes the consumed state, it only does not publish it) */
-        tok->next_ok = rc == TG_OK && changed;
+        tok->next_ok = rc == TG_OK && changed && !blank_stays(c, w0, w1, &st);
         if (tok->next_ok)
           encode(c->alg, &st, g, &tok->next[0], &tok->next[1]);
         return rc;
       }
-      if (rc != TG_OK || !changed) {
+      if (rc != TG_OK || !changed || blank_stays(c, w0, w1, &st)) {
         if (!give)
           receipt(tok, false, g, &before, &st, c->now_us);
         return rc;
@@ -945,7 +1117,7 @@ static int exec_rule_state(tg__table *t, lazy_key *lk, const tg__call *c,
       }
       /* lost a race: w0, w1 are current; the step runs again on them */
     }
-    int rc = settle(t, lazy(t, lk, c));
+    int rc = settle(t, lazy(t, lk, c), wt);
     if (rc != TG_OK)
       return rc;
   }
@@ -954,6 +1126,7 @@ static int exec_rule_state(tg__table *t, lazy_key *lk, const tg__call *c,
 static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
                          tg__outcome *o) {
   tg__token *tok = c->tok;
+  tg__wait wait = tg__wait_bound(t->g.lock_timeout_ms), *wt = &wait;
   tg__call tmp;
   for (;;) {
     uint64_t i, ctl;
@@ -962,8 +1135,6 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
       if (c->op == TG__OP_UNDO)
         return TG_OK;
       const tg__call *ac = absent_call(t, c, &tmp);
-      if (!ac)
-        return TG_ECORRUPT;
       tg__entry one[1];
       tg__log lg = {one, 0, 0, 1, 0};
       if (c->op == TG__OP_CHECK) {
@@ -975,7 +1146,7 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
       if (rc != TG_OK || !changed)
         return rc;
       bool published;
-      rc = insert(t, k, ac, NULL, &lg, &published);
+      rc = insert(t, k, ac, NULL, &lg, &published, wt);
       if (rc != TG_OK)
         return rc;
       if (published) {
@@ -995,7 +1166,7 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
     tg__load_pair(p, 1, &w0, &w1);
     int rc;
     if (w1 != g) {
-      if ((rc = settle(t, k)) != TG_OK)
+      if ((rc = settle(t, k, wt)) != TG_OK)
         return rc;
       continue;
     }
@@ -1004,17 +1175,21 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
     if (w0 == 0 || w0 > t->g.nlogs)
       return TG_ECORRUPT;
     tg__log_block *b = block(t, w0 - 1);
-    if ((rc = lock_block(t, b)) != TG_OK)
+    if ((rc = lock_block(t, b, wt)) != TG_OK)
       return rc;
     if (tg__load_acquire(&p->w[1]) != g) {
-      unlock(&b->mu);
-      if ((rc = settle(t, k)) != TG_OK)
+      unlock_block(t, b);
+      if ((rc = settle(t, k, wt)) != TG_OK)
         return rc;
       continue;
     }
+    if (c->op != TG__OP_CHECK && !log_backed(t, b)) {
+      unlock_block(t, b);
+      return TG_ENOMEM;
+    }
     tg__log lg = log_view(t, b);
     if (t->g.shared && !tg__log_plausible(&lg)) {
-      unlock(&b->mu);
+      unlock_block(t, b);
       return TG_ECORRUPT;
     }
     changed = false;
@@ -1039,7 +1214,7 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
       log_store(b, &lg);
       b->period_us = c->q.period_us;
     }
-    unlock(&b->mu);
+    unlock_block(t, b);
     return rc;
   }
 }
@@ -1059,83 +1234,138 @@ int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o) {
   return exec_state(t, &k, c, o);
 }
 
-/* Reset frees the key's slot at once (so memory and tg_key_count follow),
- * under the table mutex, replacing only the state it read: a hit that lands
- * in between makes the CAS fail and the reset read again. */
+/* Drops a sliding key whose block index is corrupt (nothing to lock or
+ * free): what a reset of it can do. */
+static int drop_corrupt(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
+                        uint64_t w1, tg__wait *wt) {
+  int rc = lock_table(t, wt);
+  if (rc != TG_OK)
+    return rc;
+  if (tg__load_acquire(&t->ctrl[i]) == c &&
+      tg__cas128(&t->slots[i].st, &w0, &w1, w0, ctrl_gen(c) + 1))
+    finish_reclaim(t, i, c);
+  unlock_table(t);
+  return TG_OK;
+}
+
+/* Reset leaves the key in place with the all-zero state (an empty log),
+ * replacing only the state it read: a decision that lands in between makes
+ * the CAS fail and the reset read again. The key is then fresh at any now,
+ * evaluated at the caller's own time (an absent key could be held at the
+ * reclaim horizon), and a cleaning pass or a full table reclaims it later.
+ * Windows and buckets take no lock at all; a log takes its own, and never
+ * the table's, so a reset waiting for a busy log delays nobody else. */
 int tg__table_reset(tg__table *t, const void *key, size_t key_len) {
   tg_algorithm alg = (tg_algorithm)t->g.algorithm;
   kref k;
   kref_init(t, &k, key, key_len);
-  int rc = lock_table(t);
-  if (rc != TG_OK)
-    return rc;
-  uint64_t i, ctl;
-  /* Each pass either deletes the key or lost a race with a decision that
-   * changed its state; a bound keeps a corrupt segment from spinning us. */
-  for (int pass = 0; find(t, &k, &i, &ctl); pass++) {
-    if (pass == 64) {
-      rc = TG_EBUSY;
-      break;
-    }
+  tg__wait wt = tg__wait_bound(t->g.lock_timeout_ms);
+  for (unsigned pass = 0;; pass++) {
+    uint64_t i, ctl;
+    if (!find(t, &k, &i, &ctl))
+      return TG_OK;
+    /* a state changing under every CAS, or a segment rewritten under us:
+     * give up within the same bound as a lock */
+    if (pass >= 64 && tg__wait_over(&wt))
+      return TG_EBUSY;
+    tg__pair *p = &t->slots[i].st;
+    uint32_t g = ctrl_gen(ctl);
     uint64_t w0, w1;
-    read_pair(alg, &t->slots[i].st, &w0, &w1);
-    if (!gen_ok(alg, w0, w1, ctrl_gen(ctl)))
-      finish_reclaim(t, i, ctl); /* a dead process's half reclaim */
-    else if (reclaim(t, i, ctl, w0, w1, 0, 0, true))
-      break;
+    read_pair(alg, p, &w0, &w1);
+    int rc;
+    if (!gen_ok(alg, w0, w1, g)) { /* a reclaim left half done */
+      if ((rc = settle(t, &k, &wt)) != TG_OK)
+        return rc;
+      continue;
+    }
+    if (alg == TG_SLIDING_WINDOW) {
+      tg__log_block *b = w0 >= 1 ? block(t, w0 - 1) : NULL;
+      if (!b)
+        return drop_corrupt(t, i, ctl, w0, w1, &wt);
+      if ((rc = lock_block(t, b, &wt)) != TG_OK)
+        return rc;
+      bool same = tg__load_acquire(&p->w[1]) == g;
+      if (same)
+        log_clear(b);
+      unlock_block(t, b);
+      if (same)
+        return TG_OK;
+      continue;
+    }
+    tg__state zero = {0, 0};
+    uint64_t n0, n1;
+    encode(alg, &zero, g, &n0, &n1);
+    if ((w0 == n0 && w1 == n1) || tg__cas128(p, &w0, &w1, n0, n1))
+      return TG_OK;
   }
-  unlock(&t->h->mu);
-  return rc;
 }
 
 size_t tg__table_live(const tg__table *t) {
   return (size_t)tg__load_relaxed(&t->h->live);
 }
 
+bool tg__table_holds(const tg__table *t, const void *key, size_t key_len) {
+  kref k;
+  uint64_t i, c;
+  kref_init(t, &k, key, key_len);
+  return find(t, &k, &i, &c);
+}
+
 /* ---- cleaning ---- */
 
 #define CLEAN_BATCH 64u
 
-static size_t flush(tg__table *t, tg__clean_item *items, size_t n,
-                    uint64_t now_us, uint64_t older_than_us, tg__clean_cb cb,
-                    void *ctx) {
+/* Hands the batch to cb (outside every lock; its outcome never stops us),
+ * without the keys a reset emptied (nothing happened to them worth
+ * reporting), then reclaims what is still as inspected. */
+static int flush(tg__table *t, tg__clean_item *items, size_t n, uint64_t now_us,
+                 uint64_t older_than_us, tg__clean_cb cb, void *ctx,
+                 tg__wait *wt, size_t *removed) {
   if (n == 0)
-    return 0;
-  if (cb)
-    cb(items, n, ctx); /* outside every lock; its outcome never stops us */
-  size_t removed = 0;
-  if (lock_table(t) != TG_OK)
-    return 0;
+    return TG_OK;
+  if (cb) {
+    size_t m = 0;
+    for (size_t j = 0; j < n; j++)
+      if (items[j].expired_at_ms != 0) {
+        tg__clean_item tmp = items[m];
+        items[m++] = items[j];
+        items[j] = tmp;
+      }
+    if (m > 0)
+      cb(items, m, ctx);
+  }
+  int rc = lock_table(t, wt);
+  if (rc != TG_OK)
+    return rc;
   for (size_t j = 0; j < n; j++)
-    removed += reclaim(t, items[j].slot, items[j].ctrl, items[j].w0,
-                       items[j].w1, now_us, older_than_us, false);
-  unlock(&t->h->mu);
-  return removed;
+    *removed += reclaim(t, items[j].slot, items[j].ctrl, items[j].w0,
+                        items[j].w1, now_us, older_than_us, false);
+  unlock_table(t);
+  return TG_OK;
 }
 
 int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
                     tg__clean_cb cb, void *ctx, size_t *removed) {
   tg__table_hdr *h = t->h;
   *removed = 0;
-  int rc = pthread_mutex_trylock(&h->clean_mu); /* robust if shared */
-  if (rc == EBUSY)
+  bool died; /* a pass that died left nothing to repair */
+  if (tg__lock_try(&h->clean_lock, t->g.shared, &died) != TG_OK)
     return TG_OK; /* another pass is running */
-  if (rc == EOWNERDEAD)
-    pthread_mutex_consistent(&h->clean_mu);
-  else if (rc != 0)
-    return TG_ESTORE;
   tg__clean_item *items = malloc(CLEAN_BATCH * sizeof *items);
   if (!items) {
-    unlock(&h->clean_mu);
+    tg__lock_release(&h->clean_lock, t->g.shared);
     return TG_ENOMEM;
   }
+  tg__wait wt = tg__wait_bound(t->g.lock_timeout_ms);
+  int rc = TG_OK;
   size_t n = 0;
-  for (uint64_t i = 0; i < t->g.nslots; i++) {
-    uint64_t c = tg__load_acquire(&t->ctrl[i]);
+  for (uint64_t i = 0; i < t->g.nslots && rc == TG_OK; i++) {
+    uint64_t c = tg__load_acquire(&t->ctrl[i]), expiry;
     if (ctrl_status(c) != LIVE)
       continue;
     tg__clean_item *it = &items[n];
-    if (!inspect(t, i, c, now_us, older_than_us, it))
+    if (!inspect(t, i, c, it, &expiry) ||
+        !decayed(now_us, expiry, older_than_us))
       continue;
     /* copy the key, then check the slot still held it */
     size_t len = ctrl_len(c);
@@ -1151,14 +1381,15 @@ int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
     memcpy(it->key, words, len);
     it->key_len = len;
     if (++n == CLEAN_BATCH) {
-      *removed += flush(t, items, n, now_us, older_than_us, cb, ctx);
+      rc = flush(t, items, n, now_us, older_than_us, cb, ctx, &wt, removed);
       n = 0;
     }
   }
-  *removed += flush(t, items, n, now_us, older_than_us, cb, ctx);
+  if (rc == TG_OK)
+    rc = flush(t, items, n, now_us, older_than_us, cb, ctx, &wt, removed);
   free(items);
-  unlock(&h->clean_mu);
-  return TG_OK;
+  tg__lock_release(&h->clean_lock, t->g.shared);
+  return rc;
 }
 
 /* ---- layout ---- */
@@ -1201,7 +1432,12 @@ size_t tg__table_bytes(const tg__table_params *p) {
   return plan(p, &l) ? (size_t)l.total : 0;
 }
 
-static void attach_view(tg__table *t, void *mem) {
+size_t tg__table_core_bytes(const tg__table_params *p) {
+  layout l;
+  return plan(p, &l) ? (size_t)l.chunk_off : 0;
+}
+
+static void attach_view(tg__table *t, void *mem, const tg__table_params *p) {
   t->base = mem;
   t->h = mem;
   /* the geometry is read once, after validation, and never again from the
@@ -1214,10 +1450,15 @@ static void attach_view(tg__table *t, void *mem) {
   t->g.log_block_bytes = t->h->log_block_bytes;
   t->g.algorithm = t->h->algorithm;
   t->g.shared = t->h->shared;
+  t->g.chunk_off = t->h->chunk_off;
+  t->g.log_off = t->h->log_off;
+  t->g.lock_timeout_ms = p->lock_timeout_ms;
+  t->g.evict = p->evict;
   t->ctrl = (uint64_t *)(void *)(t->base + t->h->ctrl_off);
   t->slots = (tg__slot *)(void *)(t->base + t->h->slot_off);
-  t->chunks = (uint64_t *)(void *)(t->base + t->h->chunk_off);
-  t->logs = t->base + t->h->log_off;
+  t->chunks = (uint64_t *)(void *)(t->base + t->g.chunk_off);
+  t->logs = t->base + t->g.log_off;
+  t->bk = NULL;
 }
 
 int tg__table_init(tg__table *t, void *mem, const tg__table_params *p) {
@@ -1241,58 +1482,66 @@ int tg__table_init(tg__table *t, void *mem, const tg__table_params *p) {
   h->chunk_off = l.chunk_off;
   h->log_off = l.log_off;
   h->total_bytes = l.total;
+  h->pidns = p->shared ? tg__lock_pidns() : 0;
   if (tg__siphash_random_key(h->sip) != 0)
     return TG_ESTORE;
-  if (mutex_init(&h->mu, p->shared) != TG_OK)
-    return TG_ESTORE;
-  if (mutex_init(&h->clean_mu, p->shared) != TG_OK) {
-    pthread_mutex_destroy(&h->mu);
-    return TG_ESTORE;
-  }
   /* the magic goes last: a segment whose creator died part way through is
    * recognisable by its missing magic */
   tg__store_release(&h->magic, TG__TABLE_MAGIC);
-  attach_view(t, mem);
-  t->g.lock_timeout_ms = p->lock_timeout_ms;
+  attach_view(t, mem, p);
   return TG_OK;
 }
 
-int tg__table_attach(tg__table *t, void *mem, size_t size,
-                     const tg__table_params *p) {
-  const tg__table_hdr *h = mem;
-  if (size < sizeof *h || tg__load_acquire(&h->magic) != TG__TABLE_MAGIC ||
-      h->version != TG__TABLE_VERSION || h->hdr_bytes != sizeof *h ||
-      h->slot_bytes != sizeof(tg__slot) || h->shared != 1 ||
-      h->algorithm >= TG_ALGORITHM_COUNT)
+int tg__table_check_header(const tg__table_hdr *h, size_t size,
+                           const tg__table_params *p, const char **why) {
+  const char *unused;
+  if (!why)
+    why = &unused;
+  *why = "not a tollgate table";
+  if (size < sizeof *h || tg__load_acquire(&h->magic) != TG__TABLE_MAGIC)
+    return TG_ECORRUPT;
+  if (h->version != TG__TABLE_VERSION) {
+    *why = "a table of another format version (another tollgate release)";
+    return TG_EMISMATCH;
+  }
+  *why = "a corrupt table header";
+  if (h->hdr_bytes != sizeof *h || h->slot_bytes != sizeof(tg__slot) ||
+      h->shared != 1 || h->algorithm >= TG_ALGORITHM_COUNT)
     return TG_ECORRUPT;
   /* the layout must be exactly the one its own parameters give */
-  tg__table_params hp = {
-      (tg_algorithm)h->algorithm, h->capacity, h->nchunks, h->log_entries, true,
-      p->lock_timeout_ms};
+  tg__table_params hp = {(tg_algorithm)h->algorithm,
+                         h->capacity,
+                         h->nchunks,
+                         h->log_entries,
+                         true,
+                         0,
+                         false};
   layout l;
   if (!plan(&hp, &l) || l.nslots != h->nslots || l.nlogs != h->nlogs ||
       l.block_bytes != h->log_block_bytes || l.ctrl_off != h->ctrl_off ||
       l.slot_off != h->slot_off || l.chunk_off != h->chunk_off ||
       l.log_off != h->log_off || l.total != h->total_bytes || l.total != size)
     return TG_ECORRUPT;
-  if (hp.algorithm != p->algorithm || hp.capacity != p->capacity ||
-      hp.long_keys != p->long_keys || hp.log_entries != p->log_entries)
+  if (h->pidns != tg__lock_pidns()) {
+    *why = "created in another PID namespace (its lock owners are pids)";
     return TG_EMISMATCH;
-  attach_view(t, mem);
-  t->g.lock_timeout_ms = p->lock_timeout_ms;
+  }
+  if (hp.algorithm != p->algorithm || hp.capacity != p->capacity ||
+      hp.long_keys != p->long_keys || hp.log_entries != p->log_entries) {
+    *why = "created with another algorithm, capacity, long_keys or "
+           "sliding_max_entries";
+    return TG_EMISMATCH;
+  }
+  *why = "";
   return TG_OK;
 }
 
-void tg__table_fini(tg__table *t) {
-  tg__table_hdr *h = t->h;
-  /* The bound is the geometry snapshot, never the (possibly rewritten)
-   * header: log_bump is only trusted below it. */
-  uint64_t used = __atomic_load_n(&h->log_bump, __ATOMIC_ACQUIRE);
-  for (uint64_t i = 0; i < used && i < t->g.nlogs; i++)
-    if (block(t, i)->inited)
-      pthread_mutex_destroy(&block(t, i)->mu);
-  pthread_mutex_destroy(&h->clean_mu);
-  pthread_mutex_destroy(&h->mu);
+int tg__table_attach(tg__table *t, void *mem, size_t size,
+                     const tg__table_params *p) {
+  int rc = tg__table_check_header(mem, size, p, NULL);
+  if (rc == TG_OK)
+    attach_view(t, mem, p);
+  return rc;
 }
 
 /* ---- validation ---- */
@@ -1370,30 +1619,31 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
       continue;
     }
     if (alg == TG_SLIDING_WINDOW) {
-      if (w0 == 0 || w0 > t->g.nlogs) {
+      tg__log_block *b = w0 >= 1 ? block(t, w0 - 1) : NULL;
+      if (!b) {
         check_fail(r, "log block out of range", i);
         continue;
       }
       if (block_use[w0 - 1]++)
         check_fail(r, "log block used twice", i);
-      tg__log_block *b = block(t, w0 - 1);
-      int lrc = pthread_mutex_trylock(&b->mu);
-      if (lrc == EBUSY) {
+      bool died;
+      if (tg__lock_try(&b->lock, t->g.shared, &died) != TG_OK) {
         r->busy++; /* a live process is in a step: not checked */
         continue;
       }
-      if (lrc == EOWNERDEAD) { /* left mid-step: repair, as a lock would */
-        pthread_mutex_consistent(&b->mu);
+      if (died) { /* left mid-step: repair, as a lock would */
         repair_log(t, b);
         r->pending++;
-      } else if (lrc != 0) {
-        check_fail(r, "log mutex unusable", i);
+      }
+      if (!log_backed(t, b)) {
+        check_fail(r, "log entries never backed", i);
+        unlock_block(t, b);
         continue;
       }
       tg__log lg = {b->e, b->head, b->n, t->g.log_entries, b->sum};
       if (!tg__log_plausible(&lg))
         check_fail(r, "log not a sorted ring with its sum", i);
-      unlock(&b->mu);
+      unlock_block(t, b);
     }
   }
   /* one key, one slot: find each LIVE key from its home and expect itself */
@@ -1418,23 +1668,25 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
   /* free lists: in range, acyclic, disjoint from what LIVE keys use */
   uint64_t steps = 0;
   for (uint64_t f = h->chunk_free; f; steps++) {
-    if (f > t->g.nchunks || steps > t->g.nchunks) {
+    const uint64_t *w = f <= t->g.nchunks ? chunk_words(t, f - 1) : NULL;
+    if (!w || steps > t->g.nchunks) {
       check_fail(r, "chunk free list corrupt", f);
       break;
     }
     if (chunk_use[f - 1]++)
       check_fail(r, "chunk both free and used", f);
-    f = tg__load_relaxed(&t->chunks[(f - 1) * CHUNK_WORDS]);
+    f = tg__load_relaxed(&w[0]);
   }
   steps = 0;
   for (uint64_t f = h->log_free; f; steps++) {
-    if (f > t->g.nlogs || steps > t->g.nlogs) {
+    const tg__log_block *b = f <= t->g.nlogs ? block(t, f - 1) : NULL;
+    if (!b || steps > t->g.nlogs) {
       check_fail(r, "log free list corrupt", f);
       break;
     }
     if (block_use[f - 1]++)
       check_fail(r, "log block both free and used", f);
-    f = block(t, f - 1)->next_free;
+    f = b->next_free;
   }
   for (uint64_t i = 0; i < h->chunk_bump && i < t->g.nchunks; i++)
     r->leaked += chunk_use[i] == 0;

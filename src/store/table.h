@@ -18,25 +18,39 @@
  * Concurrency contract:
  *   - lookups and updates of existing keys are lock-free: probe, validate the
  *     ctrl word around the key comparison, then one 16-byte CAS on the state
- *     (a sliding log takes its block's mutex instead);
+ *     (a sliding log takes its block's lock instead);
  *   - creating a key and reclaiming one (cleaner, or pressure when full) are
- *     structural changes and take the table mutex; they are off the hot path;
+ *     structural changes and take the table lock; they are off the hot path,
+ *     and never wait for another lock while holding it (a log they would
+ *     have to wait for is skipped), so a process stopped holding a log's
+ *     lock delays that key's callers only;
  *   - a reclaim replaces only the state it inspected (CAS from the observed
  *     value), so a key hit between inspection and reclaim survives;
  *   - a state that decayed to "absent" is equivalent to absent, which is what
- *     lets a reclaim go unnoticed by readers.
+ *     lets a reclaim go unnoticed by readers;
+ *   - every operation waits for locks at most lock_timeout_ms in all (one
+ *     tg__wait shared by its locks and retries), then answers TG_EBUSY.
+ *
+ * The locks are tollgate's own (lock.h), so any bytes in a shared region are
+ * handled: a lock word is free, held by a live process (wait, then
+ * TG_EBUSY), or held by a gone one (taken over, and what it guards
+ * repaired).
  */
 #ifndef TG_TABLE_H
 #define TG_TABLE_H
 
 #include "../atomic.h"
 #include "../core/core.h"
+#include "lock.h"
 
-#include <pthread.h>
 #include <stddef.h>
 
 #define TG__TABLE_MAGIC UINT64_C(0x31454c4241544754) /* "TGTABLE1" */
-#define TG__TABLE_VERSION 1u
+/* 2: tollgate's own locks instead of pthread mutexes, the PID namespace,
+ * the reclaimed states' reach. The magic and the version keep their
+ * offsets in every version, so an old segment is recognised and refused
+ * (TG_EMISMATCH), never misread. */
+#define TG__TABLE_VERSION 2u
 /* Keys up to this many bytes live in the slot; longer ones in a chunk. */
 #define TG__INLINE_KEY 32u
 /* Most slots the table lets be LIVE, as a fraction of all slots: 7/8 keeps
@@ -49,23 +63,21 @@ typedef struct tg__slot {
   uint64_t key[4]; /* inline key, zero padded; or key[0] = chunk index */
 } tg__slot;
 
-/* One sliding log: a mutex, the ring's head, count and cost sum, the period
- * its entries were written with (the cleaner needs it), then a ring of
- * `log_entries` entries. The mutex is initialised once, when the block is
- * first handed out, and never again: a thread may still be waiting on it
- * when the block is reused. */
+/* One sliding log: its lock, the ring's head, count and cost sum, the
+ * period its entries were written with (the cleaner needs it), then a ring
+ * of `log_entries` entries. A zero block is a free lock and an empty log,
+ * so a block needs no initialisation when first handed out; a thread may
+ * still be waiting on its lock when it is reused, which is harmless. */
 typedef struct tg__log_block {
-  pthread_mutex_t mu;
-  uint32_t n;         /* entries in use (guarded by mu) */
-  uint32_t head;      /* ring index of the oldest entry (guarded by mu) */
-  uint64_t sum;       /* sum of their costs (guarded by mu) */
-  uint64_t period_us; /* period of the quota last used (guarded by mu) */
-  uint64_t next_free; /* free-list link, index + 1 (under the table mutex) */
-  uint32_t inited;    /* mu has been initialised (set under the table mutex) */
-  uint32_t pad;
-  uint64_t last_us; /* time of the newest entry ever kept, so a log that
-                       pruning emptied still knows when it expired */
-  tg__entry e[];    /* the ring: log_entries entries */
+  uint64_t lock;      /* lock.h word */
+  uint32_t n;         /* entries in use (guarded by lock) */
+  uint32_t head;      /* ring index of the oldest entry (guarded by lock) */
+  uint64_t sum;       /* sum of their costs (guarded by lock) */
+  uint64_t period_us; /* period of the quota last used (guarded by lock) */
+  uint64_t next_free; /* free-list link, index + 1 (under the table lock) */
+  uint64_t last_us;   /* time of the newest entry ever kept, so a log that
+                         pruning emptied still knows when it expired */
+  tg__entry e[];      /* the ring: log_entries entries */
 } tg__log_block;
 
 typedef struct tg__table_hdr {
@@ -76,7 +88,7 @@ typedef struct tg__table_hdr {
   uint32_t slot_bytes;      /* sizeof(tg__slot) */
   uint32_t log_entries;     /* entries per sliding-log block */
   uint32_t log_block_bytes; /* bytes per block, a multiple of 64 */
-  uint32_t shared;          /* 1: mutexes are process-shared and robust */
+  uint32_t shared;          /* 1: locks shared between processes */
   uint32_t pad0;
   uint64_t capacity; /* most LIVE keys */
   uint64_t nslots;   /* slots (capacity * 8 / 7, rounded up) */
@@ -85,19 +97,71 @@ typedef struct tg__table_hdr {
   uint64_t sip[2];   /* SipHash key, random per table */
   uint64_t ctrl_off, slot_off, chunk_off, log_off; /* offsets from the start */
   uint64_t total_bytes;            /* size of the whole region */
+  uint64_t pidns;                  /* the creator's PID namespace (inode of
+                                      /proc/self/ns/pid; 0 in-process): lock
+                                      owners are pids, which mean nothing in
+                                      another namespace */
   uint64_t live;                   /* LIVE slots (atomic) */
-  uint64_t chunk_bump, chunk_free; /* chunk allocator (table mutex) */
-  uint64_t log_bump, log_free;     /* block allocator (table mutex) */
-  uint64_t cursor;          /* where the next pressure reclaim looks (mutex) */
-  uint64_t horizon_us;      /* latest expiry of any state a cleaner or pressure
-                               reclaimed (atomic, only grows): a call that finds
-                               its key absent is evaluated no earlier than this,
-                               so a thread that read the time before a reclaim
-                               cannot see a fresh state where the reclaimed one
-                               still mattered */
-  pthread_mutex_t mu;       /* structural changes */
-  pthread_mutex_t clean_mu; /* at most one cleaning pass at a time */
+  uint64_t chunk_bump, chunk_free; /* chunk allocator (table lock) */
+  uint64_t log_bump, log_free;     /* block allocator (table lock) */
+  uint64_t cursor;     /* where the next pressure reclaim looks (lock) */
+  uint64_t horizon_us; /* latest expiry of any state a cleaner or pressure
+                          reclaimed (atomic, only grows): a call that finds
+                          its key absent is evaluated no earlier than this,
+                          so a thread that read the time before a reclaim
+                          cannot see a fresh state where the reclaimed one
+                          still mattered; see absent_call for its bounds */
+  uint64_t reach_us;   /* the longest any key's state may matter after the
+                          call that wrote it, us (a window's period, a
+                          bucket's tolerance), over every key ever created
+                          (atomic, only grows, at most TG_PERIOD_MAX_MS):
+                          no reclaimed state can need the horizon applied
+                          further than this past a call's now */
+  uint64_t lock;       /* structural changes (lock.h word) */
+  uint64_t clean_lock; /* at most one cleaning pass at a time */
 } tg__table_hdr;
+
+/* How the region's pages come to exist. Anonymous memory (the memory store)
+ * is backed by the kernel when first touched and needs none of this. A
+ * shared segment's pages come from a file system that can be full (tmpfs):
+ * touching a page it cannot supply raises SIGBUS. So the shm store backs
+ * the part of the region every key needs (header, ctrl words, slots) when it
+ * attaches, and the arenas that grow with use (long-key chunks, log blocks)
+ * an extent at a time, before this process first touches one: the table
+ * asks for every arena range it is about to touch (tg__backed). Asking
+ * again is cheap and harmless, so the same hook serves any later layout. */
+typedef struct tg__backing tg__backing;
+struct tg__backing {
+  /* Makes bytes [off, off + len) of the region backed: TG_OK, or TG_ENOMEM
+   * when the file system has no room. Any thread, any time. */
+  int (*back)(tg__backing *b, uint64_t off, uint64_t len);
+  /* Frees what the store allocated for it (called when the store goes). */
+  void (*release)(tg__backing *b);
+  uint64_t lazy_from; /* bytes before this offset were backed at attach */
+  unsigned shift;     /* an extent is 2^shift bytes (a page or more), */
+  uint64_t ext_base;  /* from this offset on: lazy_from rounded down to one,
+                         so that extents are whole pages */
+  uint64_t nextents;
+  uint64_t *done; /* one bit per extent this process has seen backed */
+};
+
+/* True when [off, off + len) may be touched: backed already, or backed now
+ * (false: no room; the caller answers TG_ENOMEM or treats the index that led
+ * there as corrupt). A bitmap test on the hot path. */
+static inline bool tg__backed(tg__backing *b, uint64_t off, uint64_t len) {
+  if (!b || off + len <= b->lazy_from)
+    return true;
+  if (off < b->lazy_from) {
+    len -= b->lazy_from - off;
+    off = b->lazy_from;
+  }
+  uint64_t first = (off - b->ext_base) >> b->shift;
+  uint64_t last = (off + len - 1 - b->ext_base) >> b->shift;
+  for (uint64_t e = first; e <= last && e < b->nextents; e++)
+    if (!(__atomic_load_n(&b->done[e / 64], __ATOMIC_RELAXED) >> (e % 64) & 1u))
+      return b->back(b, off, len) == TG_OK;
+  return true;
+}
 
 /* Parameters of a new table. */
 typedef struct tg__table_params {
@@ -105,9 +169,12 @@ typedef struct tg__table_params {
   uint64_t capacity;        /* most keys held at once, >= 1 */
   uint64_t long_keys;       /* most keys longer than TG__INLINE_KEY at once */
   uint32_t log_entries;     /* sliding log cap per key */
-  bool shared;              /* process-shared robust mutexes */
-  uint32_t lock_timeout_ms; /* shared: longest wait for a lock, then
-                               TG_EBUSY (0: try once) */
+  bool shared;              /* locks shared between processes */
+  uint32_t lock_timeout_ms; /* shared: longest an operation waits for locks
+                               in all, then TG_EBUSY (0: never waits) */
+  bool evict;               /* a full table evicts the live key closest to
+                               fresh (TG_FULL_EVICT); this process's choice,
+                               not stored in the region */
 } tg__table_params;
 
 /* The table's geometry as this process validated it on attaching. */
@@ -116,7 +183,9 @@ typedef struct tg__geom {
   uint32_t log_entries, log_block_bytes;
   uint32_t algorithm;
   uint32_t shared;
-  uint32_t lock_timeout_ms; /* this process's bound, not the segment's */
+  uint64_t chunk_off, log_off; /* where the arenas start */
+  uint32_t lock_timeout_ms;    /* this process's bound, not the segment's */
+  bool evict;                  /* this process's choice, see the params */
 } tg__geom;
 
 /* A process's view of a table region. */
@@ -128,35 +197,51 @@ typedef struct tg__table {
   tg__slot *slots;
   uint64_t *chunks; /* nchunks x 32 words */
   unsigned char *logs;
+  tg__backing *bk; /* NULL: every page is backed when touched */
 } tg__table;
 
 /* Bytes a region for p needs, or 0 if p is out of range. */
 size_t tg__table_bytes(const tg__table_params *p);
 
+/* Bytes at the start of such a region that every key may touch (header,
+ * ctrl words, slots): what a store backs before attaching. */
+size_t tg__table_core_bytes(const tg__table_params *p);
+
 /* Lays out a fresh table in mem (zeroed, tg__table_bytes(p) bytes, 64-byte
  * aligned) and fills *t. */
 int tg__table_init(tg__table *t, void *mem, const tg__table_params *p);
 
+/* Checks a table header (a copy, or the region itself) against the size of
+ * the region that holds it and the parameters the caller wants: TG_OK;
+ * TG_ECORRUPT if it is not a complete table of this layout, or its layout
+ * does not match its own parameters and size; TG_EMISMATCH if it is sound
+ * but another format version, created in another PID namespace, or with
+ * parameters other than *p. *why (may be NULL) receives a static reason. */
+int tg__table_check_header(const tg__table_hdr *h, size_t size,
+                           const tg__table_params *p, const char **why);
+
 /* Attaches to the table a region of `size` bytes already holds (a shared
- * segment another process created), after checking its header: TG_ECORRUPT
- * if the header is not a complete table of this version and layout, or its
- * layout does not match its own parameters and size; TG_EMISMATCH if it is
- * sound but was created with parameters other than *p. */
+ * segment another process created), after tg__table_check_header. */
 int tg__table_attach(tg__table *t, void *mem, size_t size,
                      const tg__table_params *p);
 
-/* Destroys the mutexes of a table this process created (in-process only). */
-void tg__table_fini(tg__table *t);
-
 /* Executes one validated call. TG_EFULL when a new key cannot be placed even
- * after reclaiming decayed keys. */
+ * after reclaiming decayed keys (and, with evict, evicting one); TG_ENOMEM
+ * when the arena memory it needs cannot be backed; TG_EBUSY when a lock it
+ * needs stays held past lock_timeout_ms. */
 int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o);
 
-/* Makes the key fresh, replacing only the state observed. */
+/* Makes the key fresh: its state becomes the all-zero one, which every call
+ * evaluates at its own now, and which a cleaning pass or a full table
+ * reclaims later (without calling before_clean). TG_EBUSY as above. */
 int tg__table_reset(tg__table *t, const void *key, size_t key_len);
 
 /* LIVE keys. */
 size_t tg__table_live(const tg__table *t);
+
+/* True when the table holds the key (a LIVE slot), decayed or not. For
+ * tests and tools; lock-free. */
+bool tg__table_holds(const tg__table *t, const void *key, size_t key_len);
 
 /* One entry handed to a cleaning callback. */
 typedef struct tg__clean_item {
@@ -173,11 +258,11 @@ typedef void (*tg__clean_cb)(const tg__clean_item *items, size_t n, void *ctx);
 
 /* One cleaning pass at now: every key whose state decayed to absent at least
  * older_than_us ago is handed to cb (in batches, outside any lock, may be
- * NULL) and then reclaimed if its state is still the one inspected. Returns
- * the number reclaimed in *removed. Returns TG_ESTORE when the cleaning lock
- * fails for a reason other than being held, TG_ENOMEM when the batch buffer
- * cannot be had; a pass already running elsewhere makes this one return 0
- * at once with *removed = 0. */
+ * NULL; a key tg__table_reset emptied is not) and then reclaimed if its state
+ * is still the one inspected. Returns the number reclaimed in *removed. A
+ * pass already running elsewhere makes this one return TG_OK at once with
+ * *removed = 0; TG_EBUSY when the table lock stayed held past
+ * lock_timeout_ms (the pass stops there; what it reclaimed is counted). */
 int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
                     tg__clean_cb cb, void *ctx, size_t *removed);
 
@@ -201,7 +286,7 @@ typedef struct tg__table_check {
  * within their blocks, free lists in range, acyclic and disjoint from used
  * entries, no more LIVE keys than capacity. Meant for a quiescent table
  * (tests, and after crashes). It writes only what a lock would: each log is
- * checked under its mutex, and one whose holder died mid-step is repaired
+ * checked under its lock, and one whose holder died mid-step is repaired
  * and counted as pending. */
 int tg__table_validate(const tg__table *t, tg__table_check *r);
 

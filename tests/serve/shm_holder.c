@@ -7,16 +7,16 @@
  *
  * attaches to the segment NAME as the shared-memory store does (with the
  * parameters it was created with: capacity, long keys = capacity, log
- * entries), takes its table mutex, prints "held" and stops itself
+ * entries), takes its table lock, prints "held" and stops itself
  * (SIGSTOP). Every process that then needs that lock (to create a key)
  * waits for it. After SIGCONT it lets go and exits 0. It reaches into the
  * table's internals (src/store/table.h), as tests/test_shm.c does, because
  * no public call holds a lock while its caller is stopped.
  */
+#include "store/lock.h"
 #include "store/table.h"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +45,8 @@ int main(int argc, char **argv) {
                         capacity,
                         (uint32_t)strtoul(argv[4], NULL, 10),
                         true,
-                        0};
+                        0,
+                        false};
   int fd = shm_open(argv[1], O_RDWR, 0);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0)
@@ -57,12 +58,14 @@ int main(int argc, char **argv) {
   if (mem == MAP_FAILED ||
       tg__table_attach(&t, mem, (size_t)st.st_size, &p) != TG_OK)
     return fail("cannot attach to the segment");
-  if (pthread_mutex_lock(&t.h->mu) != 0)
+  tg__wait wt = tg__wait_bound(10000);
+  bool died;
+  if (tg__lock_take(&t.h->lock, true, &wt, &died) != TG_OK)
     return fail("cannot take the table lock");
   printf("held\n");
   fflush(stdout);
   raise(SIGSTOP);
-  pthread_mutex_unlock(&t.h->mu);
+  tg__lock_release(&t.h->lock, true);
   munmap(mem, (size_t)st.st_size);
   return 0;
 }

@@ -73,7 +73,7 @@ trap 'rm -f /dev/shm/tgcli-$$*; tg_cleanup' EXIT
 printf 'not a table' >"/dev/shm${shm}-garbage"
 : >"/dev/shm${shm}-empty"
 head -c 4096 /dev/urandom >"/dev/shm${shm}-random"
-python3 -c 'import sys; open(sys.argv[1], "wb").write(b"TGTABLE1" + b"\x01\0\0\0" + b"\x07" * 600)' \
+python3 -c 'import sys; open(sys.argv[1], "wb").write(b"TGTABLE1" + b"\x02\0\0\0" + b"\x07" * 600)' \
   "/dev/shm${shm}-badheader"
 start_server --shm "$shm"
 exec 3<>"/dev/tcp/127.0.0.1/$PORT"

@@ -4,7 +4,7 @@ is replaced, its mode is the one asked for whatever the umask, only the
 server's own is removed), --bind (names resolve, an exposed address warns),
 a password (python3-redis with and without it, the environment variable, the
 command line blotted out), --max-period-ms, the new-key budget per client
-(TCP by address, unix socket by uid), and --sliding-max-entries.
+(TCP by address, unix socket by uid), --sliding-max-entries and --on-full.
 
 usage: run_python.sh test_operator.py PATH/TO/tollgate
 """
@@ -307,6 +307,23 @@ class Limits(unittest.TestCase):
         self.assertEqual(p.returncode, 2)
         p = run("--sliding-max-entries", str((1 << 24) + 1))
         self.assertEqual(p.returncode, 2)
+
+    def test_on_full(self):
+        def degraded(*opts):
+            with Server(TOLLGATE, "--capacity", "8", *opts) as srv:
+                r = redis.Redis(port=srv.port, socket_timeout=30)
+                out = [r.execute_command("TG.HIT", "f%d" % i, "token_bucket",
+                                         5, HOUR)[5] for i in range(64)]
+                r.close()
+                return sum(out)
+        # refused: the keys past the capacity get the failure policy's
+        # (degraded) answer; evicted: every new key gets a slot
+        self.assertGreater(degraded(), 0)
+        self.assertGreater(degraded("--on-full", "refuse"), 0)
+        self.assertEqual(degraded("--on-full", "evict"), 0)
+        p = run("--on-full", "sometimes")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(b"--on-full", p.stderr)
 
 
 if __name__ == "__main__":
