@@ -616,6 +616,9 @@ static void deny_cache_answers_locally(void **state) {
   tg_stats st;
   tg_nb_stats(nb, &st, sizeof st);
   assert_int_equal(st.deny_cache_hits, 100);
+  /* counted as tg_hit counts: the cache's answers are denials */
+  assert_int_equal(st.allowed, 3);
+  assert_int_equal(st.denied, 101);
   nbp_close_all(&d);
   tg_nb_destroy(nb);
   redisFree(c);
@@ -646,7 +649,47 @@ static void fallback_decides_while_down(void **state) {
   tg_stats st;
   tg_nb_stats(nb, &st, sizeof st);
   assert_int_equal(st.fallback_decisions, 30);
+  assert_int_equal(st.degraded, 30);
+  assert_int_equal(st.errors[-TG_ECONNECT], 30);
   assert_true(rs_start());
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+}
+
+/* Shadow mode and the decision hook apply to tg_nb's decisions as to
+ * tg_hit's: the same bookkeeping runs after each. */
+static int hooked;
+static void hook(const tg_decision *ev, void *ctx) {
+  (void)ctx;
+  hooked += ev->result->shadow_denied;
+}
+
+static void shadow_and_hook(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_FIXED_WINDOW_PER_KEY, "shadow");
+  cfg.shadow = true;
+  cfg.on_decision = hook;
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  tg_quota q = {.limit = 2, .period_ms = 3600000};
+  hooked = 0;
+  for (int i = 0; i < 3; i++) {
+    tg_nb_req r = {.key = "k", .key_len = 1, .q = &q, .cost = 1};
+    assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+    assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+    assert_int_equal(r.status, TG_OK);
+    assert_true(r.result.allowed);
+    assert_int_equal(r.result.shadow_denied, i == 2);
+  }
+  assert_int_equal(hooked, 1);
+  tg_stats st;
+  assert_int_equal(tg_nb_stats(nb, &st, sizeof st), TG_OK);
+  assert_int_equal(st.allowed, 2);
+  assert_int_equal(st.shadow_denied, 1);
+  assert_int_equal(st.denied, 0);
   nbp_close_all(&d);
   tg_nb_destroy(nb);
 }
@@ -664,6 +707,7 @@ int main(void) {
       cmocka_unit_test_setup(destroy_with_requests_pending, server_up),
       cmocka_unit_test_setup(deny_cache_answers_locally, server_up),
       cmocka_unit_test_setup(fallback_decides_while_down, server_up),
+      cmocka_unit_test_setup(shadow_and_hook, server_up),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
