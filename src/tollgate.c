@@ -366,7 +366,9 @@ bool tg__limiter_cached(tg_limiter *lim, const tg__call *c, uint64_t when,
   if (!lim->deny || !tg__deny_cache_get(lim->deny, c, c->store_time, when, out))
     return false;
   bool own;
-  tg__count(tg__shard_get(lim->stats, &own), own, TG__N_CACHE);
+  /* own is set by the call: not within one expression that reads it */
+  tg__shard *sh = tg__shard_get(lim->stats, &own);
+  tg__count(sh, own, TG__N_CACHE);
   tg__limiter_done(lim, TG_OK, out, lim->shadow, c->key, c->key_len, q, c->arg,
                    false);
   return true;
@@ -401,7 +403,8 @@ static bool fallback(const tg_limiter *lim, const tg__call *c,
   }
   out->degraded = true;
   bool own;
-  tg__count(tg__shard_get(lim->stats, &own), own, TG__N_FALLBACK);
+  tg__shard *sh = tg__shard_get(lim->stats, &own);
+  tg__count(sh, own, TG__N_FALLBACK);
   return true;
 }
 

@@ -575,12 +575,12 @@ typedef struct multi_job {
  * Cluster says it did not run there (see the top of the file). */
 static int multi_run(const multi_job *j) {
   cluster_store *s0 = (cluster_store *)j->stores[0];
+  if (j->n == 0 || j->n > TG_RULES_MAX)
+    return TG_EINVAL; /* the limiter never asks for that */
   char name[TG__REDIS_NAME_MAX];
   size_t len = tg__redis_key_name(s0->codec, &j->calls[0], name);
   unsigned slot = tg__key_slot(name, len);
   tg__store *fixed[TG_RULES_MAX];
-  if (j->n > TG_RULES_MAX)
-    return TG_EINVAL;
   int moved = 0, waits = 0;
   for (;;) {
     uint32_t id = tg__slotmap_get(&s0->map, slot);
