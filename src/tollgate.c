@@ -8,6 +8,7 @@
 #include "atomic.h"
 #include "error.h"
 #include "limiter.h"
+#include "store/table.h" /* the parameters of a table store */
 
 #include <errno.h>
 #include <stdlib.h>
