@@ -244,15 +244,80 @@ TG_EXTERN uint64_t tg_clock_coarse(void *ctx);
  * the policy only decides what is written into the result, which then has
  * degraded = true. A store failure is never disguised as a plain denial.
  * (A shared segment whose file system is full answers TG_ENOMEM for the
- * new key that needed memory, through this policy, never with a signal.) */
+ * new key that needed memory, through this policy, never with a signal.)
+ * TG_POLICY_FALLBACK decides instead, locally: see "Surviving a store
+ * outage" below. */
 typedef enum tg_policy {
   TG_POLICY_FAIL_OPEN = 0,   /* result: allowed (the default, as glimit and
                                 most Redis limiters do: a broken limiter
                                 should not take the service down) */
   TG_POLICY_FAIL_CLOSED = 1, /* result: not allowed, retry_after_ms = period */
-  TG_POLICY_ERROR = 2        /* result: not allowed, retry_after_ms TG_NEVER:
+  TG_POLICY_ERROR = 2,       /* result: not allowed, retry_after_ms TG_NEVER:
                                 the caller must look at the return code */
+  TG_POLICY_FALLBACK = 3     /* result: decided by a local memory store under
+                                the quota divided by tg_config.fallback_share
+                                (see "Surviving a store outage") */
 } tg_policy;
+
+/* ---- Surviving a store outage ----------------------------------------------
+ * Two ways for a limiter on a remote store (Redis, or a custom store) to
+ * lean on it less. Both are off by default, and both apply to decisions
+ * (tg_hit, tg_hit_batch and the non-blocking API): tg_inc, tg_get, tg_set,
+ * tg_expires_at and tg_reset always ask the store, and so do policies
+ * (tg_hit_rules) and reservations (tg_reserve, tg_cancel). A failed policy
+ * or reservation on a limiter with TG_POLICY_FALLBACK is answered as with
+ * TG_POLICY_FAIL_OPEN (allowed, degraded): the fallback decides single
+ * calls only. Deny-cache answers and fallback decisions are counted like
+ * the store's (tg_stats, shadow mode and the hook apply to them too).
+ *
+ * TG_POLICY_FALLBACK. While the store fails (any code a failure policy
+ * answers), a decision is made in a memory store of the limiter's own, as
+ * if this host alone had the quota divided by tg_config.fallback_share:
+ * limit / share and, for the buckets, burst / share, rounded down (a share
+ * below one call admits nothing: not allowed, retry_after_ms = period). Set
+ * the share to the number of hosts that share the store, and together they
+ * admit at most the quota while it is out. The result is marked degraded
+ * and the function still returns the store's code. Every call tries the
+ * store first (the Redis store's "Failing fast" makes that free while it is
+ * down), so exact decisions resume by themselves once it answers. The local
+ * store keeps what it counted, so a key met in an earlier outage starts
+ * the next one where it was (stricter, never looser); it is sized by
+ * capacity, long_keys and sliding_max_entries (reserved at tg_limiter_new,
+ * as the memory store's), uses the limiter's clock for calls on the
+ * store's clock, and when it is full answers as TG_POLICY_FAIL_OPEN.
+ *
+ * The deny cache (tg_config.deny_cache_entries). Once the store has denied
+ * a call, later calls on that key which the store would deny too are
+ * answered here, without a round trip, until 1 ms before the denial's
+ * retry time (which is known rounded up to the ms):
+ *   - a fixed window (either kind): every call, whatever its cost, until
+ *     the window ends: the denied call was counted, so the window stays
+ *     over its limit until then;
+ *   - a sliding window or a bucket: calls of the denied cost or more, until
+ *     the time that cost would fit if nothing else happened (other callers
+ *     only make it later); a smaller cost may fit sooner: the store decides.
+ * A denial is reused only under the same quota (a call under another quota
+ * drops it: that quota may change the state the denial was true of) and in
+ * the same timeline: calls on the store's clock count on this host's
+ * monotonic clock from the moment the denied call was sent, which is never
+ * after the server decided; the _at calls count in their own now. So it
+ * never denies a call the store, asked at that moment, would allow, with
+ * one exception it cannot see: a tg_reset or tg_set of the key by another
+ * limiter, or the key deleted in the store by other means (this limiter's
+ * own tg_reset and tg_set forget it). The answer: allowed false,
+ * degraded false, count and remaining those of the denial, retry_after_ms
+ * the time left (the store's wait or 1 ms less right after the denial;
+ * never more than the store's, which other calls may have pushed out;
+ * TG_NEVER for a cost no wait admits), reset_after_ms the denial's less the
+ * time since. A fixed window's denials answered here are not added to its
+ * stored count: no decision under the key's quota changes (the window
+ * refuses everything until it ends anyway), but tg_get shows the lower
+ * count. Degraded answers are never cached. Memory: about 380 bytes per
+ * entry (keys are kept whole, never matched by hash alone), in sets of 4;
+ * a new denial takes an expired entry of its set, else the one that ends
+ * first. Thread-safe (striped locks). tg_limiter_stats counts what it
+ * answered (deny_cache_hits); against one key hammered at 100 times its
+ * limit it spares 98.8% of the round trips. */
 
 /* ---- Cleanup ---------------------------------------------------------------
  * The memory store reclaims keys whose state has decayed to "fresh" (an
@@ -426,10 +491,52 @@ typedef struct tg_custom_store {
  * after its command
  * was sent (it may have been counted), except after NOSCRIPT, which means
  * the script did not run (in a batch, the calls that met NOSCRIPT are sent
- * again after the rest). Clusters: one node (or a cluster proxy) is
- * addressed; the hash tags make the key names cluster-ready. Tested with
- * Redis 7.0; the script asks Redis 3.2-6 to replicate its effects, which
- * they need for a script that reads TIME and then writes.
+ * again after the rest). Tested with Redis 7.0; the script asks Redis 3.2-6
+ * to replicate its effects, which they need for a script that reads TIME
+ * and then writes.
+ *
+ * Redis Cluster: with cluster_nodes set, the store finds the cluster from
+ * those seeds (CLUSTER SLOTS from one that answers; a seed may be a master
+ * or a replica) and sends each call to the master that serves its key's
+ * hash slot: the same script or module command, key names and answers as
+ * with one server (a call touches one key, so one slot). The slot map is
+ * shared by the limiter's threads. A MOVED reply updates it and the call
+ * goes to the named node; an ASK reply (a slot being migrated) sends the
+ * call once to the named node after ASKING; in both cases the call had not
+ * run, so nothing is counted twice; a call follows at most 8 of them, then
+ * it is TG_ESTORE. A connection lost before all of a call's bytes were
+ * written cannot have run it: the call goes again on a new connection (a
+ * call written in full is answered with the failure, as with one server).
+ * pool_size counts per node: each of the pool's pool_size slots holds at most
+ * one connection to each node, opened on first need. tg_hit_batch sends each
+ * node its part of the batch, pipelined, all nodes at once. Health is per node:
+ * a node that cannot be connected to or does not answer in time is down for
+ * reconnect_backoff_ms (its slots' calls fail fast with the failure policy's
+ * answer, then one call at a time probes it, as "Failing fast" says for one
+ * server) while the other nodes' calls go on. A node going down, a MOVED and a
+ * CLUSTERDOWN reply make the store ask an up node for a new map, at most once
+ * per reconnect_backoff_ms (and 100 ms) unless calls are waiting for one. So
+ * when a master dies, its slots' calls are degraded until a replica is promoted
+ * and the cluster's map shows it, then exact again, with no restart; what the
+ * dead master had not yet replicated is lost with it (Redis replicates
+ * asynchronously), so a key may then admit again up to what it had admitted
+ * since. Nodes are remembered by address, at most 1024 over a limiter's life.
+ * Unix sockets and databases other than 0 are TG_EINVAL with cluster_nodes;
+ * calls never go to replicas (every decision may write).
+ *
+ * Policies (tg_hit_rules) and reservations (tg_reserve, tg_cancel) on a
+ * Cluster: all of a policy's key names must share a hash slot (see "Redis
+ * Cluster and hash tags" under Policies: TG_EINVAL otherwise, nothing
+ * decided). They run as with one server (read, decide here, write if
+ * unchanged) on the master of that slot, through a second pool of at most
+ * pool_size connections per node, opened on first need. A MOVED or
+ * CLUSTERDOWN reply there refreshes the map and starts over (at most 8
+ * times), an ASK or TRYAGAIN (the slot is being migrated) waits 2 to 50 ms
+ * and starts over (at most 40 times, about 1.8 s in all); then TG_ESTORE.
+ * Nothing had run, so nothing is counted twice; they are counted in
+ * tg_stats's moved and ask (a TRYAGAIN as an ASK). A node that cannot be
+ * reached answers as in "Failing fast" (per node) and asks for a new map,
+ * so after a failover they follow the promoted replica.
  *
  * fork(): a connection opened before a fork is not used by the child (each
  * call checks the process id and the child opens its own), so a limiter may
@@ -450,8 +557,16 @@ typedef struct tg_redis_config {
   uint32_t reconnect_backoff_ms; /* default 100: after a timeout or a failed
                                     connect, calls fail fast for this long,
                                     then one probes (see "Failing fast") */
-  uint32_t pool_size;            /* connections, default 4, 1..1024 */
+  uint32_t pool_size;            /* connections, default 4, 1..1024 (per
+                                    node with cluster_nodes) */
   const char *key_prefix;        /* default "tg": 1..128 bytes, no "{" or "}" */
+  const char *cluster_nodes;     /* NULL (default): one server (host, port or
+                                    unix_path). Else a Redis Cluster, found
+                                    from these seed nodes: "host:port" (or
+                                    "[v6addr]:port") items separated by
+                                    commas, 1..64 of them; host, port and
+                                    unix_path are then unused and db must be
+                                    0. See "Redis Cluster" above. */
 } tg_redis_config;
 
 /* Fills *rc with the defaults documented beside each field. */
@@ -583,6 +698,17 @@ typedef struct tg_config {
                                    shm_name or redis. */
   size_t region_bytes;          /* the region's size, at least
                                    tg_region_bytes(cfg) */
+  uint32_t fallback_share;      /* TG_POLICY_FALLBACK: the number of hosts
+                                   sharing the store's limits; while the
+                                   store fails, each decides alone under
+                                   limit / fallback_share (and burst /
+                                   fallback_share), rounded down. Default 1,
+                                   1..65536. */
+  uint64_t deny_cache_entries;  /* 0 (default): no deny cache. Else the
+                                   entries of the local deny cache (rounded
+                                   up to a power of two, at least 4; at most
+                                   2^24), about 380 bytes each: see
+                                   "Surviving a store outage". */
 } tg_config;
 
 /* Fills *cfg with the defaults documented beside each field. Always use it
@@ -598,7 +724,8 @@ TG_EXTERN void tg_config_init(tg_config *cfg);
  * once on the same limiter. With the memory store, decisions on existing keys
  * are lock-free (one 16-byte compare-and-swap; a sliding log takes a per-key
  * lock); creating and reclaiming keys take a table lock. With the Redis
- * store, each call holds one pooled connection for its round trip. With a
+ * store, each call holds one pooled connection (on a Cluster, one pooled
+ * set of per-node connections) for its round trip. With a
  * custom store, thread safety is that of its callbacks. tg_limiter_new and
  * tg_limiter_destroy must not race with other calls on the same limiter. */
 typedef struct tg_limiter tg_limiter;
@@ -606,16 +733,18 @@ typedef struct tg_limiter tg_limiter;
 /* Creates a limiter from *cfg (copied; NULL means all defaults) and stores it
  * in *out; starts the cleaning thread if clean_period_ms > 0 (memory and shm
  * stores). Returns TG_EINVAL for a bad algorithm, policy, on_full,
- * sliding_max_entries, capacity or long_keys, a custom store without its
- * three callbacks, more than one of custom_store, shm_name, redis and
- * region, a region not 64-byte aligned or, to be initialised, below
- * tg_region_bytes(cfg), or a bad tg_redis_config (pool_size, port, prefix, a
- * username without a password); TG_ENOTSUP for redis in a build without
- * hiredis; TG_ENOMEM or TG_ESTORE if memory or the thread cannot be had (for a
- * shared segment: its file system cannot hold the table's header, ctrl words
- * and slots); for a shared segment also TG_EPERM, TG_EMISMATCH, TG_ECORRUPT
- * (see shm_name) and TG_EBUSY (another process kept the segment's creation lock
- * for lock_timeout_ms). *out is then NULL and tg_last_error() says why. A
+ * sliding_max_entries, capacity, long_keys, fallback_share or
+ * deny_cache_entries, a custom store without its three callbacks, more than
+ * one of custom_store, shm_name, redis and region, a region not 64-byte
+ * aligned or, to be initialised, below tg_region_bytes(cfg), or a bad
+ * tg_redis_config (pool_size, port, prefix, a username without a password,
+ * cluster_nodes that do not parse or come with unix_path or a db other than
+ * 0); TG_ENOTSUP for redis in a build without hiredis; TG_ENOMEM or
+ * TG_ESTORE if memory or the thread cannot be had (for a shared segment: its
+ * file system cannot hold the table's header, ctrl words and slots); for a
+ * shared segment also TG_EPERM, TG_EMISMATCH, TG_ECORRUPT (see shm_name)
+ * and TG_EBUSY (another process kept the segment's creation lock for
+ * lock_timeout_ms). *out is then NULL and tg_last_error() says why. A
  * Redis limiter does not connect here: see "Redis store" above. */
 TG_EXTERN int tg_limiter_new(tg_limiter **out, const tg_config *cfg);
 /* Stops the cleaning thread (waiting for a pass in progress), frees the
@@ -719,7 +848,8 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * Every rule's limiter must use the same kind of store: memory and shared
  * memory limiters mix freely; custom-store limiters must share one custom
  * store (the same callbacks and ctx); Redis limiters must address the same
- * server and database, with key names in one Cluster slot (see below). Two
+ * server and database, or the same Redis Cluster (equal cluster_nodes
+ * strings), with key names in one Cluster slot (see below). Two
  * rules may not name the same state (the same key on limiters that share a
  * table or a custom store, or the same Redis key name). Anything else is
  * TG_EINVAL and decides nothing.
@@ -752,7 +882,8 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * Redis Cluster and hash tags: the store names a key prefix ":{" key "}:"
  * algorithm, so a name's Cluster slot is that of its key bytes up to the
  * first "}" (the hash tag). A policy's names must all be in one slot, or it
- * is TG_EINVAL (denied_by names the first rule out of place): give the keys
+ * is TG_EINVAL (denied_by names the first rule out of place), on one server
+ * too (so a policy that works there works on a Cluster): give the keys
  * of one policy a common beginning ended by "}", e.g. "acme}user:42" and
  * "acme}tenant" (tag "acme"). The same key under two algorithms is two
  * names in one slot.
@@ -1070,9 +1201,9 @@ TG_EXTERN int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed);
 
 /* ---- Counters and the decision hook ----------------------------------------
  * Every limiter counts its decisions (tg_hit, batch items, rules of a
- * policy, reservations), always: the counters are kept per thread (in
- * cache-line sized shards), so counting costs a decision no shared write.
- * tg_limiter_stats adds the shards up; counts taken while decisions run
+ * policy, reservations; a tg_nb its own), always: the counters are kept per
+ * thread (in cache-line sized shards), so counting costs a decision no shared
+ * write. tg_limiter_stats adds the shards up; counts taken while decisions run
  * are each exact at some moment during the call, not one snapshot. A rule
  * of a policy counts on its own limiter by its own verdict: allowed when it
  * allowed and the call passed, denied when it denied; a rule that allowed
@@ -1095,6 +1226,21 @@ typedef struct tg_stats {
   uint64_t errors[32];    /* decision calls that returned code c, at
                              errors[-c] (errors[0] is unused): invalid input
                              and store failures alike */
+  /* Around the store (appended with Redis Cluster): */
+  uint64_t deny_cache_hits;    /* decisions the deny cache answered without
+                                  asking the store (see "Surviving a store
+                                  outage"); also counted as denials */
+  uint64_t fallback_decisions; /* decisions TG_POLICY_FALLBACK made locally
+                                  while the store failed; also counted in
+                                  degraded and errors[] */
+  uint64_t moved;              /* Redis Cluster: MOVED redirections followed */
+  uint64_t ask;                /* Redis Cluster: ASK redirections followed */
+  uint64_t resent;             /* Redis Cluster store and tg_nb: calls sent
+                                  again because the server said they had not
+                                  run (NOSCRIPT, the module unloaded) or a
+                                  connection was lost before they were
+                                  written in full */
+  uint64_t slot_refreshes;     /* Redis Cluster: slot maps fetched */
 } tg_stats;
 
 /* Copies the limiter's counters into *out, at most size bytes of it (pass
@@ -1102,6 +1248,205 @@ typedef struct tg_stats {
  * TG_EINVAL for a NULL argument or size 0. Safe while other threads decide. */
 TG_EXTERN int tg_limiter_stats(const tg_limiter *lim, tg_stats *out,
                                size_t size);
+
+/* ---- Non-blocking Redis API (sans-IO) -------------------------------------
+ * The Redis store for event loops that own their sockets (nginx, libuv,
+ * libevent, epoll). tollgate never blocks here, never touches a socket,
+ * starts a thread or sets a timer: it says which connection needs what,
+ * gives the bytes to send, takes the bytes received in any split, and says
+ * which decisions are done. Connecting, polling, timeouts and when to try
+ * a failed node again are the caller's, and this section says exactly what
+ * the library expects after each event. examples/nb_uv.c is a complete
+ * adapter for libuv (and tests/nb_poll.h a plain poll(2) loop).
+ *
+ * One tg_nb is a client of one Redis server or of a Redis Cluster, made
+ * from a tg_config whose redis is set. Everything in it that tg_limiter_new
+ * uses is used the same way (algorithm, key_prefix, AUTH, db or
+ * cluster_nodes, sliding_max_entries, on_failure with its fallback, the
+ * deny cache, shadow mode, the decision hook), and a decision is the one
+ * tg_hit would make with that configuration: the same script or module
+ * command, key names, validation, answers and failure answers, counted in
+ * the same counters (tg_nb_stats), from the same code. The Redis settings
+ * that are about doing I/O (pool_size, the timeouts, reconnect_backoff_ms)
+ * are not used: they are the caller's business here. It decides single
+ * calls (tg_hit's) only: policies (tg_hit_rules) and reservations
+ * (tg_reserve, tg_cancel) take several round trips on one connection and
+ * are offered on a limiter only; a tg_nb has no entry point for them.
+ *
+ * Links. A tg_nb talks to each node over one connection, its "link",
+ * numbered from 0: link 0 is the server (or the first seed); a Cluster adds
+ * links for the seeds and for every node its slot map or a redirection
+ * names, so tg_nb_links may grow (never shrink) after any call. Each link
+ * carries its calls pipelined, in submission order.
+ *
+ * A request's life. The caller owns a tg_nb_req, fills key, key_len, q and
+ * cost (and data, which is never touched) and calls tg_nb_submit (or
+ * tg_nb_submit_at with its own now, as tg_hit_at). Invalid input is refused
+ * there: the code is returned, status and result are filled as tg_hit
+ * would, and the request is not pending. Otherwise it is pending until
+ * tg_nb_done returns it, with status and result exactly what tg_hit would
+ * have returned and written (a store failure: its code and the failure
+ * policy's answer, marked degraded). Until then its memory, and the bytes
+ * of its key, must stay valid and untouched (q is copied). A request the
+ * deny cache answers, or whose node is down, is done at once: tg_nb_done
+ * returns it after the submit without any I/O. Requests complete in
+ * submission order per link, in any order across links.
+ *
+ * The caller's loop. After any call into a tg_nb, each link (0 ..
+ * tg_nb_links - 1) may want something; tg_nb_wants says what, in bits:
+ *   TG_NB_CONNECT  it has something to send and no connection: connect to
+ *                  tg_nb_address (TCP host:port, a unix socket path when
+ *                  port is 0), then call tg_nb_connected; if the connection
+ *                  cannot be made, call tg_nb_down.
+ *   TG_NB_WRITE    bytes wait: tg_nb_output gives the next ones (after
+ *                  tg_nb_connected, the handshake first: AUTH, SELECT,
+ *                  COMMAND INFO TG.STEP, SCRIPT LOAD; calls after its
+ *                  replies); write what the socket takes and report exactly
+ *                  that many bytes with tg_nb_written.
+ *   TG_NB_READ     replies are due: hand every byte read to tg_nb_input.
+ * A link that wants nothing may keep its connection open.
+ *
+ * What the caller tells it, and what happens:
+ *   - the connection ended (EOF, a socket error: TG_ECONNECT) or the
+ *     caller's timeout expired (TG_ETIMEDOUT): tg_nb_closed(link, code).
+ *     A request whose bytes were all reported written may have been counted
+ *     by the server: it completes with code and the failure policy's
+ *     answer, and is NEVER sent again. A request not written in full cannot
+ *     have run (Redis runs a command once all of it has arrived): it stays
+ *     queued, and the link wants CONNECT again.
+ *   - the node cannot be reached (a connect refused or timed out, or the
+ *     caller's judgement): tg_nb_down(link, code). As closed, then every
+ *     request queued for the node, and every new one, completes at once
+ *     with code until tg_nb_up(link), which the caller calls when its
+ *     backoff has passed. In a Cluster another node is asked for the map.
+ *   - tg_nb_input returns a negative code: the bytes were not a valid reply
+ *     to what was sent (the stream cannot be trusted), or the server
+ *     refused the handshake (a wrong password): the link is already closed
+ *     (its requests answered as by tg_nb_closed with TG_ESTORE) and down;
+ *     close the socket, and tg_nb_up it after a backoff.
+ * Timeouts are the caller's: a link with TG_NB_READ that hears nothing for
+ * too long is closed (or downed) with TG_ETIMEDOUT.
+ *
+ * Sent again without the caller's help, because the server said they did
+ * not run: a call that met NOSCRIPT (after a SCRIPT LOAD that goes first),
+ * or a vanished module (the link turns to the script); in a Cluster, a
+ * MOVED (the map is updated, the call goes to the named node's link) and an
+ * ASK (once, to the named node, after ASKING); at most 8 times per call,
+ * then TG_ESTORE. A Cluster's calls for a slot its map does not know (at
+ * first, before any map) wait for CLUSTER SLOTS, sent on a link that is not
+ * down, a connected one if any; with every link down they complete with
+ * the code of the last one that went down.
+ *
+ * Memory: tg_nb_new allocates the tg_nb (about 150 KiB, most of it the
+ * slot map: 16384 slots and up to 1024 node addresses), a store-less
+ * limiter (with the fallback's table and the deny cache when configured,
+ * sized as for tg_limiter_new), and for a Cluster a 64 KiB scratch map.
+ * Each link, when first used, takes about 3 KiB, and at its first connect
+ * a 64 KiB output buffer (the handshake carries the 18 KiB script), kept
+ * until tg_nb_destroy; a node's address is copied once. A request
+ * allocates nothing: its bookkeeping lives in its own private_ words,
+ * replies are decoded in the link's fixed storage, and the deny cache and
+ * the fallback allocate nothing per call. The output buffer bounds how far
+ * ahead calls are encoded; the others wait queued.
+ *
+ * Threads: a tg_nb is used by one thread at a time (it has no lock); use
+ * one per event-loop thread. Several may be made from one config. */
+typedef struct tg_nb tg_nb;
+
+/* Words of a tg_nb_req that belong to the library while it is pending. */
+#define TG_NB_PRIVATE_WORDS 48
+
+/* One decision through the non-blocking API: the caller's memory, from
+ * tg_nb_submit until tg_nb_done returns it. */
+typedef struct tg_nb_req {
+  const void *key;   /* in: key bytes, read until the request is done */
+  size_t key_len;    /* in */
+  const tg_quota *q; /* in: read by tg_nb_submit only */
+  uint64_t cost;     /* in */
+  void *data;        /* the caller's, never touched */
+  int status;        /* out: what tg_hit would have returned */
+  tg_result result;  /* out: what tg_hit would have written */
+  uint64_t private_[TG_NB_PRIVATE_WORDS]; /* the library's */
+} tg_nb_req;
+
+/* What a link asks of its caller (tg_nb_wants), bits. */
+#define TG_NB_CONNECT 1u /* open a connection to tg_nb_address */
+#define TG_NB_WRITE 2u   /* write tg_nb_output's bytes */
+#define TG_NB_READ 4u    /* replies are due: read and tg_nb_input them */
+
+/* Makes a client from cfg (copied; cfg->redis must be set). Returns
+ * TG_EINVAL for what tg_limiter_new refuses, a NULL argument or no redis;
+ * TG_ENOTSUP in a build without hiredis; TG_ENOMEM. Connects nothing. */
+TG_EXTERN int tg_nb_new(tg_nb **out, const tg_config *cfg);
+/* Frees everything; pending requests are abandoned (the caller's memory,
+ * never touched again). The caller closes its sockets. NULL: no-op. */
+TG_EXTERN void tg_nb_destroy(tg_nb *nb);
+
+/* Submits a decision on the store's clock (tg_hit), or at now_us
+ * (tg_hit_at). Returns 0 (pending: tg_nb_done returns it later, or at once)
+ * or the code of invalid input (TG_EINVAL, TG_EKEY, TG_EQUOTA, TG_ETIME;
+ * not pending, status and result filled as tg_hit would). */
+TG_EXTERN int tg_nb_submit(tg_nb *nb, tg_nb_req *req);
+TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
+
+/* The next request done (status and result set), or NULL. */
+TG_EXTERN tg_nb_req *tg_nb_done(tg_nb *nb);
+
+/* Requests submitted and not yet returned by tg_nb_done. */
+TG_EXTERN size_t tg_nb_pending(const tg_nb *nb);
+
+/* Links so far: 0 .. tg_nb_links() - 1 (only grows). */
+TG_EXTERN unsigned tg_nb_links(const tg_nb *nb);
+
+/* TG_NB_CONNECT, TG_NB_WRITE and TG_NB_READ bits for a link (0 for a link
+ * that is down, or that does not exist). */
+TG_EXTERN unsigned tg_nb_wants(const tg_nb *nb, unsigned link);
+
+/* Where a link connects: *host (a name, numeric address or, with *port 0,
+ * a unix socket path; valid until tg_nb_destroy) and *port. TG_EINVAL for
+ * a link that does not exist. */
+TG_EXTERN int tg_nb_address(const tg_nb *nb, unsigned link, const char **host,
+                            int *port);
+
+/* The caller's connection for a link is open: the handshake is queued.
+ * TG_EINVAL for a link that does not exist, is down or is open already;
+ * TG_ENOMEM (the link stays closed). */
+TG_EXTERN int tg_nb_connected(tg_nb *nb, unsigned link);
+
+/* The next bytes to write on a link (*len 0: none). They stay valid and
+ * unchanged until the next tg_nb_output, tg_nb_written, tg_nb_connected,
+ * tg_nb_closed or tg_nb_down on that link, or tg_nb_destroy, so an
+ * asynchronous write may use them in place. */
+TG_EXTERN int tg_nb_output(tg_nb *nb, unsigned link, const void **data,
+                           size_t *len);
+
+/* n of those bytes were handed to the kernel. Report them before feeding
+ * the replies to them (tg_nb_input takes a reply to a command not yet
+ * reported written for a corrupt stream). */
+TG_EXTERN int tg_nb_written(tg_nb *nb, unsigned link, size_t n);
+
+/* Bytes read from a link's connection, any amount. 0, or a negative code
+ * after which the link is closed and down (see above): TG_ESTORE. */
+TG_EXTERN int tg_nb_input(tg_nb *nb, unsigned link, const void *data,
+                          size_t len);
+
+/* The link's connection ended (code TG_ECONNECT) or timed out
+ * (TG_ETIMEDOUT); TG_ESTORE and TG_ENOMEM are accepted too. TG_EINVAL for
+ * another code or a link that does not exist. */
+TG_EXTERN int tg_nb_closed(tg_nb *nb, unsigned link, int code);
+
+/* The link's node cannot be reached now: closed, then its requests and any
+ * new ones complete at once with code until tg_nb_up. Codes as
+ * tg_nb_closed. */
+TG_EXTERN int tg_nb_down(tg_nb *nb, unsigned link, int code);
+
+/* Lets a down link's node be tried again. */
+TG_EXTERN int tg_nb_up(tg_nb *nb, unsigned link);
+
+/* The client's counters (tg_stats, see "Counters and the decision hook"):
+ * its decisions as tg_limiter_stats counts a limiter's, and its store
+ * counters. At most size bytes; TG_EINVAL for a NULL argument or size 0. */
+TG_EXTERN int tg_nb_stats(const tg_nb *nb, tg_stats *out, size_t size);
 
 /* ---- HTTP headers -----------------------------------------------------------
  * The response header fields a limited HTTP response carries, written into

@@ -9,8 +9,8 @@
 # Each preset is a CMake workflow (CMakePresets.json): configure into
 # build/<preset>, build, run CTest with output on failure. First it makes sure
 # the build dependencies are there (cmake >= 3.25, a C compiler, pkg-config,
-# cmocka, hiredis; redis-server, redis-cli and python3's redis module for the
-# tests that talk to a private Redis server); when one is missing it installs
+# cmocka, hiredis, libuv; redis-server, redis-cli and python3's redis module
+# for the tests that talk to a private Redis server); when one is missing it installs
 # it with apt-get if it runs as root
 # on Debian/Ubuntu, and otherwise says what to install and stops.
 set -euo pipefail
@@ -30,6 +30,10 @@ if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists cmocka; then
   missing+=(libcmocka-dev)
 fi
 [ -f /usr/include/hiredis/hiredis.h ] || missing+=(libhiredis-dev)
+# libuv: the non-blocking API's example adapter and its test
+if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libuv; then
+  missing+=(libuv1-dev)
+fi
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v curl >/dev/null 2>&1 || missing+=(curl) # the HTTP example's test
@@ -50,7 +54,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "test.sh: missing build dependencies. On Debian/Ubuntu:" >&2
     echo "  sudo apt-get install ${missing[*]}" >&2
     echo "(elsewhere: CMake >= 3.25, a C11 compiler, pkg-config, cmocka, hiredis," \
-      "redis-server with redis-cli, and the redis module for python3)" >&2
+      "libuv, redis-server with redis-cli, and the redis module for python3)" >&2
     exit 1
   fi
 fi

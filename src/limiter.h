@@ -1,14 +1,18 @@
 /*
  * limiter.h - the limiter's insides (tollgate.c) that the policy code
- * (rules.c) and the reservations (reserve.c) share: the handle itself, the
- * validation every call goes through, the failure policy's answer, and the
- * bookkeeping after a decision (counters, shadow mode, the hook).
+ * (rules.c), the reservations (reserve.c) and the non-blocking API (nb.c)
+ * share: the handle itself, the validation every call goes through, the
+ * deny cache, the failure policy's answer (the local fallback's included),
+ * and the bookkeeping after a decision (counters, shadow mode, the hook).
+ * The non-blocking API keeps only its connections for itself, so a decision
+ * made through it is the one tg_hit would make.
  */
 #ifndef TG_LIMITER_H
 #define TG_LIMITER_H
 
 #include "cleanup.h"
 #include "core/core.h"
+#include "deny_cache.h"
 #include "stats.h"
 #include "store/store.h"
 
@@ -29,6 +33,9 @@ struct tg_limiter {
   bool ident_ok;           /* the store can decide policies: */
   uint64_t group[2];       /* its ops->ident, asked once at creation */
   uint64_t space[2];
+  tg__store *fallback;  /* TG_POLICY_FALLBACK: the local memory store
+                           that decides while the store fails; owned */
+  tg__deny_cache *deny; /* deny_cache_entries > 0; owned */
 };
 
 /* Everything every operation checks, in the order the header documents,
@@ -70,6 +77,40 @@ bool tg__store_failure(int rc);
  * failure, "not allowed, never" for invalid input. */
 void tg__limiter_failure(const tg_limiter *lim, int rc, const tg_quota *q,
                          tg_result *out);
+
+/* ---- for the non-blocking API (nb.c) ---- */
+
+/* A limiter without a store (its policy, fallback, deny cache and counters
+ * only): what tg_limiter_new would check and build, but no connection.
+ * Only the functions below may be used on it, and tg_limiter_destroy. */
+int tg__limiter_shell_new(tg_limiter **out, const tg_config *cfg);
+
+/* The moment a call is made, in the deny cache's timeline for it (this
+ * host's monotonic clock for calls on the store's clock, else the call's
+ * now); 0 without a cache. */
+uint64_t tg__limiter_when(const tg_limiter *lim, const tg__call *c);
+
+/* True when the deny cache answers hit c: *out is then its final answer
+ * (counted, shadow mode and the hook applied, as tg_hit's). */
+bool tg__limiter_cached(tg_limiter *lim, const tg__call *c, uint64_t when,
+                        const tg_quota *q, tg_result *out);
+
+/* The final answer to hit c (made at `when`) from the store's rc and
+ * outcome: the outcome's result, remembered by the deny cache; or for a
+ * failure the policy's answer (the fallback's decision included); then
+ * counted, with shadow mode and the hook, as tg_hit's. Returns rc. */
+int tg__limiter_answer(tg_limiter *lim, const tg__call *c, const tg_quota *q,
+                       uint64_t when, int rc, const tg__outcome *o,
+                       tg_result *out);
+
+/* The final answer to a hit refused before it was built (invalid input
+ * rc, key and q as given), as tg_hit's. */
+void tg__limiter_invalid(tg_limiter *lim, int rc, const void *key,
+                         size_t key_len, const tg_quota *q, uint64_t cost,
+                         tg_result *out);
+
+/* The limiter's counters: the shards', and its store's own (Redis). */
+void tg__limiter_stats_read(const tg_limiter *lim, tg_stats *st);
 
 /* What a decision reports to the bookkeeping. */
 typedef struct tg__decided {

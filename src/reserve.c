@@ -90,8 +90,12 @@ static int cancel(tg_limiter *lim, const uint64_t *now, const void *key,
   c.tok = &tok;
   tg__outcome o;
   rc = lim->store->ops->exec(lim->store, &c, &o);
-  if (rc == TG_OK)
+  if (rc == TG_OK) {
     res->private_[P_TAKEN] = 0;
+    /* what was given back may admit a call a cached denial refuses */
+    if (lim->deny)
+      tg__deny_cache_forget(lim->deny, key, key_len);
+  }
   return rc;
 }
 

@@ -49,4 +49,6 @@ void tg__stats_read(const tg__stats *st, tg_stats *out) {
   out->reclaimed = sum[TG__N_RECLAIMED];
   for (unsigned e = 0; e < 32; e++)
     out->errors[e] = sum[TG__N_ERR0 + e];
+  out->deny_cache_hits = sum[TG__N_CACHE];
+  out->fallback_decisions = sum[TG__N_FALLBACK];
 }

@@ -23,8 +23,9 @@
 /* Shards threads own, by number; one more (the last) is shared. */
 #define TG__SHARDS 64u
 
-/* What a shard counts: tg_stats's fields, in its order, then the hook's
- * sampling sequence. */
+/* What a shard counts: tg_stats's fields, in its order, up to those the
+ * store keeps itself (tg__redis_stats), then the hook's sampling
+ * sequence. */
 enum {
   TG__N_ALLOWED = 0,
   TG__N_DENIED,
@@ -32,8 +33,10 @@ enum {
   TG__N_DEGRADED,
   TG__N_FULL,
   TG__N_RECLAIMED,
-  TG__N_ERR0,                   /* errors[0..32) follow */
-  TG__N_HOOK = TG__N_ERR0 + 32, /* decisions the hook considered */
+  TG__N_ERR0,                    /* errors[0..32) follow */
+  TG__N_CACHE = TG__N_ERR0 + 32, /* deny_cache_hits */
+  TG__N_FALLBACK,                /* fallback_decisions */
+  TG__N_HOOK,                    /* decisions the hook considered */
   TG__N_COUNT_
 };
 
@@ -104,7 +107,8 @@ static inline void tg__count_one(tg__stats *st, unsigned i) {
 tg__stats *tg__stats_new(void);
 void tg__stats_free(tg__stats *st);
 
-/* Adds every shard up into *out (all of tg_stats). */
+/* Adds every shard up into *out (all of tg_stats but the store's own
+ * counters, left 0). */
 void tg__stats_read(const tg__stats *st, tg_stats *out);
 
 #endif /* TG_STATS_H */

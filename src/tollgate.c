@@ -5,6 +5,7 @@
  */
 #include "tollgate.h"
 
+#include "atomic.h"
 #include "error.h"
 #include "limiter.h"
 #include "store/table.h" /* the parameters of a table store */
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -32,6 +34,8 @@ const char *tg_version_string(void) {
 #define KEY_OLDER_THAN_DEFAULT_MS UINT64_C(86400000)
 #define LOCK_TIMEOUT_DEFAULT_MS 2000u
 #define LOCK_TIMEOUT_LIMIT_MS 3600000u
+#define FALLBACK_SHARE_LIMIT 65536u
+#define DENY_CACHE_LIMIT (UINT64_C(1) << 24)
 
 void tg_config_init(tg_config *cfg) {
   if (!cfg)
@@ -60,6 +64,8 @@ void tg_config_init(tg_config *cfg) {
   cfg->on_decision_denied_only = false;
   cfg->region = NULL;
   cfg->region_bytes = 0;
+  cfg->fallback_share = 1;
+  cfg->deny_cache_entries = 0;
 }
 
 void tg_redis_config_init(tg_redis_config *rc) {
@@ -76,6 +82,7 @@ void tg_redis_config_init(tg_redis_config *rc) {
   rc->reconnect_backoff_ms = 100;
   rc->pool_size = 4;
   rc->key_prefix = "tg";
+  rc->cluster_nodes = NULL;
 }
 
 int tg_redis_available(void) { return tg__redis_built(); }
@@ -87,8 +94,14 @@ static bool config_valid(const tg_config *cfg) {
     bad = "algorithm is not a tg_algorithm";
   else if (cfg->on_failure != TG_POLICY_ERROR &&
            cfg->on_failure != TG_POLICY_FAIL_OPEN &&
-           cfg->on_failure != TG_POLICY_FAIL_CLOSED)
+           cfg->on_failure != TG_POLICY_FAIL_CLOSED &&
+           cfg->on_failure != TG_POLICY_FALLBACK)
     bad = "on_failure is not a tg_policy";
+  else if (cfg->fallback_share < 1 ||
+           cfg->fallback_share > FALLBACK_SHARE_LIMIT)
+    bad = "fallback_share outside 1..65536";
+  else if (cfg->deny_cache_entries > DENY_CACHE_LIMIT)
+    bad = "deny_cache_entries above 2^24";
   else if (cfg->on_full != TG_FULL_REFUSE && cfg->on_full != TG_FULL_EVICT)
     bad = "on_full is not a tg_full";
   else if ((cfg->custom_store != NULL) + (cfg->shm_name != NULL) +
@@ -176,7 +189,34 @@ static int store_new(tg_limiter *lim) {
   return tg__memory_store_new(&lim->store, &p);
 }
 
-int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
+/* What a limiter has besides its store: the fallback's memory store and
+ * the deny cache, each only when configured. */
+static int extras_new(tg_limiter *lim) {
+  const tg_config *cfg = &lim->cfg;
+  int rc = TG_OK;
+  if (cfg->on_failure == TG_POLICY_FALLBACK) {
+    /* in this process's memory, whatever the limiter's own store */
+    tg__table_params p = table_params(cfg);
+    rc = tg__memory_store_new(&lim->fallback, &p);
+  }
+  if (rc == TG_OK && cfg->deny_cache_entries > 0)
+    rc = tg__deny_cache_new(&lim->deny, cfg->deny_cache_entries);
+  return rc;
+}
+
+static void limiter_free(tg_limiter *lim) {
+  if (lim->store)
+    lim->store->ops->destroy(lim->store);
+  if (lim->fallback)
+    lim->fallback->ops->destroy(lim->fallback);
+  tg__deny_cache_free(lim->deny);
+  tg__stats_free(lim->stats);
+  free(lim);
+}
+
+/* tg_limiter_new, or without a store (`shell`) for the non-blocking API,
+ * which keeps its connections itself. */
+static int limiter_new(tg_limiter **out, const tg_config *cfg, bool shell) {
   tg__error_clear();
   if (!out) {
     tg__error_set("out is NULL");
@@ -206,19 +246,23 @@ int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
   }
   lim->bridge = (tg__clean_bridge){cfg->algorithm, cfg->before_clean,
                                    cfg->before_clean_ctx};
-  int rc = store_new(lim);
+  int rc = TG_OK;
+  if (shell)
+    lim->store_time = true;
+  else
+    rc = store_new(lim);
   lim->cfg.redis = NULL; /* the caller's struct may go away now */
-  if (rc == TG_OK && lim->store->ops->ident) {
+  if (rc == TG_OK)
+    rc = extras_new(lim);
+  if (rc == TG_OK && lim->store && lim->store->ops->ident) {
     lim->store->ops->ident(lim->store, lim->group, lim->space);
     lim->ident_ok = true;
   }
-  if (rc == TG_OK && lim->store->ops->clean && cfg->clean_period_ms > 0)
+  if (rc == TG_OK && lim->store && lim->store->ops->clean &&
+      cfg->clean_period_ms > 0)
     rc = tg__cleaner_start(&lim->cleaner, lim, cfg->clean_period_ms);
   if (rc != TG_OK) {
-    if (lim->store)
-      lim->store->ops->destroy(lim->store);
-    tg__stats_free(lim->stats);
-    free(lim);
+    limiter_free(lim);
     if (!tg__error_isset()) /* the store had nothing more precise to say */
       tg__error_set("%s", tg_strerror(rc));
     return rc;
@@ -227,13 +271,19 @@ int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
   return TG_OK;
 }
 
+int tg_limiter_new(tg_limiter **out, const tg_config *cfg) {
+  return limiter_new(out, cfg, false);
+}
+
+int tg__limiter_shell_new(tg_limiter **out, const tg_config *cfg) {
+  return limiter_new(out, cfg, true);
+}
+
 void tg_limiter_destroy(tg_limiter *lim) {
   if (!lim)
     return;
   tg__cleaner_stop(lim->cleaner);
-  lim->store->ops->destroy(lim->store);
-  tg__stats_free(lim->stats);
-  free(lim);
+  limiter_free(lim);
 }
 
 size_t tg_key_count(const tg_limiter *lim) {
@@ -293,14 +343,82 @@ bool tg__store_failure(int rc) {
          rc == TG_ETIMEDOUT;
 }
 
-void tg__limiter_failure(const tg_limiter *lim, int rc, const tg_quota *q,
-                         tg_result *out) {
+static uint64_t mono_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+uint64_t tg__limiter_when(const tg_limiter *lim, const tg__call *c) {
+  return lim->deny ? c->store_time ? mono_us() : c->now_us : 0;
+}
+
+bool tg__limiter_cached(tg_limiter *lim, const tg__call *c, uint64_t when,
+                        const tg_quota *q, tg_result *out) {
+  if (!lim->deny || !tg__deny_cache_get(lim->deny, c, c->store_time, when, out))
+    return false;
+  bool own;
+  /* own is set by the call: not within one expression that reads it */
+  tg__shard *sh = tg__shard_get(lim->stats, &own);
+  tg__count(sh, own, TG__N_CACHE);
+  tg__limiter_done(lim, TG_OK, out, lim->shadow, c->key, c->key_len, q, c->arg,
+                   false);
+  return true;
+}
+
+/* TG_POLICY_FALLBACK: call c decided by the local memory store, alone,
+ * under 1/fallback_share of its quota q, on this host's clock when the
+ * call was on the store's. False when the local store cannot decide. */
+static bool fallback(const tg_limiter *lim, const tg__call *c,
+                     const tg_quota *q, tg_result *out) {
+  uint32_t share = lim->cfg.fallback_share;
+  bool bucket = c->alg == TG_TOKEN_BUCKET || c->alg == TG_LEAKY_BUCKET;
+  tg_quota lq = {q->limit / share, q->period_ms,
+                 bucket ? c->q.burst / share : 0};
+  tg__call lc = *c;
+  if (lq.limit == 0 || (bucket && lq.burst == 0) ||
+      tg__quota_prepare(&lc.q, &lq, c->alg) != TG_OK) {
+    /* this host's share is below one call: it may admit nothing */
+    *out = (tg_result){0};
+    out->retry_after_ms = q->period_ms;
+  } else {
+    if (lc.store_time) {
+      lc.now_us = lim->cfg.clock(lim->cfg.clock_ctx);
+      lc.store_time = false;
+      if (lc.now_us > TG_NOW_MAX_US)
+        return false;
+    }
+    tg__outcome o;
+    if (lim->fallback->ops->exec(lim->fallback, &lc, &o) != TG_OK)
+      return false;
+    *out = o.r;
+  }
+  out->degraded = true;
+  bool own;
+  tg__shard *sh = tg__shard_get(lim->stats, &own);
+  tg__count(sh, own, TG__N_FALLBACK);
+  return true;
+}
+
+/* The result written when a hit fails: the policy's answer for a store
+ * failure (c, the call, may be NULL when it was never built: then
+ * TG_POLICY_FALLBACK answers as TG_POLICY_FAIL_OPEN), "not allowed, never"
+ * for invalid input. */
+static void failure_result(const tg_limiter *lim, int rc, const tg__call *c,
+                           const tg_quota *q, tg_result *out) {
   *out = (tg_result){0};
   out->retry_after_ms = TG_NEVER;
   if (!lim || !q || !tg__store_failure(rc))
     return;
   out->degraded = true;
   switch (lim->cfg.on_failure) {
+  case TG_POLICY_FALLBACK:
+    if (c && lim->fallback && fallback(lim, c, q, out))
+      break;
+    /* the local store could not decide either: as FAIL_OPEN */
+    out->allowed = true;
+    out->retry_after_ms = 0;
+    break;
   case TG_POLICY_FAIL_OPEN:
     out->allowed = true;
     out->retry_after_ms = 0;
@@ -313,21 +431,51 @@ void tg__limiter_failure(const tg_limiter *lim, int rc, const tg_quota *q,
   }
 }
 
+int tg__limiter_answer(tg_limiter *lim, const tg__call *c, const tg_quota *q,
+                       uint64_t when, int rc, const tg__outcome *o,
+                       tg_result *out) {
+  if (rc == TG_OK) {
+    *out = o->r;
+    if (lim->deny)
+      tg__deny_cache_put(lim->deny, c, c->store_time, when, out);
+  } else {
+    failure_result(lim, rc, c, q, out);
+  }
+  tg__limiter_done(lim, rc, out, lim->shadow, c->key, c->key_len, q, c->arg,
+                   false);
+  return rc;
+}
+
+void tg__limiter_failure(const tg_limiter *lim, int rc, const tg_quota *q,
+                         tg_result *out) {
+  failure_result(lim, rc, NULL, q, out);
+}
+
+void tg__limiter_invalid(tg_limiter *lim, int rc, const void *key,
+                         size_t key_len, const tg_quota *q, uint64_t cost,
+                         tg_result *out) {
+  failure_result(lim, rc, NULL, q, out);
+  if (lim)
+    tg__limiter_done(lim, rc, out, lim->shadow, key, key_len, q, cost, false);
+}
+
 static int hit(tg_limiter *lim, const uint64_t *now, const void *key,
                size_t key_len, const tg_quota *q, uint64_t cost,
                tg_result *out) {
   if (!out)
     return TG_EINVAL;
-  tg__outcome o;
-  int rc = run(lim, TG__OP_HIT, now, key, key_len, q, cost, &o);
-  if (rc == TG_OK)
-    *out = o.r;
-  else
-    tg__limiter_failure(lim, rc, q, out);
-  if (lim) {
-    tg__limiter_done(lim, rc, out, false, key, key_len, q, cost, false);
+  tg__call c;
+  int rc = tg__limiter_prepare(lim, TG__OP_HIT, now, key, key_len, q, cost, &c);
+  if (rc != TG_OK) {
+    tg__limiter_invalid(lim, rc, key, key_len, q, cost, out);
+    return rc;
   }
-  return rc;
+  uint64_t when = tg__limiter_when(lim, &c);
+  if (tg__limiter_cached(lim, &c, when, q, out))
+    return TG_OK;
+  tg__outcome o;
+  rc = lim->store->ops->exec(lim->store, &c, &o);
+  return tg__limiter_answer(lim, &c, q, when, rc, &o, out);
 }
 
 int tg_hit_at(tg_limiter *lim, uint64_t now_us, const void *key, size_t key_len,
@@ -340,8 +488,9 @@ int tg_hit(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
   return hit(lim, NULL, key, key_len, q, cost, out);
 }
 
-/* A batch: every item validated as tg_hit would, the valid ones handed to
- * the store together (in order), each answer written like tg_hit's. */
+/* A batch: every item validated as tg_hit would, those the deny cache
+ * answers answered, the others handed to the store together (in order),
+ * each answer written like tg_hit's. */
 static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
                      size_t n) {
   if (!lim || (!items && n > 0))
@@ -353,8 +502,9 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
   tg__outcome *outs = ops->exec_batch ? malloc(n * sizeof *outs) : NULL;
   int *rcs = ops->exec_batch ? malloc(n * sizeof *rcs) : NULL;
   size_t *pos = ops->exec_batch ? malloc(n * sizeof *pos) : NULL;
+  uint64_t *when = ops->exec_batch ? malloc(n * sizeof *when) : NULL;
   size_t m = 0;
-  bool together = calls && outs && rcs && pos;
+  bool together = calls && outs && rcs && pos && when;
   for (size_t i = 0; i < n; i++) {
     tg_batch_item *it = &items[i];
     if (!together) {
@@ -365,31 +515,28 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
     }
     it->status = tg__limiter_prepare(lim, TG__OP_HIT, now, it->key, it->key_len,
                                      it->q, it->cost, &calls[m]);
-    if (it->status == TG_OK) {
-      pos[m++] = i;
-    } else {
-      tg__limiter_failure(lim, it->status, it->q, &it->result);
-      tg__limiter_done(lim, it->status, &it->result, false, it->key,
-                       it->key_len, it->q, it->cost, false);
+    if (it->status != TG_OK) {
+      tg__limiter_invalid(lim, it->status, it->key, it->key_len, it->q,
+                          it->cost, &it->result);
+      continue;
     }
+    when[m] = tg__limiter_when(lim, &calls[m]);
+    if (!tg__limiter_cached(lim, &calls[m], when[m], it->q, &it->result))
+      pos[m++] = i;
   }
   if (together && m > 0) {
     ops->exec_batch(lim->store, calls, m, outs, rcs);
     for (size_t j = 0; j < m; j++) {
       tg_batch_item *it = &items[pos[j]];
-      it->status = rcs[j];
-      if (rcs[j] == TG_OK)
-        it->result = outs[j].r;
-      else
-        tg__limiter_failure(lim, rcs[j], it->q, &it->result);
-      tg__limiter_done(lim, it->status, &it->result, false, it->key,
-                       it->key_len, it->q, it->cost, false);
+      it->status = tg__limiter_answer(lim, &calls[j], it->q, when[j], rcs[j],
+                                      &outs[j], &it->result);
     }
   }
   free(calls);
   free(outs);
   free(rcs);
   free(pos);
+  free(when);
   return TG_OK;
 }
 
@@ -438,13 +585,21 @@ int tg_get(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
   return run_value(lim, TG__OP_GET, NULL, key, key_len, q, 0, value_out);
 }
 
+/* A set or a reset may make a key allow what a cached denial refuses. */
+static void forget(tg_limiter *lim, const void *key, size_t key_len) {
+  if (lim && lim->deny && key && key_len >= 1 && key_len <= TG_KEY_MAX)
+    tg__deny_cache_forget(lim->deny, key, key_len);
+}
+
 int tg_set_at(tg_limiter *lim, uint64_t now_us, const void *key, size_t key_len,
               const tg_quota *q, uint64_t value) {
+  forget(lim, key, key_len);
   return run_value(lim, TG__OP_SET, &now_us, key, key_len, q, value, NULL);
 }
 
 int tg_set(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
            uint64_t value) {
+  forget(lim, key, key_len);
   return run_value(lim, TG__OP_SET, NULL, key, key_len, q, value, NULL);
 }
 
@@ -475,6 +630,7 @@ int tg_reset(tg_limiter *lim, const void *key, size_t key_len) {
     return TG_EINVAL;
   if (key_len == 0 || key_len > TG_KEY_MAX)
     return TG_EKEY;
+  forget(lim, key, key_len);
   return lim->store->ops->reset(lim->store, key, key_len);
 }
 
@@ -503,11 +659,17 @@ void tg__limiter_hook(tg_limiter *lim, tg__shard *sh, bool own, int rc,
   cfg->on_decision(&ev, cfg->on_decision_ctx);
 }
 
+void tg__limiter_stats_read(const tg_limiter *lim, tg_stats *st) {
+  tg__stats_read(lim->stats, st);
+  if (lim->store && lim->store_time) /* a Redis store */
+    tg__redis_stats(lim->store, st);
+}
+
 int tg_limiter_stats(const tg_limiter *lim, tg_stats *out, size_t size) {
   if (!lim || !out || size == 0)
     return TG_EINVAL;
   tg_stats all;
-  tg__stats_read(lim->stats, &all);
+  tg__limiter_stats_read(lim, &all);
   memcpy(out, &all, size < sizeof all ? size : sizeof all);
   return TG_OK;
 }

@@ -47,12 +47,18 @@ static inline uint64_t manual_clock_read(void *ctx) {
 
 /* The acceptance tests run on the memory store, and again on the Redis store
  * when TG_TEST_STORE=redis (CTest's *_redis entries run them that way through
- * tests/redis/with_redis.sh, which sets TG_TEST_REDIS_PORT). Every promise
- * they check holds on both; the few checks of tg_key_count, which the Redis
- * store cannot answer, are memory-only. */
+ * tests/redis/with_redis.sh, which sets TG_TEST_REDIS_PORT), or on a Redis
+ * Cluster when TG_TEST_STORE=cluster (tests/redis/with_cluster.sh sets
+ * TG_TEST_CLUSTER_PORTS). Every promise they check holds on all; the few
+ * checks of tg_key_count, which Redis cannot answer, are memory-only. */
+static inline bool on_cluster(void) {
+  const char *s = getenv("TG_TEST_STORE");
+  return s && strcmp(s, "cluster") == 0;
+}
+
 static inline bool on_redis(void) {
   const char *s = getenv("TG_TEST_STORE");
-  return s && strcmp(s, "redis") == 0;
+  return s && (strcmp(s, "redis") == 0 || on_cluster());
 }
 
 /* On the Redis store: points cfg at the test server, under a key prefix no
@@ -61,8 +67,27 @@ static inline bool on_redis(void) {
 static inline void config_store(tg_config *cfg, tg_redis_config *rc) {
   static unsigned n;
   static char prefix[64];
+  static char seeds[64];
   if (!on_redis())
     return;
+  if (on_cluster()) {
+    /* two of the nodes as seeds; the client finds the rest */
+    const char *ports = getenv("TG_TEST_CLUSTER_PORTS");
+    const char *second = ports ? strchr(ports, ',') : NULL;
+    if (!second) {
+      fprintf(stderr, "TG_TEST_STORE=cluster needs TG_TEST_CLUSTER_PORTS: "
+                      "run through tests/redis/with_cluster.sh\n");
+      exit(1);
+    }
+    snprintf(seeds, sizeof seeds, "127.0.0.1:%d,127.0.0.1:%d", atoi(ports),
+             atoi(second + 1));
+    tg_redis_config_init(rc);
+    rc->cluster_nodes = seeds;
+    snprintf(prefix, sizeof prefix, "acc%ld.%u", (long)getpid(), n++);
+    rc->key_prefix = prefix;
+    cfg->redis = rc;
+    return;
+  }
   const char *port = getenv("TG_TEST_REDIS_PORT");
   if (!port) {
     fprintf(stderr, "TG_TEST_STORE=redis needs TG_TEST_REDIS_PORT: run "

@@ -20,7 +20,7 @@
 #include <sys/types.h>
 #include <time.h>
 
-static const char *rs_env(const char *name) {
+static inline const char *rs_env(const char *name) {
   const char *v = getenv(name);
   if (!v || !*v) {
     fprintf(stderr,
@@ -32,17 +32,17 @@ static const char *rs_env(const char *name) {
   return v;
 }
 
-static int rs_port(void) { return atoi(rs_env("TG_TEST_REDIS_PORT")); }
-static const char *rs_sock(void) { return rs_env("TG_TEST_REDIS_SOCK"); }
+static inline int rs_port(void) { return atoi(rs_env("TG_TEST_REDIS_PORT")); }
+static inline const char *rs_sock(void) { return rs_env("TG_TEST_REDIS_SOCK"); }
 
-static void rs_sleep_ms(long ms) {
+static inline void rs_sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
 }
 
 /* A new raw connection, or NULL when the server does not answer. */
-static redisContext *rs_connect(void) {
+static inline redisContext *rs_connect(void) {
   struct timeval tv = {2, 0};
   redisContext *c = redisConnectWithTimeout("127.0.0.1", rs_port(), tv);
   if (!c || c->err) {
@@ -56,7 +56,7 @@ static redisContext *rs_connect(void) {
 
 /* A command on a raw connection; the reply is the caller's to free (NULL
  * on a connection failure). */
-static redisReply *rs_cmd(redisContext *c, const char *fmt, ...) {
+static inline redisReply *rs_cmd(redisContext *c, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   void *r = redisvCommand(c, fmt, ap);
@@ -65,7 +65,7 @@ static redisReply *rs_cmd(redisContext *c, const char *fmt, ...) {
 }
 
 /* Runs a command and returns whether its reply was not an error. */
-static int rs_ok(redisContext *c, const char *fmt, ...) {
+static inline int rs_ok(redisContext *c, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   redisReply *r = redisvCommand(c, fmt, ap);
@@ -77,7 +77,7 @@ static int rs_ok(redisContext *c, const char *fmt, ...) {
 }
 
 /* True when a fresh connection gets PONG. */
-static int rs_alive(void) {
+static inline int rs_alive(void) {
   redisContext *c = rs_connect();
   if (!c)
     return 0;
@@ -89,7 +89,7 @@ static int rs_alive(void) {
   return ok;
 }
 
-static pid_t rs_pid(void) {
+static inline pid_t rs_pid(void) {
   FILE *f = fopen(rs_env("TG_TEST_REDIS_PIDFILE"), "r");
   long pid = 0;
   if (f) {
@@ -101,7 +101,7 @@ static pid_t rs_pid(void) {
 }
 
 /* Kills the server and waits until its port refuses connections. */
-static int rs_stop(void) {
+static inline int rs_stop(void) {
   pid_t pid = rs_pid();
   if (pid <= 0 || kill(pid, SIGKILL) != 0)
     return 0;
@@ -115,7 +115,7 @@ static int rs_stop(void) {
 
 /* Starts the server again with its config (same port, socket, empty data)
  * and waits for PONG. */
-static int rs_start(void) {
+static inline int rs_start(void) {
   char cmd[1024];
   snprintf(cmd, sizeof cmd, "redis-server '%s'", rs_env("TG_TEST_REDIS_CONF"));
   if (system(cmd) != 0)
@@ -129,12 +129,12 @@ static int rs_start(void) {
 }
 
 /* SIGSTOP / SIGCONT: a server that accepts connections but never answers. */
-static int rs_pause(void) {
+static inline int rs_pause(void) {
   pid_t pid = rs_pid();
   return pid > 0 && kill(pid, SIGSTOP) == 0;
 }
 
-static int rs_resume(void) {
+static inline int rs_resume(void) {
   pid_t pid = rs_pid();
   return pid > 0 && kill(pid, SIGCONT) == 0;
 }

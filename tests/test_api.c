@@ -113,6 +113,8 @@ static void config_init_sets_the_documented_defaults(void **state) {
   assert_int_equal(cfg.shm_mode, 0600);
   assert_int_equal(cfg.lock_timeout_ms, 2000);
   assert_int_equal(cfg.on_full, TG_FULL_REFUSE);
+  assert_int_equal(cfg.fallback_share, 1);
+  assert_int_equal(cfg.deny_cache_entries, 0);
   assert_null(cfg.redis);
 }
 
@@ -132,8 +134,10 @@ static void redis_config_init_sets_the_documented_defaults(void **state) {
   assert_int_equal(rc.reconnect_backoff_ms, 100);
   assert_int_equal(rc.pool_size, 4);
   assert_string_equal(rc.key_prefix, "tg");
+  assert_null(rc.cluster_nodes);
   tg_redis_config_init(NULL); /* harmless */
-  /* without hiredis in the build, a Redis limiter is TG_ENOTSUP */
+  /* without hiredis in the build, a Redis limiter is TG_ENOTSUP, and so is
+   * the non-blocking API */
   if (!tg_redis_available()) {
     tg_config cfg;
     tg_config_init(&cfg);
@@ -141,6 +145,11 @@ static void redis_config_init_sets_the_documented_defaults(void **state) {
     tg_limiter *lim = (tg_limiter *)&cfg;
     assert_int_equal(tg_limiter_new(&lim, &cfg), TG_ENOTSUP);
     assert_null(lim);
+    tg_nb *nb = (tg_nb *)&cfg;
+    assert_int_equal(tg_nb_new(&nb, &cfg), TG_ENOTSUP);
+    assert_null(nb);
+    rc.cluster_nodes = "127.0.0.1:7000";
+    assert_int_equal(tg_limiter_new(&lim, &cfg), TG_ENOTSUP);
   }
 }
 
@@ -156,7 +165,7 @@ static void limiter_new_rejects_a_bad_config(void **state) {
   ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
 
   tg_config_init(&cfg);
-  cfg.on_failure = (tg_policy)3;
+  cfg.on_failure = (tg_policy)4; /* one past TG_POLICY_FALLBACK */
   ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
   cfg.on_failure = (tg_policy)-1;
   ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);

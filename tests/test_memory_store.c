@@ -172,6 +172,7 @@ static void full_table_policies(void **state) {
         assert_int_equal(r.retry_after_ms, q.period_ms);
         break;
       case TG_POLICY_ERROR:
+      case TG_POLICY_FALLBACK: /* not among all_policies */
         assert_false(r.allowed);
         assert_int_equal(r.retry_after_ms, TG_NEVER);
         break;

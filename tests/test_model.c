@@ -521,6 +521,7 @@ static tg_result policy_result(const model *m, const mkey *k) {
     r.retry_after_ms = k->q.period_ms;
     break;
   case TG_POLICY_ERROR:
+  case TG_POLICY_FALLBACK: /* not configured by the model */
     r.retry_after_ms = TG_NEVER;
     break;
   }

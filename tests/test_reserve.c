@@ -33,6 +33,19 @@ static uint64_t hand_clock(void *ctx) {
 
 static bool on_memory, on_redis;
 
+/* Under tests/redis/with_cluster.sh: two of the Cluster's nodes as seeds
+ * (the Redis kind then runs on the Cluster store), else NULL. */
+static const char *cluster_seeds(void) {
+  static char seeds[64];
+  const char *ports = getenv("TG_TEST_CLUSTER_PORTS");
+  const char *second = ports ? strchr(ports, ',') : NULL;
+  if (!second)
+    return NULL;
+  snprintf(seeds, sizeof seeds, "127.0.0.1:%d,127.0.0.1:%d", atoi(ports),
+           atoi(second + 1));
+  return seeds;
+}
+
 typedef struct fixture {
   map_store *map;
   tg_custom_store cs;
@@ -52,7 +65,10 @@ static void make(fixture *f, tg_algorithm alg, bool shadow) {
   if (on_redis) {
     static unsigned n;
     tg_redis_config_init(&f->rc);
-    f->rc.port = atoi(getenv("TG_TEST_REDIS_PORT"));
+    if (cluster_seeds())
+      f->rc.cluster_nodes = cluster_seeds();
+    else
+      f->rc.port = atoi(getenv("TG_TEST_REDIS_PORT"));
     snprintf(f->prefix, sizeof f->prefix, "resv%u.%u", (unsigned)rand(), n++);
     f->rc.key_prefix = f->prefix;
     cfg.redis = &f->rc;
@@ -256,7 +272,8 @@ int main(void) {
       cmocka_unit_test(test_nginx),   cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_shadow),
   };
-  if (getenv("TG_TEST_REDIS_PORT")) { /* under tests/redis/with_redis.sh */
+  /* under tests/redis/with_redis.sh, or with_cluster.sh */
+  if (getenv("TG_TEST_REDIS_PORT") || cluster_seeds()) {
     on_redis = true;
     srand((unsigned)time(NULL));
     return cmocka_run_group_tests_name("redis store", tests, NULL, NULL);

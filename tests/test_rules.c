@@ -97,6 +97,19 @@ static uint64_t hand_clock(void *ctx) {
   return __atomic_load_n(&hand_now, __ATOMIC_RELAXED);
 }
 
+/* Under tests/redis/with_cluster.sh: two of the Cluster's nodes as seeds
+ * (the Redis kind then runs on the Cluster store), else NULL. */
+static const char *cluster_seeds(void) {
+  static char seeds[64];
+  const char *ports = getenv("TG_TEST_CLUSTER_PORTS");
+  const char *second = ports ? strchr(ports, ',') : NULL;
+  if (!second)
+    return NULL;
+  snprintf(seeds, sizeof seeds, "127.0.0.1:%d,127.0.0.1:%d", atoi(ports),
+           atoi(second + 1));
+  return seeds;
+}
+
 typedef struct world {
   kind k;
   map_store *map;
@@ -142,7 +155,10 @@ static void world_new(world *w, kind k) {
       if (a == 0)
         worlds++;
       tg_redis_config_init(&w->rc);
-      w->rc.port = atoi(getenv("TG_TEST_REDIS_PORT"));
+      if (cluster_seeds())
+        w->rc.cluster_nodes = cluster_seeds();
+      else
+        w->rc.port = atoi(getenv("TG_TEST_REDIS_PORT"));
       snprintf(w->prefix, sizeof w->prefix, "rules%ld.%u", (long)getpid(),
                worlds);
       w->rc.key_prefix = w->prefix;
@@ -691,7 +707,7 @@ static uint64_t model_steps(void) {
   const char *s = getenv("TG_RULES_STEPS");
   if (s && *s)
     return strtoull(s, NULL, 0);
-  if (getenv("TG_TEST_REDIS_PORT")) /* two round trips a call */
+  if (getenv("TG_TEST_REDIS_PORT") || cluster_seeds()) /* two round trips */
     return 20000;
   return SANITIZED ? 100000 : 1000000;
 }
@@ -932,9 +948,10 @@ static void test_processes(void **state) {
 }
 
 int main(void) {
-  /* Redis only where tests/redis/with_redis.sh started a server; then
-   * only Redis (the other kinds ran without it), with keys tagged */
-  bool redis = getenv("TG_TEST_REDIS_PORT") != NULL;
+  /* Redis only where tests/redis/with_redis.sh started a server (or
+   * with_cluster.sh a Cluster); then only Redis (the other kinds ran
+   * without it), with keys tagged */
+  bool redis = getenv("TG_TEST_REDIS_PORT") || cluster_seeds();
   for (int k = 0; k < K_COUNT; k++)
     kind_ready[k] = (k == K_REDIS) == redis;
   tagged = redis;

@@ -48,7 +48,8 @@
 typedef enum store_kind {
   STORE_MEMORY, /* the embedded table, private to this process */
   STORE_SHM,    /* named shared-memory segments, see the top of the file */
-  STORE_REDIS   /* a Redis server (--redis HOST:PORT or --redis-unix PATH) */
+  STORE_REDIS   /* a Redis server (--redis HOST:PORT or --redis-unix PATH)
+                   or a Redis Cluster (--redis-cluster HOST:PORT,...) */
 } store_kind;
 
 typedef struct serve_opts {
@@ -160,6 +161,9 @@ static void usage(FILE *f) {
       "                          round trip each. Password: environment\n"
       "                          variable TOLLGATE_REDIS_PASSWORD\n"
       "  --redis-unix PATH       the same over a unix socket\n"
+      "  --redis-cluster LIST    the same in a Redis Cluster found from seed\n"
+      "                          nodes HOST:PORT,HOST:PORT... (keys routed\n"
+      "                          by hash slot, redirections followed)\n"
       "  --redis-prefix P        Redis key prefix (default tg)\n"
       "  --redis-db N            SELECTed database (default 0)\n"
       "  --redis-timeout-ms MS   connect and command timeout (default %d)\n"
@@ -304,6 +308,11 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         return -1;
       o->redis.unix_path = val;
       o->store = STORE_REDIS;
+    } else if (OPT("--redis-cluster")) {
+      if (r < 0)
+        return -1;
+      o->redis.cluster_nodes = val; /* checked by tg_limiter_new */
+      o->store = STORE_REDIS;
     } else if (OPT("--redis-prefix")) {
       if (r < 0)
         return -1;
@@ -383,8 +392,14 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
     }
 #undef OPT
   }
-  if (o->shm && (o->redis_host[0] || o->redis.unix_path)) {
+  if (o->shm &&
+      (o->redis_host[0] || o->redis.unix_path || o->redis.cluster_nodes)) {
     fprintf(stderr, "tollgate serve: --shm and --redis exclude each other\n");
+    return -1;
+  }
+  if (o->redis.cluster_nodes && (o->redis_host[0] || o->redis.unix_path)) {
+    fprintf(stderr, "tollgate serve: --redis-cluster excludes --redis and "
+                    "--redis-unix\n");
     return -1;
   }
   if (o->store == STORE_REDIS && !tg_redis_available()) {
@@ -514,8 +529,8 @@ static int check_store(const serve_opts *o, cmd_ctx *ctx, bool *fatal) {
   *fatal = false;
   int rc = TG_OK;
   char why[512] = "";
-  if (o->store == STORE_REDIS)
-    rc = redis_check(&o->redis, why, sizeof why);
+  if (o->store == STORE_REDIS && !o->redis.cluster_nodes)
+    rc = redis_check(&o->redis, why, sizeof why); /* a Cluster: the reads */
   for (int a = 0; a < TG_ALGORITHM_COUNT && rc == TG_OK; a++) {
     tg_quota q = {.limit = 1, .period_ms = 1000};
     uint64_t at;
@@ -601,6 +616,9 @@ int cmd_serve(int argc, char **argv) {
   char store[512];
   if (o.store == STORE_SHM)
     snprintf(store, sizeof store, "shm:%s.<algorithm>", o.shm);
+  else if (o.store == STORE_REDIS && o.redis.cluster_nodes)
+    snprintf(store, sizeof store, "redis-cluster:%s prefix %s",
+             o.redis.cluster_nodes, o.redis.key_prefix);
   else if (o.store == STORE_REDIS && o.redis.unix_path)
     snprintf(store, sizeof store, "redis:unix:%s db %d prefix %s",
              o.redis.unix_path, o.redis.db, o.redis.key_prefix);

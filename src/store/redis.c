@@ -34,7 +34,9 @@
  * (EOF: a restart, CLIENT KILL, an idle timeout) does not make the pool down:
  * the next call reconnects, and only if that fails is the pool down.
  */
+#include "redis_cmd.h"
 #include "redis_script.h"
+#include "redis_slots.h"
 #include "redis_value.h"
 #include "store.h"
 
@@ -52,12 +54,9 @@
 #include <unistd.h>
 
 #define POOL_MAX 1024u
-#define PREFIX_MAX 128u
+#define PREFIX_MAX TG__REDIS_PREFIX_MAX
 #define BATCH_CHUNK 1024u /* most commands pipelined at once */
-/* prefix ":{" key "}:" suffix */
-#define NAME_MAX_BYTES (PREFIX_MAX + 2 + TG_KEY_MAX + 2 + 2)
-#define ARGS_MAX 12
-#define NUMS_MAX 6
+#define NAME_MAX_BYTES TG__REDIS_NAME_MAX
 
 /* Short names in Redis key names, indexed by tg_algorithm. */
 static const char SUFFIX[TG_ALGORITHM_COUNT][3] = {"fw", "pk", "sw", "tb",
@@ -86,20 +85,15 @@ typedef struct redis_store {
   uint64_t down_until_ms; /* CLOCK_MONOTONIC ms; 0: up */
   uint64_t down_rc;       /* -(the code calls get while down) */
   uint64_t probing;       /* 1 while one call is trying a down server */
+  bool cluster_node;      /* a Cluster store's way to one node (policies,
+                             reservations): redirections are reported
+                             (TG__EMOVED, TG__ETRYAGAIN), not TG_ESTORE */
   size_t nconns;
   conn conns[]; /* nconns of them */
 } redis_store;
 
-/* One command (EVALSHA or TG.STEP): argv with its own storage for the name
- * and numbers. */
-typedef struct args {
-  int n;
-  const char *v[ARGS_MAX];
-  size_t len[ARGS_MAX];
-  char name[NAME_MAX_BYTES];
-  char num[NUMS_MAX][24];
-  int nnum;
-} args;
+/* One command (EVALSHA or TG.STEP), see redis_cmd.h. */
+typedef tg__redis_args args;
 
 static uint64_t mono_ms(void) {
   struct timespec ts;
@@ -656,28 +650,6 @@ static int eval(const redis_store *s, conn *k, const tg__call *c,
  * which writes only if no key changed in between (then they read again).
  * All the arithmetic is the core's; the script only compares and stores. */
 
-/* Redis Cluster's slot of a key name: CRC16 (the XMODEM variant Cluster
- * uses) of its hash tag, the bytes between the first "{" and the next "}"
- * when there are any, else of the whole name. */
-static unsigned cluster_slot(const char *name, size_t len) {
-  const char *open = memchr(name, '{', len);
-  if (open) {
-    const char *close = memchr(open + 1, '}', len - (size_t)(open + 1 - name));
-    if (close && close > open + 1) {
-      name = open + 1;
-      len = (size_t)(close - name);
-    }
-  }
-  unsigned crc = 0;
-  for (size_t i = 0; i < len; i++) {
-    crc ^= (unsigned)(unsigned char)name[i] << 8;
-    for (int b = 0; b < 8; b++)
-      crc = crc & 0x8000u ? (crc << 1) ^ 0x1021u : crc << 1;
-    crc &= 0xffffu;
-  }
-  return crc & 16383u;
-}
-
 /* One key of such a call. */
 typedef struct mkey {
   const redis_store *s;
@@ -725,6 +697,21 @@ static int eval_script(conn *k, int argc, const char **argv, const size_t *len,
   }
 }
 
+/* An error reply to R or C. On a Cluster's node, the replies that say the
+ * script did not run there: MOVED (the slot is served elsewhere) and
+ * CLUSTERDOWN ask the Cluster store for a new map, ASK and TRYAGAIN (the
+ * slot is being migrated: its keys are on both nodes) for a short wait;
+ * either way it reads again from the start, so nothing is counted twice. */
+static int multi_error(const redis_store *s, const redisReply *r) {
+  if (s->cluster_node && r->str) {
+    if (starts(r->str, "MOVED ") || starts(r->str, "CLUSTERDOWN"))
+      return TG__EMOVED;
+    if (starts(r->str, "ASK ") || starts(r->str, "TRYAGAIN"))
+      return TG__ETRYAGAIN;
+  }
+  return reply_error(r);
+}
+
 /* R: every key's value and the now. */
 static int read_keys(conn *k, mkey *m, size_t n, bool store_time,
                      uint64_t now_in, uint64_t *now) {
@@ -753,7 +740,7 @@ static int read_keys(conn *k, mkey *m, size_t n, bool store_time,
   if (rc != TG_OK)
     goto out;
   if (r->type == REDIS_REPLY_ERROR) {
-    rc = reply_error(r);
+    rc = multi_error(m[0].s, r);
     goto out;
   }
   rc = TG_ESTORE;
@@ -822,7 +809,7 @@ static int write_keys(conn *k, mkey *m, size_t n, bool *written) {
   if (rc != TG_OK)
     goto out;
   if (r->type == REDIS_REPLY_ERROR)
-    rc = reply_error(r);
+    rc = multi_error(m[0].s, r);
   else if (r->type != REDIS_REPLY_INTEGER)
     rc = TG_ESTORE;
   else
@@ -1048,7 +1035,7 @@ static int redis_exec_rules(tg__store *const *stores, const tg__call *calls,
     m[i].c = calls[i];
     m[i].name_len =
         make_name(m[i].s, m[i].name, calls[i].key, calls[i].key_len);
-    unsigned sl = cluster_slot(m[i].name, m[i].name_len);
+    unsigned sl = tg__key_slot(m[i].name, m[i].name_len);
     if (i == 0) {
       slot = sl;
     } else if (sl != slot && rc == TG_OK) {
@@ -1323,11 +1310,71 @@ static void redis_ident(const tg__store *base, uint64_t group[2],
 }
 
 static const tg__store_ops redis_ops = {
-    redis_exec,       redis_reset,   redis_zero,       NULL,
-    redis_zero,       redis_destroy, redis_exec_batch, redis_ident,
-    redis_exec_rules, NULL};
+    .exec = redis_exec,
+    .reset = redis_reset,
+    .key_count = redis_zero, /* keys live in the server */
+    .bytes = redis_zero,     /* ... and so does their memory */
+    .destroy = redis_destroy,
+    .exec_batch = redis_exec_batch,
+    .ident = redis_ident,
+    .exec_rules = redis_exec_rules,
+};
 
 int tg__redis_built(void) { return 1; }
+
+/* ---- shared with the connection engine (redis_cmd.h) ---- */
+
+int tg__redis_codec_new(tg__store **out, const char *prefix, tg_algorithm alg,
+                        uint32_t log_entries) {
+  size_t n = prefix ? strlen(prefix) : 0;
+  if (n < 1 || n > PREFIX_MAX || strpbrk(prefix, "{}"))
+    return TG_EINVAL;
+  redis_store *s = calloc(1, sizeof *s);
+  if (!s)
+    return TG_ENOMEM;
+  s->base.ops = &redis_ops;
+  s->alg = alg;
+  s->log_entries = log_entries;
+  s->prefix_len = n;
+  s->prefix = strdup(prefix);
+  if (!s->prefix) {
+    free(s);
+    return TG_ENOMEM;
+  }
+  *out = &s->base;
+  return TG_OK;
+}
+
+void tg__redis_encode(const tg__store *redis, const tg__call *c, bool module,
+                      const char *sha, tg__redis_args *a) {
+  build_args((const redis_store *)redis, c, module, a);
+  if (!module) {
+    a->v[1] = sha;
+    a->len[1] = 40;
+  }
+}
+
+size_t tg__redis_key_name(const tg__store *redis, const tg__call *c,
+                          char *name) {
+  return make_name((const redis_store *)redis, name, c->key, c->key_len);
+}
+
+int tg__redis_decode(const tg__call *c, const redisReply *r, tg__outcome *o) {
+  return outcome(c, r, o);
+}
+
+void tg__redis_stats(const tg__store *s, tg_stats *st) {
+  if (s->ops != &redis_ops)
+    tg__redis_cluster_stats(s, st);
+}
+
+int tg__redis_node_new(tg__store **out, const tg_redis_config *rc,
+                       tg_algorithm alg, uint32_t log_entries) {
+  int rc2 = tg__redis_store_new(out, rc, alg, log_entries);
+  if (rc2 == TG_OK)
+    ((redis_store *)*out)->cluster_node = true;
+  return rc2;
+}
 
 static bool config_ok(const tg_redis_config *rc) {
   if (!rc->key_prefix || rc->pool_size < 1 || rc->pool_size > POOL_MAX ||
@@ -1343,6 +1390,8 @@ static bool config_ok(const tg_redis_config *rc) {
 
 int tg__redis_store_new(tg__store **out, const tg_redis_config *rc,
                         tg_algorithm alg, uint32_t log_entries) {
+  if (rc->cluster_nodes)
+    return tg__redis_cluster_new(out, rc, alg, log_entries);
   if (!config_ok(rc))
     return TG_EINVAL;
   redis_store *s =

@@ -15,3 +15,8 @@ int tg__redis_store_new(tg__store **out, const tg_redis_config *rc,
   *out = NULL;
   return TG_ENOTSUP;
 }
+
+void tg__redis_stats(const tg__store *s, tg_stats *st) {
+  (void)s;
+  (void)st;
+}

@@ -114,9 +114,19 @@ int tg__custom_store_new(tg__store **out, const tg_custom_store *cs,
                          tg_algorithm alg, uint32_t log_entries);
 
 /* The Redis store (redis.c, or redis_off.c when built without hiredis:
- * TG_ENOTSUP). */
+ * TG_ENOTSUP): one server, or with rc->cluster_nodes a Redis Cluster
+ * (tg__redis_cluster_new). */
 int tg__redis_store_new(tg__store **out, const tg_redis_config *rc,
                         tg_algorithm alg, uint32_t log_entries);
+
+/* The Redis Cluster store (redis_cluster.c). */
+int tg__redis_cluster_new(tg__store **out, const tg_redis_config *rc,
+                          tg_algorithm alg, uint32_t log_entries);
+
+/* Adds a Redis store's counters (MOVED, ASK...) to *st; nothing for the
+ * one-server store, which keeps none. */
+void tg__redis_stats(const tg__store *s, tg_stats *st);
+void tg__redis_cluster_stats(const tg__store *s, tg_stats *st);
 
 /* 1 when the Redis store is built in. */
 int tg__redis_built(void);

@@ -1,0 +1,332 @@
+/*
+ * nb.c - the non-blocking (sans-IO) Redis API: the caller's event loop owns
+ * the sockets and the time, the engine (store/redis_engine.c) owns the
+ * protocol, and a store-less limiter (limiter.h) owns validation, the deny
+ * cache and the failure policy, so a decision made here is the one tg_hit
+ * would make, answered the way tg_hit would answer it.
+ *
+ * The caller's side of a link's life: tg_nb_wants says CONNECT, the caller
+ * connects and says tg_nb_connected (or tg_nb_down when it cannot); WRITE:
+ * it writes tg_nb_output's bytes and says how many with tg_nb_written;
+ * READ: it feeds what it reads to tg_nb_input; on EOF, an error or its own
+ * timeout it says tg_nb_closed (or tg_nb_down, to refuse the node's calls
+ * until tg_nb_up). This file adds to the engine only what depends on
+ * those words: which nodes are down, failing their calls at once, and
+ * choosing where to ask for a Cluster's slot map.
+ */
+#include "tollgate.h"
+
+#include "limiter.h"
+#include "store/redis_engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* A request's private words: the engine's call, the quota's copy (the
+ * policy's answer needs it) and when it was made (the deny cache's
+ * timeline). */
+typedef struct nbpriv {
+  tg__ereq er;
+  tg_quota q;
+  uint64_t when;
+  struct nbpriv *next; /* on the local done list */
+} nbpriv;
+
+_Static_assert(sizeof(nbpriv) <= sizeof(((tg_nb_req *)0)->private_),
+               "TG_NB_PRIVATE_WORDS is too small");
+
+struct tg_nb {
+  tg_limiter *lim;  /* validation, policy, fallback, deny cache */
+  tg__store *codec; /* names and encoding */
+  tg__eng eng;
+  tg__eng_stats st;
+  char *username, *password;
+  int down[TG__NODES_MAX];         /* 0, or the code a down node's calls get */
+  nbpriv *local_head, *local_tail; /* answered without the engine */
+  size_t pending;                  /* submitted, not yet returned */
+  tg__slotmap map;                 /* last: the largest */
+};
+
+static nbpriv *priv(tg_nb_req *req) { return (nbpriv *)(void *)req->private_; }
+
+static bool store_code(int code) {
+  return code == TG_ECONNECT || code == TG_ETIMEDOUT || code == TG_ESTORE ||
+         code == TG_ENOMEM;
+}
+
+/* Seeds (or the one server) as nodes 0.. of the map. */
+static int add_nodes(tg_nb *nb, const tg_redis_config *rc) {
+  if (!rc->cluster_nodes) {
+    const char *h = rc->unix_path ? rc->unix_path : rc->host;
+    if (!h || !*h || (!rc->unix_path && (rc->port < 1 || rc->port > 65535)))
+      return TG_EINVAL;
+    return tg__slotmap_node(&nb->map, h, strlen(h),
+                            rc->unix_path ? 0 : rc->port) == TG__NO_NODE
+               ? TG_EINVAL
+               : TG_OK;
+  }
+  if (rc->unix_path || rc->db != 0)
+    return TG_EINVAL;
+  return tg__cluster_seeds(&nb->map, rc->cluster_nodes);
+}
+
+void tg_nb_destroy(tg_nb *nb) {
+  if (!nb)
+    return;
+  tg__eng_free(&nb->eng);
+  tg__slotmap_free(&nb->map);
+  if (nb->codec)
+    nb->codec->ops->destroy(nb->codec);
+  tg_limiter_destroy(nb->lim);
+  free(nb->username);
+  free(nb->password);
+  free(nb);
+}
+
+int tg_nb_new(tg_nb **out, const tg_config *cfg) {
+  if (!out)
+    return TG_EINVAL;
+  *out = NULL;
+  if (!cfg || !cfg->redis)
+    return TG_EINVAL;
+  const tg_redis_config *rc = cfg->redis;
+  if (rc->db < 0 || (rc->username && !rc->password))
+    return TG_EINVAL;
+  tg_nb *nb = calloc(1, sizeof *nb);
+  if (!nb)
+    return TG_ENOMEM;
+  int rc2 = tg__slotmap_init(&nb->map);
+  if (rc2 != TG_OK) {
+    free(nb);
+    return rc2;
+  }
+  rc2 = tg__limiter_shell_new(&nb->lim, cfg);
+  if (rc2 == TG_OK)
+    rc2 = tg__redis_codec_new(&nb->codec, rc->key_prefix, cfg->algorithm,
+                              cfg->sliding_max_entries);
+  if (rc2 == TG_OK)
+    rc2 = add_nodes(nb, rc);
+  if (rc2 == TG_OK &&
+      ((rc->username && !(nb->username = strdup(rc->username))) ||
+       (rc->password && !(nb->password = strdup(rc->password)))))
+    rc2 = TG_ENOMEM;
+  if (rc2 == TG_OK) {
+    tg__eng_config ec = {nb->codec,
+                         nb->username,
+                         nb->password,
+                         rc->cluster_nodes ? 0 : rc->db,
+                         rc->cluster_nodes != NULL,
+                         &nb->map,
+                         &nb->st};
+    rc2 = tg__eng_init(&nb->eng, &ec);
+  }
+  if (rc2 != TG_OK) {
+    tg_nb_destroy(nb);
+    return rc2;
+  }
+  *out = nb;
+  return TG_OK;
+}
+
+/* What the caller's words imply: a down node's calls are answered at once,
+ * and a wanted slot map is asked of a node that is not down (preferably one
+ * already connected); with none, the calls waiting for a map get the code
+ * of the last node that went down. */
+static void settle(tg_nb *nb) {
+  tg__eng *e = &nb->eng;
+  uint32_t n = tg__eng_nodes(e);
+  int last_down = TG_ECONNECT;
+  for (uint32_t i = 0; i < n; i++) {
+    if (nb->down[i]) {
+      last_down = nb->down[i];
+      tg__eng_fail_queued(e, i, nb->down[i]);
+    }
+  }
+  if (!tg__eng_refresh_wanted(e))
+    return;
+  uint32_t pick = TG__NO_NODE;
+  for (uint32_t i = 0; i < n && pick == TG__NO_NODE; i++)
+    if (!nb->down[i] && tg__eng_open(e, i))
+      pick = i;
+  for (uint32_t i = 0; i < n && pick == TG__NO_NODE; i++)
+    if (!nb->down[i])
+      pick = i;
+  if (pick != TG__NO_NODE)
+    tg__eng_refresh(e, pick);
+  else
+    tg__eng_fail_parked(e, last_down);
+}
+
+static int submit(tg_nb *nb, const uint64_t *now, tg_nb_req *req) {
+  if (!nb || !req)
+    return TG_EINVAL;
+  nbpriv *p = priv(req);
+  tg__call *c = &p->er.call;
+  int rc = tg__limiter_prepare(nb->lim, TG__OP_HIT, now, req->key, req->key_len,
+                               req->q, req->cost, c);
+  if (rc != TG_OK) {
+    tg__limiter_invalid(nb->lim, rc, req->key, req->key_len, req->q, req->cost,
+                        &req->result);
+    req->status = rc;
+    return rc;
+  }
+  p->q = *req->q;
+  p->when = tg__limiter_when(nb->lim, c);
+  p->er.owner = req;
+  p->er.del = 0;
+  nb->pending++;
+  if (tg__limiter_cached(nb->lim, c, p->when, &p->q, &req->result)) {
+    req->status = TG_OK;
+    p->next = NULL;
+    if (nb->local_tail)
+      nb->local_tail->next = p;
+    else
+      nb->local_head = p;
+    nb->local_tail = p;
+    return TG_OK;
+  }
+  tg__eng_submit(&nb->eng, &p->er);
+  settle(nb);
+  return TG_OK;
+}
+
+int tg_nb_submit(tg_nb *nb, tg_nb_req *req) { return submit(nb, NULL, req); }
+
+int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req) {
+  return submit(nb, &now_us, req);
+}
+
+tg_nb_req *tg_nb_done(tg_nb *nb) {
+  if (!nb)
+    return NULL;
+  if (nb->local_head) {
+    nbpriv *p = nb->local_head;
+    nb->local_head = p->next;
+    if (!nb->local_head)
+      nb->local_tail = NULL;
+    nb->pending--;
+    return p->er.owner;
+  }
+  tg__ereq *r = tg__eng_done(&nb->eng);
+  if (!r)
+    return NULL;
+  tg_nb_req *req = r->owner;
+  nbpriv *p = priv(req);
+  req->status = tg__limiter_answer(nb->lim, &r->call, &p->q, p->when, r->status,
+                                   &r->out, &req->result);
+  nb->pending--;
+  return req;
+}
+
+size_t tg_nb_pending(const tg_nb *nb) { return nb ? nb->pending : 0; }
+
+unsigned tg_nb_links(const tg_nb *nb) {
+  return nb ? (unsigned)tg__eng_nodes(&nb->eng) : 0;
+}
+
+static bool link_ok(const tg_nb *nb, unsigned link) {
+  return nb && link < tg__eng_nodes(&nb->eng);
+}
+
+unsigned tg_nb_wants(const tg_nb *nb, unsigned link) {
+  if (!link_ok(nb, link) || nb->down[link])
+    return 0;
+  unsigned w = tg__eng_wants(&nb->eng, link), out = 0;
+  if (w & TG__WANT_CONNECT)
+    out |= TG_NB_CONNECT;
+  if (w & TG__WANT_WRITE)
+    out |= TG_NB_WRITE;
+  if (w & TG__WANT_READ)
+    out |= TG_NB_READ;
+  return out;
+}
+
+int tg_nb_address(const tg_nb *nb, unsigned link, const char **host,
+                  int *port) {
+  if (!link_ok(nb, link) || !host || !port)
+    return TG_EINVAL;
+  const tg__node *d = tg__slotmap_addr(&nb->map, link);
+  *host = d->host;
+  *port = d->port;
+  return TG_OK;
+}
+
+int tg_nb_connected(tg_nb *nb, unsigned link) {
+  if (!link_ok(nb, link) || nb->down[link] || tg__eng_open(&nb->eng, link))
+    return TG_EINVAL;
+  int rc = tg__eng_connected(&nb->eng, link);
+  settle(nb);
+  return rc;
+}
+
+int tg_nb_output(tg_nb *nb, unsigned link, const void **data, size_t *len) {
+  if (!link_ok(nb, link) || !data || !len)
+    return TG_EINVAL;
+  const char *p;
+  tg__eng_output(&nb->eng, link, &p, len);
+  *data = p;
+  return TG_OK;
+}
+
+int tg_nb_written(tg_nb *nb, unsigned link, size_t n) {
+  if (!link_ok(nb, link))
+    return TG_EINVAL;
+  tg__eng_written(&nb->eng, link, n);
+  return TG_OK;
+}
+
+/* Node `link` is down with `code`: its connection is dropped, its calls
+ * and any new ones answered at once, and a Cluster asks for a new map. */
+static void mark_down(tg_nb *nb, unsigned link, int code) {
+  tg__eng_closed(&nb->eng, link, code);
+  nb->down[link] = code;
+  nb->eng.want_refresh = nb->eng.cfg.cluster;
+  settle(nb);
+}
+
+int tg_nb_input(tg_nb *nb, unsigned link, const void *data, size_t len) {
+  if (!link_ok(nb, link) || (!data && len > 0))
+    return TG_EINVAL;
+  int rc = tg__eng_input(&nb->eng, link, data, len);
+  if (rc != TG_OK)
+    mark_down(nb, link, rc);
+  else
+    settle(nb);
+  return rc;
+}
+
+int tg_nb_closed(tg_nb *nb, unsigned link, int code) {
+  if (!link_ok(nb, link) || !store_code(code))
+    return TG_EINVAL;
+  tg__eng_closed(&nb->eng, link, code);
+  settle(nb);
+  return TG_OK;
+}
+
+int tg_nb_down(tg_nb *nb, unsigned link, int code) {
+  if (!link_ok(nb, link) || !store_code(code))
+    return TG_EINVAL;
+  mark_down(nb, link, code);
+  return TG_OK;
+}
+
+int tg_nb_up(tg_nb *nb, unsigned link) {
+  if (!link_ok(nb, link))
+    return TG_EINVAL;
+  nb->down[link] = 0;
+  settle(nb);
+  return TG_OK;
+}
+
+int tg_nb_stats(const tg_nb *nb, tg_stats *out, size_t size) {
+  if (!nb || !out || size == 0)
+    return TG_EINVAL;
+  tg_stats st;
+  tg__limiter_stats_read(nb->lim, &st);
+  st.moved = nb->st.moved;
+  st.ask = nb->st.ask;
+  st.resent = nb->st.resent;
+  st.slot_refreshes = nb->st.refreshes;
+  memcpy(out, &st, size < sizeof st ? size : sizeof st);
+  return TG_OK;
+}

@@ -1,0 +1,71 @@
+/*
+ * redis_cmd.h - one call as a Redis command, and a reply as the call's
+ * answer: the per-command encoding that lives in redis.c, shared with the
+ * connection engine (redis_engine.c) behind the non-blocking API and the
+ * Cluster store, so every path sends the same bytes and computes every
+ * number it reports with the same code.
+ */
+#ifndef TG_STORE_REDIS_CMD_H
+#define TG_STORE_REDIS_CMD_H
+
+#include "store.h"
+
+#include <hiredis/hiredis.h>
+
+#define TG__REDIS_PREFIX_MAX 128u
+/* prefix ":{" key "}:" suffix */
+#define TG__REDIS_NAME_MAX (TG__REDIS_PREFIX_MAX + 2 + TG_KEY_MAX + 2 + 2)
+#define TG__REDIS_ARGS_MAX 12
+#define TG__REDIS_NUMS_MAX 6
+
+/* One command (EVALSHA or TG.STEP): argv with its own storage for the key
+ * name and numbers. */
+typedef struct tg__redis_args {
+  int n;
+  const char *v[TG__REDIS_ARGS_MAX];
+  size_t len[TG__REDIS_ARGS_MAX];
+  char name[TG__REDIS_NAME_MAX];
+  char num[TG__REDIS_NUMS_MAX][24];
+  int nnum;
+} tg__redis_args;
+
+/* A Redis store used only for its key names and command encoding: it holds
+ * no connection and must never execute a call. TG_EINVAL for a bad prefix
+ * (1..128 bytes, no "{" or "}"), TG_ENOMEM. Destroy it with its ops. */
+int tg__redis_codec_new(tg__store **out, const char *prefix, tg_algorithm alg,
+                        uint32_t log_entries);
+
+/* The command for call c on a connection with the module (TG.STEP) or
+ * without (EVALSHA of sha, the script's 40-character SHA1). The arguments
+ * point into *a and c->key: both must outlive their use. */
+void tg__redis_encode(const tg__store *redis, const tg__call *c, bool module,
+                      const char *sha, tg__redis_args *a);
+
+/* The key name of call c (into name, TG__REDIS_NAME_MAX bytes); returns
+ * its length: what a Cluster client hashes to route the call. */
+size_t tg__redis_key_name(const tg__store *redis, const tg__call *c,
+                          char *name);
+
+/* The answer to call c from its reply: TG_OK with *o filled, or the code of
+ * an error reply (TG_ECORRUPT, TG_ESTORE...), or TG_ESTORE for a reply that
+ * is not the script's or the module's. The reply is only read: a view of a
+ * reply (redisReply's fields) built by any reader will do. */
+int tg__redis_decode(const tg__call *c, const redisReply *r, tg__outcome *o);
+
+/* Internal codes of a Cluster node's store (tg__redis_node_new), never
+ * returned to a caller: the Cluster store acts on them. */
+#define TG__EMOVED                                                             \
+  (-100) /* MOVED or CLUSTERDOWN: nothing ran; refresh                         \
+            the slot map and try again */
+#define TG__ETRYAGAIN                                                          \
+  (-101) /* ASK or TRYAGAIN: the slot is migrating;                            \
+            nothing ran, try again shortly */
+
+/* A one-server store (rc->cluster_nodes must be NULL) for one node of a
+ * Cluster: the policies and reservations (several commands on one
+ * connection) of the Cluster store go through it. Errors as
+ * tg__redis_store_new. */
+int tg__redis_node_new(tg__store **out, const tg_redis_config *rc,
+                       tg_algorithm alg, uint32_t log_entries);
+
+#endif /* TG_STORE_REDIS_CMD_H */

@@ -1,0 +1,983 @@
+/*
+ * test_cluster.c - the Redis store and the non-blocking API on a real Redis
+ * Cluster of three masters with a replica each, which
+ * tests/redis/with_cluster.sh starts on loopback ports (and kills, however
+ * this ends). Run through CTest (test_cluster, and test_cluster_module with
+ * the module loaded in every node), after the acceptance suites have run on
+ * the same cluster; the tests run in order and the last one kills a master.
+ *
+ *   - the slot the library computes for a key is the server's, for binary
+ *     keys and braces, and a key lands on the node that serves its slot;
+ *   - exact limits across the cluster from several processes and threads,
+ *     single calls and batches spread over every node: admitted == limit per
+ *     key, and every call counted exactly once;
+ *   - a slot resharded while traffic runs: MOVED and ASK are followed (the
+ *     client's counts equal the servers' own error statistics), and no
+ *     decision is lost or counted twice;
+ *   - the non-blocking API follows MOVED too, and is exact;
+ *   - a master killed: its slots' decisions are degraded (the failure
+ *     policy's answer) while the other masters' stay exact, until the
+ *     replica is promoted; then the same limiter is exact again.
+ * No sleep is an assertion: every wait polls for a state, with a generous
+ * bound for a loaded two-core machine.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "nb_poll.h"
+#include "store/redis_slots.h"
+#include "tollgate.h"
+
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int ports[6];
+static bool dead[6];
+static char seeds[128];
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void load_ports(void) {
+  const char *s = getenv("TG_TEST_CLUSTER_PORTS");
+  if (!s) {
+    fprintf(stderr, "TG_TEST_CLUSTER_PORTS is not set: run this program "
+                    "through tests/redis/with_cluster.sh (CTest does)\n");
+    exit(1);
+  }
+  for (int i = 0; i < 6; i++) {
+    ports[i] = atoi(s);
+    s = strchr(s, ',');
+    s = s ? s + 1 : "";
+  }
+  snprintf(seeds, sizeof seeds, "127.0.0.1:%d,127.0.0.1:%d", ports[0],
+           ports[3]);
+}
+
+static redisContext *node(int port) {
+  struct timeval tv = {5, 0};
+  redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+  if (!c || c->err) {
+    if (c)
+      redisFree(c);
+    return NULL;
+  }
+  redisSetTimeout(c, tv);
+  return c;
+}
+
+/* A command on node `port`; the reply is the caller's (NULL: no answer). */
+static redisReply *on(int port, const char *fmt, ...) {
+  redisContext *c = node(port);
+  if (!c)
+    return NULL;
+  va_list ap;
+  va_start(ap, fmt);
+  redisReply *r = redisvCommand(c, fmt, ap);
+  va_end(ap);
+  redisFree(c);
+  return r;
+}
+
+static bool ok_on(int port, const char *what, const char *arg1,
+                  const char *arg2) {
+  redisReply *r = on(port, what, arg1, arg2);
+  bool ok = r && r->type != REDIS_REPLY_ERROR;
+  if (r && !ok)
+    print_error("node %d: %s\n", port, r->str);
+  if (r)
+    freeReplyObject(r);
+  return ok;
+}
+
+static int live_port(void) {
+  for (int i = 0; i < 6; i++)
+    if (!dead[i])
+      return ports[i];
+  return 0;
+}
+
+/* The port of the master that serves `slot`, as node `ask` sees it. */
+static int master_of(unsigned slot, int ask) {
+  redisReply *r = on(ask, "CLUSTER SLOTS");
+  int port = 0;
+  for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements;
+       i++) {
+    redisReply *e = r->element[i];
+    if ((unsigned)e->element[0]->integer <= slot &&
+        slot <= (unsigned)e->element[1]->integer)
+      port = (int)e->element[2]->element[1]->integer;
+  }
+  if (r)
+    freeReplyObject(r);
+  return port;
+}
+
+static unsigned keyslot(const char *name, size_t len) {
+  redisReply *r = on(live_port(), "CLUSTER KEYSLOT %b", name, len);
+  assert_non_null(r);
+  assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+  unsigned s = (unsigned)r->integer;
+  freeReplyObject(r);
+  return s;
+}
+
+static void node_id(int port, char *out) {
+  redisReply *r = on(port, "CLUSTER MYID");
+  assert_non_null(r);
+  assert_int_equal(r->type, REDIS_REPLY_STRING);
+  snprintf(out, 64, "%s", r->str);
+  freeReplyObject(r);
+}
+
+/* errorstat_NAME's count on node port (0 when absent). */
+static long long errorstat(int port, const char *name) {
+  redisReply *r = on(port, "INFO errorstats");
+  long long n = 0;
+  if (r && r->type == REDIS_REPLY_STRING) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "errorstat_%s:count=", name);
+    const char *p = strstr(r->str, pat);
+    if (p)
+      n = strtoll(p + strlen(pat), NULL, 10);
+  }
+  if (r)
+    freeReplyObject(r);
+  return n;
+}
+
+static long long errorstat_all(const char *name) {
+  long long n = 0;
+  for (int i = 0; i < 6; i++)
+    if (!dead[i])
+      n += errorstat(ports[i], name);
+  return n;
+}
+
+static void resetstat_all(void) {
+  for (int i = 0; i < 6; i++)
+    if (!dead[i])
+      assert_true(ok_on(ports[i], "CONFIG RESETSTAT", NULL, NULL));
+}
+
+static int index_of(int port) {
+  for (int i = 0; i < 6; i++)
+    if (ports[i] == port)
+      return i;
+  return -1;
+}
+
+static tg_limiter *limiter(tg_algorithm alg, const char *prefix,
+                           tg_policy policy, uint32_t pool) {
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = alg;
+  cfg.on_failure = policy;
+  tg_redis_config rc;
+  tg_redis_config_init(&rc);
+  rc.cluster_nodes = seeds;
+  rc.key_prefix = prefix;
+  rc.pool_size = pool;
+  /* generous: two cores shared by six servers and the test */
+  rc.connect_timeout_ms = 3000;
+  rc.command_timeout_ms = 3000;
+  rc.reconnect_backoff_ms = 100;
+  cfg.redis = &rc;
+  tg_limiter *lim = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  return lim;
+}
+
+static char *prefix_of(const char *what) {
+  static char buf[16][48];
+  static unsigned n;
+  char *p = buf[n++ % 16];
+  snprintf(p, 48, "cl%ld.%s", (long)getpid(), what);
+  return p;
+}
+
+/* The key name the library uses, as the server must hash it. */
+static size_t name_of(const char *prefix, const void *key, size_t len,
+                      const char *alg, char *out) {
+  size_t n = (size_t)snprintf(out, 64, "%s:{", prefix);
+  memcpy(out + n, key, len);
+  n += len;
+  n += (size_t)snprintf(out + n, 16, "}:%s", alg);
+  return n;
+}
+
+/* ---- slots ------------------------------------------------------------------
+ */
+
+static void slots_are_the_servers(void **state) {
+  (void)state;
+  uint64_t x = 0x9e3779b97f4a7c15u ^ (uint64_t)time(NULL);
+  char name[600];
+  for (int i = 0; i < 1500; i++) {
+    unsigned char key[24];
+    size_t len = 1 + (size_t)(i % 23);
+    for (size_t j = 0; j < len; j++) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      /* braces are common: they end or open hash tags */
+      key[j] = (x & 7) == 0   ? '{'
+               : (x & 7) == 1 ? '}'
+                              : (unsigned char)(x >> 8);
+    }
+    size_t n = name_of("tg", key, len, "fw", name);
+    assert_int_equal(tg__key_slot(name, n), keyslot(name, n));
+  }
+  /* and a key lands on the master that serves its slot */
+  tg_limiter *lim = limiter(TG_FIXED_WINDOW, "land", TG_POLICY_ERROR, 1);
+  tg_quota q = {.limit = 5, .period_ms = 60000};
+  for (int i = 0; i < 30; i++) {
+    char key[16];
+    snprintf(key, sizeof key, "k{%d}", i);
+    tg_result r;
+    assert_int_equal(tg_hit(lim, key, strlen(key), &q, 1, &r), TG_OK);
+    size_t n = name_of("land", key, strlen(key), "fw", name);
+    int port = master_of(keyslot(name, n), live_port());
+    redisReply *e = on(port, "EXISTS %b", name, n);
+    assert_non_null(e);
+    assert_int_equal(e->type, REDIS_REPLY_INTEGER); /* not MOVED */
+    assert_int_equal(e->integer, 1);
+    freeReplyObject(e);
+  }
+  tg_stats st;
+  assert_int_equal(tg_limiter_stats(lim, &st, sizeof st), TG_OK);
+  assert_int_equal(st.moved, 0); /* the map was right from the start */
+  assert_int_equal(st.slot_refreshes, 1);
+  tg_limiter_destroy(lim);
+}
+
+static void cluster_config_is_validated(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_config_init(&cfg);
+  tg_redis_config rc;
+  tg_limiter *lim;
+  cfg.redis = &rc;
+  static const char *const bad[] = {"",         "h",         "h:1,", "h:0",
+                                    "h:1,,h:2", "[::1:7000", "a b:1"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    tg_redis_config_init(&rc);
+    rc.cluster_nodes = bad[i];
+    assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  }
+  tg_redis_config_init(&rc);
+  rc.cluster_nodes = seeds;
+  rc.unix_path = "/tmp/x.sock"; /* nodes are addressed by the cluster */
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  tg_redis_config_init(&rc);
+  rc.cluster_nodes = seeds;
+  rc.db = 1; /* a Cluster has database 0 only */
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  tg_redis_config_init(&rc);
+  rc.cluster_nodes = seeds;
+  rc.pool_size = 0;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  /* seeds where nothing listens: a store failure, the policy's answer */
+  tg_redis_config_init(&rc);
+  rc.cluster_nodes = "127.0.0.1:1,127.0.0.1:2";
+  rc.key_prefix = "nobody";
+  cfg.on_failure = TG_POLICY_FAIL_CLOSED;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  tg_quota q = {.limit = 5, .period_ms = 60000};
+  tg_result r;
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_ECONNECT);
+  assert_true(r.degraded && !r.allowed);
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_ECONNECT);
+  tg_limiter_destroy(lim);
+}
+
+/* ---- exact across processes
+ * ---------------------------------------------------- */
+
+enum { XP = 3, XT = 2, XK = 48, XL = 25, XCALLS = 40 };
+
+typedef struct xthread {
+  tg_limiter *lim;
+  int id;
+  long admitted[XK];
+  long ok[XK];
+  long errors;
+} xthread;
+
+static char xkeys[XK][16];
+static tg_quota xq = {.limit = XL, .period_ms = 3600000};
+
+static void *xrun(void *arg) {
+  xthread *t = arg;
+  for (int round = 0; round < XCALLS; round++) {
+    if ((round + t->id) % 2 == 0) {
+      /* a batch over every key: split per node, pipelined */
+      tg_batch_item it[XK];
+      for (int k = 0; k < XK; k++)
+        it[k] = (tg_batch_item){xkeys[k], strlen(xkeys[k]), &xq, 1, 0, {0}};
+      if (tg_hit_batch(t->lim, it, XK) != TG_OK) {
+        t->errors += XK;
+        continue;
+      }
+      for (int k = 0; k < XK; k++) {
+        if (it[k].status != TG_OK) {
+          t->errors++;
+          continue;
+        }
+        t->ok[k]++;
+        t->admitted[k] += it[k].result.allowed;
+      }
+    } else {
+      for (int k = 0; k < XK; k++) {
+        tg_result r;
+        if (tg_hit(t->lim, xkeys[k], strlen(xkeys[k]), &xq, 1, &r) != TG_OK) {
+          t->errors++;
+          continue;
+        }
+        t->ok[k]++;
+        t->admitted[k] += r.allowed;
+      }
+    }
+  }
+  return NULL;
+}
+
+/* One process: XT threads on one limiter; totals into *out. */
+static void xprocess(const char *prefix, xthread *out) {
+  tg_limiter *lim =
+      limiter(TG_FIXED_WINDOW_PER_KEY, prefix, TG_POLICY_ERROR, 2);
+  xthread t[XT];
+  pthread_t th[XT];
+  for (int i = 0; i < XT; i++) {
+    memset(&t[i], 0, sizeof t[i]);
+    t[i].lim = lim;
+    t[i].id = i;
+    pthread_create(&th[i], NULL, xrun, &t[i]);
+  }
+  memset(out, 0, sizeof *out);
+  for (int i = 0; i < XT; i++) {
+    pthread_join(th[i], NULL);
+    for (int k = 0; k < XK; k++) {
+      out->admitted[k] += t[i].admitted[k];
+      out->ok[k] += t[i].ok[k];
+    }
+    out->errors += t[i].errors;
+  }
+  tg_limiter_destroy(lim);
+}
+
+static void exact_across_processes(void **state) {
+  (void)state;
+  const char *prefix = prefix_of("exact");
+  for (int k = 0; k < XK; k++)
+    snprintf(xkeys[k], sizeof xkeys[k], "user:%d", k);
+  int fds[XP][2];
+  pid_t pid[XP];
+  for (int p = 0; p < XP; p++) {
+    assert_int_equal(pipe(fds[p]), 0);
+    pid[p] = fork();
+    assert_true(pid[p] >= 0);
+    if (pid[p] == 0) {
+      xthread sum;
+      xprocess(prefix, &sum);
+      ssize_t w = write(fds[p][1], &sum, sizeof sum);
+      _exit(w == (ssize_t)sizeof sum ? 0 : 1);
+    }
+    close(fds[p][1]);
+  }
+  long admitted[XK] = {0}, ok[XK] = {0}, errors = 0;
+  for (int p = 0; p < XP; p++) {
+    xthread sum;
+    size_t got = 0;
+    while (got < sizeof sum) {
+      ssize_t n = read(fds[p][0], (char *)&sum + got, sizeof sum - got);
+      if (n <= 0)
+        break;
+      got += (size_t)n;
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid[p], &status, 0), pid[p]);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(got, sizeof sum);
+    close(fds[p][0]);
+    for (int k = 0; k < XK; k++) {
+      admitted[k] += sum.admitted[k];
+      ok[k] += sum.ok[k];
+    }
+    errors += sum.errors;
+  }
+  assert_int_equal(errors, 0);
+  /* every key: exactly the limit admitted, every call counted once */
+  tg_limiter *lim =
+      limiter(TG_FIXED_WINDOW_PER_KEY, prefix, TG_POLICY_ERROR, 1);
+  int nodes_used[6] = {0};
+  for (int k = 0; k < XK; k++) {
+    assert_int_equal(ok[k], XP * XT * XCALLS);
+    assert_int_equal(admitted[k], XL);
+    uint64_t count = 0;
+    assert_int_equal(tg_get(lim, xkeys[k], strlen(xkeys[k]), &xq, &count),
+                     TG_OK);
+    assert_int_equal(count, (uint64_t)ok[k]);
+    char name[96];
+    size_t n = name_of(prefix, xkeys[k], strlen(xkeys[k]), "pk", name);
+    nodes_used[index_of(master_of(keyslot(name, n), live_port()))] = 1;
+  }
+  assert_int_equal(nodes_used[0] + nodes_used[1] + nodes_used[2], 3);
+  tg_limiter_destroy(lim);
+}
+
+/* ---- resharding under traffic
+ * ------------------------------------------------- */
+
+enum { RK = 16, RL = 40 };
+
+typedef struct rshard {
+  tg_limiter *lim;
+  atomic_int *stop;
+  char (*keys)[24];
+  int nkeys;
+  long ok[2 * RK], admitted[2 * RK], errors;
+} rshard;
+
+static tg_quota rq = {.limit = RL, .period_ms = 3600000};
+
+static void *rtraffic(void *arg) {
+  rshard *t = arg;
+  for (unsigned i = 0; !atomic_load(t->stop); i++) {
+    int k = (int)(i % (unsigned)t->nkeys);
+    tg_result r;
+    int rc = tg_hit(t->lim, t->keys[k], strlen(t->keys[k]), &rq, 1, &r);
+    /* atomic: the main thread watches ok[] while this runs */
+    if (rc != TG_OK) {
+      __atomic_fetch_add(&t->errors, 1, __ATOMIC_RELAXED);
+      continue;
+    }
+    __atomic_fetch_add(&t->ok[k], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&t->admitted[k], r.allowed, __ATOMIC_RELAXED);
+  }
+  return NULL;
+}
+
+/* Keys whose tag ("rs", so one slot) puts them in slot `slot`. */
+static void migrate_keys(int from, int to, unsigned slot) {
+  for (;;) {
+    redisReply *r = on(from, "CLUSTER GETKEYSINSLOT %u 1", slot);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    if (r->elements == 0) {
+      freeReplyObject(r);
+      return;
+    }
+    char key[128];
+    snprintf(key, sizeof key, "%s", r->element[0]->str);
+    size_t klen = r->element[0]->len;
+    freeReplyObject(r);
+    redisReply *m =
+        on(from, "MIGRATE 127.0.0.1 %d %s 0 5000 KEYS %b", to, "", key, klen);
+    assert_non_null(m);
+    if (m->type == REDIS_REPLY_ERROR)
+      print_error("MIGRATE: %s\n", m->str);
+    assert_int_not_equal(m->type, REDIS_REPLY_ERROR);
+    freeReplyObject(m);
+    sleep_ms(30); /* let traffic meet the slot half moved: ASK */
+  }
+}
+
+static bool wait_for(bool (*cond)(void *), void *ctx, int limit_ms) {
+  uint64_t end = now_ms() + (uint64_t)limit_ms;
+  while (!cond(ctx)) {
+    if (now_ms() >= end)
+      return false;
+    sleep_ms(20);
+  }
+  return true;
+}
+
+static bool some_ask(void *ctx) {
+  (void)ctx;
+  return errorstat_all("ASK") > 0;
+}
+
+static bool some_moved(void *ctx) {
+  (void)ctx;
+  return errorstat_all("MOVED") > 0;
+}
+
+static void reshard_while_traffic_runs(void **state) {
+  (void)state;
+  const char *prefix = prefix_of("rs");
+  /* keys "rs}N" all have the tag "rs": one slot. The first half exists
+   * before the move; the second half is first hit during it (absent at the
+   * source: created at the target through ASK). */
+  static char keys[2 * RK][24];
+  for (int k = 0; k < RK; k++) {
+    snprintf(keys[k], sizeof keys[k], "rs}old%d", k);
+    snprintf(keys[RK + k], sizeof keys[k], "rs}new%d", k);
+  }
+  char name[96];
+  size_t nl = name_of(prefix, keys[0], strlen(keys[0]), "pk", name);
+  unsigned slot = keyslot(name, nl);
+  int from = master_of(slot, live_port()), to = 0;
+  for (int i = 0; i < 3 && !to; i++)
+    if (ports[i] != from && !dead[i])
+      to = ports[i];
+  assert_true(from && to);
+  char from_id[64], to_id[64];
+  node_id(from, from_id);
+  node_id(to, to_id);
+  tg_limiter *lim =
+      limiter(TG_FIXED_WINDOW_PER_KEY, prefix, TG_POLICY_ERROR, 3);
+  atomic_int stop = 0;
+  enum { T = 3 };
+  rshard t[T];
+  pthread_t th[T];
+  for (int i = 0; i < T; i++) {
+    memset(&t[i], 0, sizeof t[i]);
+    t[i].lim = lim;
+    t[i].stop = &stop;
+    t[i].keys = keys;
+    t[i].nkeys = RK; /* the old keys only, until the move starts */
+  }
+  /* the old keys exist (and the client knows the map) before the move */
+  for (int k = 0; k < RK; k++) {
+    tg_result r;
+    assert_int_equal(tg_hit(lim, keys[k], strlen(keys[k]), &rq, 1, &r), TG_OK);
+    t[0].ok[k]++;
+    t[0].admitted[k] += r.allowed;
+  }
+  resetstat_all();
+  for (int i = 0; i < T; i++) {
+    t[i].nkeys = 2 * RK;
+    pthread_create(&th[i], NULL, rtraffic, &t[i]);
+  }
+  /* the move, by hand: what redis-cli --cluster reshard does */
+  char slot_s[8];
+  snprintf(slot_s, sizeof slot_s, "%u", slot);
+  redisReply *r = on(to, "CLUSTER SETSLOT %s IMPORTING %s", slot_s, from_id);
+  assert_true(r && r->type != REDIS_REPLY_ERROR);
+  freeReplyObject(r);
+  r = on(from, "CLUSTER SETSLOT %s MIGRATING %s", slot_s, to_id);
+  assert_true(r && r->type != REDIS_REPLY_ERROR);
+  freeReplyObject(r);
+  migrate_keys(from, to, slot);
+  /* the new keys met the half-moved slot (absent at the source) */
+  assert_true(wait_for(some_ask, NULL, 20000));
+  migrate_keys(from, to, slot); /* what was created meanwhile at the source */
+  for (int i = 0; i < 3; i++) {
+    int p = i == 0 ? to : i == 1 ? from : 0;
+    for (int j = 0; j < 3 && i == 2; j++)
+      if (ports[j] != to && ports[j] != from && !dead[j])
+        p = ports[j];
+    r = on(p, "CLUSTER SETSLOT %s NODE %s", slot_s, to_id);
+    assert_true(r && r->type != REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+  }
+  /* the clients that still think "from" now hear MOVED */
+  assert_true(wait_for(some_moved, NULL, 20000));
+  long before = 0;
+  for (int i = 0; i < T; i++)
+    before += __atomic_load_n(&t[i].ok[0], __ATOMIC_RELAXED);
+  for (;;) { /* a little more traffic on the new owner */
+    long now = 0;
+    for (int i = 0; i < T; i++)
+      now += __atomic_load_n(&t[i].ok[0], __ATOMIC_RELAXED);
+    if (now > before + 20)
+      break;
+    sleep_ms(20);
+  }
+  atomic_store(&stop, 1);
+  long ok[2 * RK] = {0}, admitted[2 * RK] = {0}, errors = 0;
+  for (int i = 0; i < T; i++) {
+    pthread_join(th[i], NULL);
+    errors += t[i].errors;
+  }
+  for (int i = 0; i < T; i++)
+    for (int k = 0; k < 2 * RK; k++) {
+      ok[k] += t[i].ok[k];
+      admitted[k] += t[i].admitted[k];
+    }
+  tg_stats st;
+  assert_int_equal(tg_limiter_stats(lim, &st, sizeof st), TG_OK);
+  long long server_ask = errorstat_all("ASK"),
+            server_moved = errorstat_all("MOVED");
+  print_message("slot %u moved from %d to %d: %lld ASK and %lld MOVED "
+                "followed, %" PRIu64 " slot maps fetched\n",
+                slot, from, to, server_ask, server_moved, st.slot_refreshes);
+  assert_int_equal(errors, 0);
+  assert_true(st.ask > 0 && st.moved > 0);
+  /* every redirection the servers sent, the client followed */
+  assert_int_equal((long long)st.ask, server_ask);
+  assert_int_equal((long long)st.moved, server_moved);
+  /* nothing lost, nothing counted twice */
+  for (int k = 0; k < 2 * RK; k++) {
+    uint64_t count = 0;
+    assert_int_equal(tg_get(lim, keys[k], strlen(keys[k]), &rq, &count), TG_OK);
+    if ((long)count != ok[k] || admitted[k] != (ok[k] < RL ? ok[k] : RL)) {
+      print_error("key %s: %ld calls answered, %ld admitted, server count "
+                  "%" PRIu64 "\n",
+                  keys[k], ok[k], admitted[k], count);
+      fail();
+    }
+  }
+  /* and the key lives where the slot now is */
+  nl = name_of(prefix, keys[RK], strlen(keys[RK]), "pk", name);
+  redisReply *e = on(to, "EXISTS %b", name, nl);
+  assert_true(e && e->type == REDIS_REPLY_INTEGER && e->integer == 1);
+  freeReplyObject(e);
+  tg_limiter_destroy(lim);
+}
+
+/* ---- the non-blocking API on the cluster
+ * -------------------------------------- */
+
+static void nb_on_the_cluster(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_FIXED_WINDOW_PER_KEY;
+  tg_redis_config rc;
+  tg_redis_config_init(&rc);
+  rc.cluster_nodes = seeds;
+  rc.key_prefix = prefix_of("nb");
+  cfg.redis = &rc;
+  tg_nb *nb = NULL;
+  assert_int_equal(tg_nb_new(&nb, &cfg), TG_OK);
+  nbp d;
+  nbp_init(&d, nb);
+  d.split = 7;
+  enum { N = 1000, K = 50, L = 8 };
+  static tg_nb_req req[N];
+  static char keys[K][16];
+  tg_quota q = {.limit = L, .period_ms = 3600000};
+  for (int k = 0; k < K; k++)
+    snprintf(keys[k], sizeof keys[k], "n%d", k);
+  for (int i = 0; i < N; i++) {
+    req[i] = (tg_nb_req){
+        .key = keys[i % K], .key_len = strlen(keys[i % K]), .q = &q, .cost = 1};
+    assert_int_equal(tg_nb_submit(nb, &req[i]), TG_OK);
+  }
+  assert_int_equal(nbp_run(&d, N, 30000, NULL, NULL), N);
+  long admitted = 0;
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(req[i].status, TG_OK);
+    admitted += req[i].result.allowed;
+    assert_int_equal(req[i].result.allowed, i < K * L);
+  }
+  assert_int_equal(admitted, K * L);
+  /* the three masters, besides the two seeds (one of them a replica) */
+  assert_true(tg_nb_links(nb) >= 3);
+  /* a slot changes hands: the API follows MOVED */
+  char name[96];
+  size_t nl = name_of(rc.key_prefix, "mv", 2, "pk", name);
+  unsigned slot = keyslot(name, nl);
+  int from = master_of(slot, live_port()), to = 0;
+  for (int i = 0; i < 3 && !to; i++)
+    if (ports[i] != from && !dead[i])
+      to = ports[i];
+  tg_nb_req one = {.key = "mv", .key_len = 2, .q = &q, .cost = 1};
+  assert_int_equal(tg_nb_submit(nb, &one), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 10000, NULL, NULL), 1);
+  assert_int_equal(one.status, TG_OK);
+  char from_id[64], to_id[64];
+  node_id(from, from_id);
+  node_id(to, to_id);
+  char slot_s[8];
+  snprintf(slot_s, sizeof slot_s, "%u", slot);
+  /* its one key moves along, then every master learns the new owner */
+  redisReply *r = on(to, "CLUSTER SETSLOT %s IMPORTING %s", slot_s, from_id);
+  freeReplyObject(r);
+  r = on(from, "CLUSTER SETSLOT %s MIGRATING %s", slot_s, to_id);
+  freeReplyObject(r);
+  migrate_keys(from, to, slot);
+  for (int i = 0; i < 3; i++) {
+    if (dead[i])
+      continue;
+    r = on(ports[i], "CLUSTER SETSLOT %s NODE %s", slot_s, to_id);
+    assert_true(r && r->type != REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+  }
+  tg_stats before;
+  tg_nb_stats(nb, &before, sizeof before);
+  assert_int_equal(tg_nb_submit(nb, &one), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 10000, NULL, NULL), 1);
+  assert_int_equal(one.status, TG_OK);
+  assert_int_equal(one.result.count, 2); /* the key came along */
+  tg_stats st;
+  tg_nb_stats(nb, &st, sizeof st);
+  assert_int_equal(st.moved, before.moved + 1);
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+}
+
+/* ---- policies and reservations --------------------------------------------
+ * tg_hit_rules and tg_reserve on the Cluster store, after the policy's slot
+ * changed hands: the first call meets MOVED at the old master, reads again
+ * at the new one, and counts once (the acceptance suites test_rules and
+ * test_reserve run on the cluster too, through run_cluster_tests.sh). */
+
+static void policy_follows_a_moved_slot(void **state) {
+  (void)state;
+  const char *prefix = prefix_of("pol");
+  tg_limiter *fw = limiter(TG_FIXED_WINDOW, prefix, TG_POLICY_ERROR, 2);
+  tg_limiter *tb = limiter(TG_TOKEN_BUCKET, prefix, TG_POLICY_ERROR, 2);
+  tg_quota qf = {.limit = 5, .period_ms = 3600000};
+  tg_quota qt = {.limit = 3, .period_ms = 3600000, .burst = 3};
+  tg_rule r[2] = {
+      {.lim = fw, .key = "p}user", .key_len = 6, .q = &qf, .cost = 1},
+      {.lim = tb, .key = "p}tenant", .key_len = 8, .q = &qt, .cost = 1}};
+  tg_rules_result out;
+  assert_int_equal(tg_hit_rules(r, 2, 0, &out), TG_OK);
+  assert_true(out.r.allowed);
+  /* names in two slots: refused, nothing decided */
+  tg_rule x[2] = {r[0], r[1]};
+  x[1].key = "q}tenant";
+  assert_int_equal(tg_hit_rules(x, 2, 0, &out), TG_EINVAL);
+  assert_int_equal(out.denied_by, 1);
+  /* the slot moves to another master, keys and all */
+  char name[96];
+  size_t nl = name_of(prefix, "p}user", 6, "fw", name);
+  unsigned slot = keyslot(name, nl);
+  int from = master_of(slot, live_port()), to = 0;
+  for (int i = 0; i < 3 && !to; i++)
+    if (ports[i] != from && !dead[i])
+      to = ports[i];
+  char from_id[64], to_id[64], slot_s[8];
+  node_id(from, from_id);
+  node_id(to, to_id);
+  snprintf(slot_s, sizeof slot_s, "%u", slot);
+  redisReply *rr = on(to, "CLUSTER SETSLOT %s IMPORTING %s", slot_s, from_id);
+  freeReplyObject(rr);
+  rr = on(from, "CLUSTER SETSLOT %s MIGRATING %s", slot_s, to_id);
+  freeReplyObject(rr);
+  migrate_keys(from, to, slot);
+  for (int i = 0; i < 3; i++) {
+    if (dead[i])
+      continue;
+    rr = on(ports[i], "CLUSTER SETSLOT %s NODE %s", slot_s, to_id);
+    assert_true(rr && rr->type != REDIS_REPLY_ERROR);
+    freeReplyObject(rr);
+  }
+  tg_stats before, after;
+  assert_int_equal(tg_limiter_stats(fw, &before, sizeof before), TG_OK);
+  /* the token bucket (3) runs out first: 2 more pass, then denials that
+   * consume nothing, so the window ends at exactly 3 */
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(tg_hit_rules(r, 2, 0, &out), TG_OK);
+    assert_int_equal(out.r.allowed, i < 2);
+  }
+  assert_int_equal(tg_limiter_stats(fw, &after, sizeof after), TG_OK);
+  assert_true(after.moved >= before.moved + 1);
+  uint64_t count = 0;
+  assert_int_equal(tg_get(fw, "p}user", 6, &qf, &count), TG_OK);
+  assert_int_equal(count, 3);
+  /* a reservation on the moved slot: the bucket is empty, so it waits */
+  tg_reservation res;
+  assert_int_equal(tg_reserve(tb, "p}tenant", 8, &qt, 1, 3600000, &res), TG_OK);
+  assert_true(res.ok);
+  assert_true(res.delay_ms > 0);
+  assert_int_equal(tg_cancel(tb, "p}tenant", 8, &qt, &res), TG_OK);
+  tg_limiter_destroy(fw);
+  tg_limiter_destroy(tb);
+}
+
+/* ---- a master dies
+ * ------------------------------------------------------------- */
+
+typedef struct ftraffic {
+  tg_limiter *lim;
+  atomic_int *stop;
+  const char *key; /* on the dying master's slots, or elsewhere */
+  long ok, degraded, bad;
+} ftraffic;
+
+static void *fdrive(void *arg) {
+  ftraffic *t = arg;
+  tg_quota q = {.limit = 1000000000, .period_ms = 3600000};
+  while (!atomic_load(t->stop)) {
+    tg_result r;
+    int rc = tg_hit(t->lim, t->key, strlen(t->key), &q, 1, &r);
+    /* atomic: the main thread watches these while this runs */
+    if (rc == TG_OK && !r.degraded)
+      __atomic_fetch_add(&t->ok, 1, __ATOMIC_RELAXED);
+    else if (rc != TG_OK && r.degraded && !r.allowed &&
+             (rc == TG_ECONNECT || rc == TG_ETIMEDOUT || rc == TG_ESTORE))
+      __atomic_fetch_add(&t->degraded, 1, __ATOMIC_RELAXED);
+    else
+      __atomic_fetch_add(&t->bad, 1, __ATOMIC_RELAXED);
+    sleep_ms(2);
+  }
+  return NULL;
+}
+
+static pid_t pid_of(int port) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/node-%d.pid", getenv("TG_TEST_CLUSTER_DIR"),
+           port);
+  FILE *f = fopen(path, "r");
+  long pid = 0;
+  if (f) {
+    if (fscanf(f, "%ld", &pid) != 1)
+      pid = 0;
+    fclose(f);
+  }
+  return (pid_t)pid;
+}
+
+typedef struct promo {
+  tg_limiter *lim;
+  const char *key;
+} promo;
+
+static bool answers_again(void *ctx) {
+  promo *p = ctx;
+  tg_quota q = {.limit = 1000000000, .period_ms = 3600000};
+  tg_result r;
+  return tg_hit(p->lim, p->key, strlen(p->key), &q, 0, &r) == TG_OK &&
+         !r.degraded;
+}
+
+typedef struct hammer {
+  tg_limiter *lim;
+  char (*keys)[16];
+  long admitted[10], ok[10], errors;
+} hammer;
+
+static tg_quota fq = {.limit = 20, .period_ms = 3600000};
+
+static void *fexact(void *arg) {
+  hammer *h = arg;
+  for (int round = 0; round < 30; round++)
+    for (int k = 0; k < 10; k++) {
+      tg_result r;
+      if (tg_hit(h->lim, h->keys[k], strlen(h->keys[k]), &fq, 1, &r) != TG_OK) {
+        h->errors++;
+        continue;
+      }
+      h->ok[k]++;
+      h->admitted[k] += r.allowed;
+    }
+  return NULL;
+}
+
+static void master_killed_then_promoted(void **state) {
+  (void)state;
+  const char *prefix = prefix_of("fo");
+  /* a key on some master, and one on another master */
+  char name[96];
+  size_t nl = name_of(prefix, "victim", 6, "fw", name);
+  int victim = master_of(keyslot(name, nl), live_port());
+  static char other_key[16];
+  int other = 0;
+  for (int i = 0; other == 0; i++) {
+    snprintf(other_key, sizeof other_key, "o%d", i);
+    nl = name_of(prefix, other_key, strlen(other_key), "fw", name);
+    int m = master_of(keyslot(name, nl), live_port());
+    if (m != victim)
+      other = m;
+  }
+  tg_limiter *lim = limiter(TG_FIXED_WINDOW, prefix, TG_POLICY_FAIL_CLOSED, 2);
+  atomic_int stop = 0;
+  ftraffic on_victim = {lim, &stop, "victim", 0, 0, 0},
+           elsewhere = {lim, &stop, other_key, 0, 0, 0};
+  pthread_t a, b;
+  pthread_create(&a, NULL, fdrive, &on_victim);
+  pthread_create(&b, NULL, fdrive, &elsewhere);
+  while (__atomic_load_n(&on_victim.ok, __ATOMIC_RELAXED) < 20)
+    sleep_ms(10);
+  long other_ok_before = __atomic_load_n(&elsewhere.ok, __ATOMIC_RELAXED);
+  pid_t pid = pid_of(victim);
+  assert_true(pid > 0);
+  assert_int_equal(kill(pid, SIGKILL), 0);
+  dead[index_of(victim)] = true;
+  uint64_t t0 = now_ms();
+  /* degraded while nobody serves the slot, until the replica takes over
+   * and the client's map follows it: then exact again, same limiter */
+  while (__atomic_load_n(&on_victim.degraded, __ATOMIC_RELAXED) == 0)
+    sleep_ms(10);
+  promo p = {lim, "victim"};
+  bool back = wait_for(answers_again, &p, 60000);
+  uint64_t outage = now_ms() - t0;
+  atomic_store(&stop, 1);
+  pthread_join(a, NULL);
+  pthread_join(b, NULL);
+  assert_true(back);
+  nl = name_of(prefix, "victim", 6, "fw", name);
+  int promoted = master_of(keyslot(name, nl), live_port());
+  tg_stats st;
+  assert_int_equal(tg_limiter_stats(lim, &st, sizeof st), TG_OK);
+  print_message("master %d killed: %ld degraded answers for its slot over "
+                "%" PRIu64 " ms, until %d took over; meanwhile %ld exact "
+                "answers from master %d; %" PRIu64 " slot maps fetched\n",
+                victim, on_victim.degraded, outage, promoted,
+                elsewhere.ok - other_ok_before, other, st.slot_refreshes);
+  assert_int_equal(on_victim.bad, 0);
+  assert_int_equal(elsewhere.bad, 0);
+  assert_int_equal(elsewhere.degraded, 0); /* the others were never down */
+  assert_true(elsewhere.ok > other_ok_before);
+  assert_true(promoted != 0 && promoted != victim);
+  assert_true(st.slot_refreshes >= 2);
+  /* exact again: fresh keys on the promoted master, several threads */
+  static char keys[10][16];
+  for (int k = 0; k < 10; k++)
+    snprintf(keys[k], sizeof keys[k], "victim}%d", k);
+  tg_limiter *fresh = limiter(TG_FIXED_WINDOW, prefix, TG_POLICY_ERROR, 2);
+  hammer h[3];
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++) {
+    memset(&h[i], 0, sizeof h[i]);
+    h[i].lim = i == 0 ? fresh : lim; /* the old limiter and a new one */
+    h[i].keys = keys;
+    pthread_create(&th[i], NULL, fexact, &h[i]);
+  }
+  long admitted[10] = {0}, ok[10] = {0}, errors = 0;
+  for (int i = 0; i < 3; i++) {
+    pthread_join(th[i], NULL);
+    errors += h[i].errors;
+    for (int k = 0; k < 10; k++) {
+      admitted[k] += h[i].admitted[k];
+      ok[k] += h[i].ok[k];
+    }
+  }
+  assert_int_equal(errors, 0);
+  for (int k = 0; k < 10; k++) {
+    assert_int_equal(ok[k], 90);
+    assert_int_equal(admitted[k], (long)fq.limit);
+  }
+  tg_limiter_destroy(fresh);
+  tg_limiter_destroy(lim);
+}
+
+int main(void) {
+  load_ports();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(slots_are_the_servers),
+      cmocka_unit_test(cluster_config_is_validated),
+      cmocka_unit_test(exact_across_processes),
+      cmocka_unit_test(reshard_while_traffic_runs),
+      cmocka_unit_test(nb_on_the_cluster),
+      cmocka_unit_test(policy_follows_a_moved_slot),
+      cmocka_unit_test(master_killed_then_promoted), /* last: kills a node */
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

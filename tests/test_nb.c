@@ -1,0 +1,713 @@
+/*
+ * test_nb.c - the non-blocking API (tg_nb_*) against a real redis-server
+ * (tests/redis/with_redis.sh starts it; with --module, one that has loaded
+ * the Redis module), driven by the poll loop of nb_poll.h, which uses the
+ * public header alone:
+ *   - the same answers as tg_hit: a differential test of every algorithm
+ *     through the memory store, the Redis store (tg_hit_at) and tg_nb
+ *     (pipelined rounds, replies fed in pieces of random size);
+ *   - 1,000 decisions in flight at once from one thread, exact;
+ *   - what is resent and what is not: a call written in full and then
+ *     timed out is answered (degraded) and never sent again, counted by the
+ *     server's own command statistics; NOSCRIPT is resent transparently;
+ *   - a server killed and restarted, tg_nb_down / tg_nb_up, a refused
+ *     AUTH, a unix socket with a database, input validation;
+ *   - the deny cache and the fallback policy through the API.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "nb_poll.h"
+#include "redis_server.h"
+#include "tollgate.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MS(x) ((uint64_t)(x)*UINT64_C(1000))
+
+static uint64_t real_us(void) { return tg_clock_realtime(NULL); }
+
+static int server_up(void **state) {
+  (void)state;
+  rs_resume();
+  if (!rs_alive() && !rs_start())
+    return -1;
+  redisContext *c = rs_connect();
+  if (!c)
+    return -1;
+  rs_ok(c, "CONFIG SET requirepass %s", "");
+  redisFree(c);
+  return 0;
+}
+
+static bool module_loaded(void) {
+  const char *m = getenv("TG_TEST_REDIS_MODULE");
+  return m && *m;
+}
+
+/* A config for the test server under a fresh key prefix. */
+static void config(tg_config *cfg, tg_redis_config *rc, tg_algorithm alg,
+                   const char *what) {
+  static unsigned n;
+  static char prefixes[64][48];
+  char *prefix = prefixes[n % 64];
+  snprintf(prefix, 48, "nb%ld.%s.%u", (long)getpid(), what, n++);
+  tg_config_init(cfg);
+  cfg->algorithm = alg;
+  tg_redis_config_init(rc);
+  rc->port = rs_port();
+  rc->key_prefix = prefix;
+  cfg->redis = rc;
+}
+
+static tg_nb *nb_make(tg_config *cfg) {
+  tg_nb *nb = NULL;
+  assert_int_equal(tg_nb_new(&nb, cfg), TG_OK);
+  return nb;
+}
+
+static long long command_calls(redisContext *c, const char *cmd) {
+  redisReply *r = rs_cmd(c, "INFO commandstats");
+  assert_non_null(r);
+  char pat[64];
+  snprintf(pat, sizeof pat, "cmdstat_%s:calls=", cmd);
+  const char *p = strstr(r->str, pat);
+  long long n = p ? strtoll(p + strlen(pat), NULL, 10) : 0;
+  freeReplyObject(r);
+  return n;
+}
+
+/* Decisions the server ran, by the script or the module. */
+static long long decisions_run(redisContext *c) {
+  return command_calls(c, "evalsha") + command_calls(c, "tg.step") +
+         command_calls(c, "tg.step_ro");
+}
+
+/* ---- validation ------------------------------------------------------------
+ */
+
+static void nb_config_is_validated(void **state) {
+  (void)state;
+  tg_nb *nb = (tg_nb *)state;
+  tg_config cfg;
+  tg_redis_config rc;
+  assert_int_equal(tg_nb_new(NULL, NULL), TG_EINVAL);
+  assert_int_equal(tg_nb_new(&nb, NULL), TG_EINVAL); /* Redis only */
+  assert_null(nb);
+  tg_config_init(&cfg);
+  assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+  config(&cfg, &rc, TG_FIXED_WINDOW, "v");
+  rc.key_prefix = "a{b";
+  assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+  config(&cfg, &rc, TG_FIXED_WINDOW, "v");
+  rc.port = 0;
+  assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+  config(&cfg, &rc, TG_FIXED_WINDOW, "v");
+  rc.username = "u";
+  assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+  config(&cfg, &rc, TG_FIXED_WINDOW, "v");
+  cfg.on_failure = (tg_policy)9;
+  assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+  static const char *const bad_seeds[] = {"", "h", "h:1,", "h:0", "h:1,,h:2"};
+  for (size_t i = 0; i < sizeof bad_seeds / sizeof bad_seeds[0]; i++) {
+    config(&cfg, &rc, TG_FIXED_WINDOW, "v");
+    rc.cluster_nodes = bad_seeds[i];
+    assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+  }
+  config(&cfg, &rc, TG_FIXED_WINDOW, "v");
+  rc.cluster_nodes = "127.0.0.1:1";
+  rc.db = 2; /* a Cluster has one database */
+  assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+  assert_null(nb);
+
+  config(&cfg, &rc, TG_FIXED_WINDOW, "v");
+  nb = nb_make(&cfg);
+  tg_quota q = {.limit = 1, .period_ms = 1000};
+  tg_nb_req req = {.key = "", .key_len = 0, .q = &q, .cost = 1};
+  /* refused at once, and not pending: tg_nb_done never returns it */
+  assert_int_equal(tg_nb_submit(nb, &req), TG_EKEY);
+  assert_int_equal(req.status, TG_EKEY);
+  assert_false(req.result.allowed);
+  assert_int_equal(req.result.retry_after_ms, TG_NEVER);
+  tg_quota zero = {.limit = 0, .period_ms = 1000};
+  req = (tg_nb_req){.key = "k", .key_len = 1, .q = &zero, .cost = 1};
+  assert_int_equal(tg_nb_submit(nb, &req), TG_EQUOTA);
+  req.q = NULL;
+  assert_int_equal(tg_nb_submit(nb, &req), TG_EINVAL);
+  assert_int_equal(tg_nb_submit(nb, NULL), TG_EINVAL);
+  assert_int_equal(
+      tg_nb_submit_at(
+          nb, TG_NOW_MAX_US + 1,
+          &(tg_nb_req){.key = "k", .key_len = 1, .q = &q, .cost = 1}),
+      TG_ETIME);
+  assert_int_equal(tg_nb_pending(nb), 0);
+  assert_null(tg_nb_done(nb));
+  /* one server: one link, not connected until something is asked */
+  assert_int_equal(tg_nb_links(nb), 1);
+  assert_int_equal(tg_nb_wants(nb, 0), 0);
+  const char *host;
+  int port;
+  assert_int_equal(tg_nb_address(nb, 0, &host, &port), TG_OK);
+  assert_string_equal(host, "127.0.0.1");
+  assert_int_equal(port, rs_port());
+  /* links that do not exist, codes that are not a lost connection's */
+  assert_int_equal(tg_nb_address(nb, 1, &host, &port), TG_EINVAL);
+  assert_int_equal(tg_nb_connected(nb, 1), TG_EINVAL);
+  assert_int_equal(tg_nb_closed(nb, 0, TG_EKEY), TG_EINVAL);
+  assert_int_equal(tg_nb_down(nb, 0, 0), TG_EINVAL);
+  assert_int_equal(tg_nb_input(nb, 0, NULL, 1), TG_EINVAL);
+  tg_stats st;
+  assert_int_equal(tg_nb_stats(nb, &st, sizeof st), TG_OK);
+  assert_int_equal(st.moved + st.ask + st.resent + st.deny_cache_hits, 0);
+  tg_nb_destroy(nb);
+  tg_nb_destroy(NULL);
+}
+
+/* ---- the same answers as tg_hit
+ * ---------------------------------------------- */
+
+static const tg_quota QUOTAS[] = {
+    {1, 1, 0},       {3, 1000, 0},    {10, 60000, 5},
+    {55, 1000, 110}, {2, 3, 1000000}, {UINT64_MAX - 1, 86400000, 3},
+    {5, 250, 0},
+};
+#define NQ (sizeof QUOTAS / sizeof QUOTAS[0])
+
+static const struct {
+  const char *b;
+  size_t len;
+} KEYS[] = {{"a", 1},     {"user:42", 7}, {"}{", 2},
+            {"b{x}c", 5}, {"a\0b", 3},    {"\xff", 1}};
+#define NK (sizeof KEYS / sizeof KEYS[0])
+
+static uint64_t rng;
+static uint64_t rnd(void) {
+  rng ^= rng >> 12;
+  rng ^= rng << 25;
+  rng ^= rng >> 27;
+  return rng * UINT64_C(2685821657736338717);
+}
+static uint64_t below(uint64_t n) { return n ? rnd() % n : 0; }
+
+static bool same(const tg_result *a, const tg_result *b) {
+  return a->allowed == b->allowed && a->degraded == b->degraded &&
+         a->count == b->count && a->remaining == b->remaining &&
+         a->retry_after_ms == b->retry_after_ms &&
+         a->reset_after_ms == b->reset_after_ms;
+}
+
+static void differential(tg_algorithm alg, uint64_t seed, size_t rounds) {
+  rng = seed;
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, alg, "diffb");
+  cfg.sliding_max_entries = 8;
+  tg_limiter *red = NULL;
+  assert_int_equal(tg_limiter_new(&red, &cfg), TG_OK);
+  config(&cfg, &rc, alg, "diffn");
+  cfg.sliding_max_entries = 8;
+  tg_nb *nb = nb_make(&cfg);
+  tg_config mc;
+  tg_config_init(&mc);
+  mc.algorithm = alg;
+  mc.sliding_max_entries = 8;
+  mc.clean_period_ms = 0;
+  tg_limiter *mem = NULL;
+  assert_int_equal(tg_limiter_new(&mem, &mc), TG_OK);
+  nbp d;
+  nbp_init(&d, nb);
+  d.split = 1 + (size_t)below(64); /* replies arrive cut anywhere */
+  const tg_quota *kq[NK];
+  for (size_t k = 0; k < NK; k++)
+    kq[k] = &QUOTAS[below(NQ)];
+  uint64_t now = real_us();
+  size_t calls = 0, allowed = 0, denied = 0;
+  enum { MAXM = 32 };
+  tg_nb_req req[MAXM];
+  tg_result want[MAXM];
+  int want_rc[MAXM];
+  for (size_t round = 0; round < rounds; round++) {
+    size_t m = 1 + (size_t)below(MAXM), queued = 0;
+    for (size_t i = 0; i < m; i++) {
+      size_t k = (size_t)below(NK);
+      if (below(40) == 0)
+        kq[k] = &QUOTAS[below(NQ)];
+      uint64_t cap = kq[k]->burst ? kq[k]->burst : kq[k]->limit;
+      uint64_t cost = below(4) == 0 ? cap + below(2) - 1 : below(3);
+      req[i] = (tg_nb_req){
+          .key = KEYS[k].b, .key_len = KEYS[k].len, .q = kq[k], .cost = cost};
+      /* the model and the blocking store, in submission order */
+      want_rc[i] =
+          tg_hit_at(mem, now, KEYS[k].b, KEYS[k].len, kq[k], cost, &want[i]);
+      tg_result b;
+      int brc = tg_hit_at(red, now, KEYS[k].b, KEYS[k].len, kq[k], cost, &b);
+      if (brc != want_rc[i] || !same(&b, &want[i])) {
+        print_error("seed %" PRIu64 ": tg_hit on Redis differs from memory\n",
+                    seed);
+        fail();
+      }
+      /* refused input is answered at once and never queued */
+      int src = tg_nb_submit_at(nb, now, &req[i]);
+      assert_int_equal(src, want_rc[i] == TG_OK ? TG_OK : src);
+      if (src == TG_OK)
+        queued++;
+    }
+    assert_int_equal(nbp_run(&d, queued, 10000, NULL, NULL), queued);
+    for (size_t i = 0; i < m; i++) {
+      if (req[i].status != want_rc[i] || !same(&req[i].result, &want[i])) {
+        print_error("seed %" PRIu64 " round %zu call %zu: tg_nb %s "
+                    "allowed=%d count=%" PRIu64 " remaining=%" PRIu64
+                    " retry=%" PRIu64 " reset=%" PRIu64 ", tg_hit %s "
+                    "allowed=%d count=%" PRIu64 " remaining=%" PRIu64
+                    " retry=%" PRIu64 " reset=%" PRIu64 "\n",
+                    seed, round, i, tg_err_name(req[i].status),
+                    req[i].result.allowed, req[i].result.count,
+                    req[i].result.remaining, req[i].result.retry_after_ms,
+                    req[i].result.reset_after_ms, tg_err_name(want_rc[i]),
+                    want[i].allowed, want[i].count, want[i].remaining,
+                    want[i].retry_after_ms, want[i].reset_after_ms);
+        fail();
+      }
+      calls++;
+      if (want_rc[i] == TG_OK)
+        want[i].allowed ? allowed++ : denied++;
+    }
+    now += below(4) == 0 ? MS(below(2000)) : below(MS(50));
+  }
+  print_message("%s: %zu calls in %zu rounds, %zu allowed, %zu denied\n",
+                tg_algorithm_name(alg), calls, rounds, allowed, denied);
+  assert_true(allowed > calls / 10 && denied > calls / 20);
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+  tg_limiter_destroy(red);
+  tg_limiter_destroy(mem);
+}
+
+static void nb_matches_tg_hit(void **state) {
+  (void)state;
+  uint64_t seed = (uint64_t)time(NULL);
+  const char *fixed = getenv("TG_TEST_NB_SEED");
+  if (fixed)
+    seed = strtoull(fixed, NULL, 10);
+  for (int alg = 0; alg < TG_ALGORITHM_COUNT; alg++)
+    differential((tg_algorithm)alg, seed + (uint64_t)alg, 150);
+}
+
+/* ---- many at once
+ * ------------------------------------------------------------- */
+
+typedef struct tally {
+  long ok, allowed, bad;
+} tally;
+
+static void count_done(tg_nb_req *r, void *ctx) {
+  tally *t = ctx;
+  if (r->status == TG_OK) {
+    t->ok++;
+    t->allowed += r->result.allowed;
+  } else {
+    t->bad++;
+  }
+}
+
+static void thousand_in_flight_on_one_thread(void **state) {
+  (void)state;
+  enum { N = 1000, KEYS_N = 40, LIMIT = 10 };
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_FIXED_WINDOW_PER_KEY, "many");
+  tg_nb *nb = nb_make(&cfg);
+  static tg_nb_req req[N];
+  static char keys[KEYS_N][16];
+  tg_quota q = {.limit = LIMIT, .period_ms = 3600000};
+  for (int k = 0; k < KEYS_N; k++)
+    snprintf(keys[k], sizeof keys[k], "key%d", k);
+  for (int i = 0; i < N; i++) {
+    req[i] = (tg_nb_req){.key = keys[i % KEYS_N],
+                         .key_len = strlen(keys[i % KEYS_N]),
+                         .q = &q,
+                         .cost = 1};
+    assert_int_equal(tg_nb_submit(nb, &req[i]), TG_OK);
+  }
+  assert_int_equal(tg_nb_pending(nb), N);
+  nbp d;
+  nbp_init(&d, nb);
+  tally t = {0, 0, 0};
+  assert_int_equal(nbp_run(&d, N, 20000, count_done, &t), N);
+  assert_int_equal(t.bad, 0);
+  assert_int_equal(t.allowed, KEYS_N * LIMIT);
+  assert_int_equal(tg_nb_pending(nb), 0);
+  assert_int_equal(d.connects, 1); /* one connection carried them all */
+  /* per key, in submission order: the first LIMIT allowed */
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(req[i].result.allowed, i < KEYS_N * LIMIT);
+    assert_int_equal(req[i].result.count, (uint64_t)(i / KEYS_N + 1));
+  }
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+}
+
+/* ---- what is resent, what is not --------------------------------------------
+ */
+
+/* A call whose bytes all reached the server may have run: after a timeout it
+ * is answered with the code and the failure policy's answer, and never sent
+ * again. The server's statistics show it ran exactly once (when it
+ * resumed), and the next call counts after it. */
+static void timed_out_call_is_not_resent(void **state) {
+  (void)state;
+  redisContext *c = rs_connect();
+  assert_non_null(c);
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_FIXED_WINDOW_PER_KEY, "tmo");
+  cfg.on_failure = TG_POLICY_FAIL_CLOSED;
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  d.timeout_ms = 300;
+  tg_quota q = {.limit = 10, .period_ms = 3600000};
+  tg_nb_req r = {.key = "k", .key_len = 1, .q = &q, .cost = 1};
+  assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1); /* connected */
+  assert_int_equal(r.status, TG_OK);
+  assert_int_equal(r.result.count, 1);
+  assert_true(rs_ok(c, "CONFIG RESETSTAT"));
+  assert_true(rs_pause());
+  assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+  size_t got = nbp_run(&d, 1, 5000, NULL, NULL);
+  assert_true(rs_resume());
+  assert_int_equal(got, 1);
+  assert_int_equal(d.timeouts, 1);
+  assert_int_equal(r.status, TG_ETIMEDOUT);
+  assert_true(r.result.degraded);
+  assert_false(r.result.allowed);
+  assert_int_equal(r.result.retry_after_ms, q.period_ms);
+  /* the next call reconnects; the timed-out one ran once, not twice */
+  assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+  assert_int_equal(r.status, TG_OK);
+  assert_int_equal(r.result.count, 3);
+  assert_int_equal(decisions_run(c), 2);
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+  redisFree(c);
+}
+
+static void noscript_is_resent(void **state) {
+  (void)state;
+  redisContext *c = rs_connect();
+  assert_non_null(c);
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_TOKEN_BUCKET, "nos");
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  tg_quota q = {.limit = 100, .period_ms = 3600000};
+  tg_nb_req r[10];
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < 10; i++) {
+      r[i] = (tg_nb_req){.key = "k", .key_len = 1, .q = &q, .cost = 1};
+      assert_int_equal(tg_nb_submit(nb, &r[i]), TG_OK);
+    }
+    assert_int_equal(nbp_run(&d, 10, 5000, NULL, NULL), 10);
+    for (int i = 0; i < 10; i++) {
+      assert_int_equal(r[i].status, TG_OK);
+      assert_int_equal(r[i].result.count, (uint64_t)(99 - round * 10 - i));
+    }
+    assert_true(rs_ok(c, "SCRIPT FLUSH")); /* the server forgets it */
+  }
+  tg_stats st;
+  tg_nb_stats(nb, &st, sizeof st);
+  if (module_loaded()) {
+    assert_int_equal(st.resent, 0); /* no script involved */
+  } else {
+    assert_int_equal(st.resent, 10); /* the whole pipeline, once */
+  }
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+  redisFree(c);
+}
+
+static void path_follows_the_server(void **state) {
+  (void)state;
+  redisContext *c = rs_connect();
+  assert_non_null(c);
+  assert_true(rs_ok(c, "CONFIG RESETSTAT"));
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_SLIDING_WINDOW, "path");
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  tg_quota q = {.limit = 3, .period_ms = 60000};
+  tg_nb_req r = {.key = "k", .key_len = 1, .q = &q, .cost = 1};
+  assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+  assert_int_equal(r.status, TG_OK);
+  assert_int_equal(command_calls(c, "tg.step"), module_loaded() ? 1 : 0);
+  assert_int_equal(command_calls(c, "evalsha"), module_loaded() ? 0 : 1);
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+  redisFree(c);
+}
+
+/* ---- failures
+ * ---------------------------------------------------------------- */
+
+static void server_down_then_back(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_FIXED_WINDOW_PER_KEY, "down");
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  tg_quota q = {.limit = 5, .period_ms = 3600000};
+  tg_nb_req r = {.key = "k", .key_len = 1, .q = &q, .cost = 1};
+  assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+  assert_int_equal(r.status, TG_OK);
+  /* killed: the open connection ends, and a new one is refused */
+  assert_true(rs_stop());
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+    assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+    assert_int_equal(r.status, TG_ECONNECT);
+    assert_true(r.result.degraded && r.result.allowed); /* fail open */
+  }
+  /* the driver said down (its connect failed): calls fail at once,
+   * without a connection attempt, until the caller says up */
+  long connects = d.connects;
+  for (int i = 0; i < 5; i++) {
+    assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+    tg_nb_req *done = tg_nb_done(nb);
+    assert_ptr_equal(done, &r);
+    assert_int_equal(r.status, TG_ECONNECT);
+    assert_int_equal(tg_nb_wants(nb, 0), 0);
+  }
+  assert_int_equal(d.connects, connects);
+  assert_true(rs_start());
+  assert_int_equal(tg_nb_up(nb, 0), TG_OK);
+  assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+  assert_int_equal(r.status, TG_OK);
+  assert_false(r.result.degraded);
+  assert_int_equal(r.result.count, 1); /* an empty server */
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+}
+
+static void auth_socket_and_database(void **state) {
+  (void)state;
+  redisContext *c = rs_connect();
+  assert_non_null(c);
+  assert_true(rs_ok(c, "CONFIG SET requirepass %s", "s3cret"));
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_FIXED_WINDOW, "auth");
+  rc.password = "wrong";
+  cfg.on_failure = TG_POLICY_ERROR;
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  tg_quota q = {.limit = 5, .period_ms = 60000};
+  tg_nb_req r = {.key = "k", .key_len = 1, .q = &q, .cost = 1};
+  assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+  /* a refused handshake is a store error, never a silent denial */
+  assert_int_equal(r.status, TG_ESTORE);
+  assert_true(r.result.degraded && !r.result.allowed);
+  assert_int_equal(r.result.retry_after_ms, TG_NEVER);
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+  /* the right password, a user name, a unix socket and database 5 */
+  config(&cfg, &rc, TG_FIXED_WINDOW, "auth");
+  rc.username = "default";
+  rc.password = "s3cret";
+  rc.unix_path = rs_sock();
+  rc.db = 5;
+  nb = nb_make(&cfg);
+  nbp_init(&d, nb);
+  const char *host;
+  int port;
+  assert_int_equal(tg_nb_address(nb, 0, &host, &port), TG_OK);
+  assert_string_equal(host, rs_sock());
+  assert_int_equal(port, 0);
+  assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+  assert_int_equal(r.status, TG_OK);
+  assert_true(rs_ok(c, "AUTH %s", "s3cret"));
+  redisReply *p = rs_cmd(c, "SELECT 5");
+  freeReplyObject(p);
+  char name[96];
+  snprintf(name, sizeof name, "%s:{k}:fw", rc.key_prefix);
+  p = rs_cmd(c, "EXISTS %s", name);
+  assert_int_equal(p->integer, 1);
+  freeReplyObject(p);
+  assert_true(rs_ok(c, "CONFIG SET requirepass %s", ""));
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+  redisFree(c);
+}
+
+/* Requests still pending when the handle goes are simply abandoned (their
+ * memory is the caller's); nothing leaks, nothing is touched later. */
+static void destroy_with_requests_pending(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_FIXED_WINDOW, "gone");
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  tg_quota q = {.limit = 5, .period_ms = 60000};
+  tg_nb_req r[3];
+  for (int i = 0; i < 3; i++) {
+    r[i] = (tg_nb_req){.key = "k", .key_len = 1, .q = &q, .cost = 1};
+    assert_int_equal(tg_nb_submit(nb, &r[i]), TG_OK);
+  }
+  nbp_turn(&d, 0); /* connected, handshake sent, calls queued */
+  assert_int_equal(tg_nb_pending(nb), 3);
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+}
+
+/* ---- the deny cache and the fallback, through the API ---------------------
+ */
+
+static void deny_cache_answers_locally(void **state) {
+  (void)state;
+  redisContext *c = rs_connect();
+  assert_non_null(c);
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_FIXED_WINDOW_PER_KEY, "deny");
+  cfg.deny_cache_entries = 64;
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  tg_quota q = {.limit = 3, .period_ms = 3600000};
+  tg_nb_req r = {.key = "k", .key_len = 1, .q = &q, .cost = 1};
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+    assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+    assert_int_equal(r.result.allowed, i < 3);
+  }
+  assert_true(rs_ok(c, "CONFIG RESETSTAT"));
+  /* denied until the window ends: answered at submit, no round trip */
+  for (int i = 0; i < 100; i++) {
+    assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+    assert_int_equal(tg_nb_wants(nb, 0) & TG_NB_WRITE, 0);
+    assert_ptr_equal(tg_nb_done(nb), &r);
+    assert_int_equal(r.status, TG_OK);
+    assert_false(r.result.allowed);
+    assert_false(r.result.degraded);
+    assert_true(r.result.retry_after_ms > 3500000);
+  }
+  assert_int_equal(decisions_run(c), 0);
+  tg_stats st;
+  tg_nb_stats(nb, &st, sizeof st);
+  assert_int_equal(st.deny_cache_hits, 100);
+  /* counted as tg_hit counts: the cache's answers are denials */
+  assert_int_equal(st.allowed, 3);
+  assert_int_equal(st.denied, 101);
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+  redisFree(c);
+}
+
+static void fallback_decides_while_down(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_FIXED_WINDOW_PER_KEY, "fb");
+  cfg.on_failure = TG_POLICY_FALLBACK;
+  cfg.fallback_share = 4;
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  assert_true(rs_stop());
+  tg_quota q = {.limit = 20, .period_ms = 3600000};
+  long allowed = 0;
+  for (int i = 0; i < 30; i++) {
+    tg_nb_req r = {.key = "k", .key_len = 1, .q = &q, .cost = 1};
+    assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+    assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+    assert_int_equal(r.status, TG_ECONNECT);
+    assert_true(r.result.degraded);
+    allowed += r.result.allowed;
+  }
+  assert_int_equal(allowed, 20 / 4); /* this host's share */
+  tg_stats st;
+  tg_nb_stats(nb, &st, sizeof st);
+  assert_int_equal(st.fallback_decisions, 30);
+  assert_int_equal(st.degraded, 30);
+  assert_int_equal(st.errors[-TG_ECONNECT], 30);
+  assert_true(rs_start());
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+}
+
+/* Shadow mode and the decision hook apply to tg_nb's decisions as to
+ * tg_hit's: the same bookkeeping runs after each. */
+static int hooked;
+static void hook(const tg_decision *ev, void *ctx) {
+  (void)ctx;
+  hooked += ev->result->shadow_denied;
+}
+
+static void shadow_and_hook(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_FIXED_WINDOW_PER_KEY, "shadow");
+  cfg.shadow = true;
+  cfg.on_decision = hook;
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  tg_quota q = {.limit = 2, .period_ms = 3600000};
+  hooked = 0;
+  for (int i = 0; i < 3; i++) {
+    tg_nb_req r = {.key = "k", .key_len = 1, .q = &q, .cost = 1};
+    assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+    assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+    assert_int_equal(r.status, TG_OK);
+    assert_true(r.result.allowed);
+    assert_int_equal(r.result.shadow_denied, i == 2);
+  }
+  assert_int_equal(hooked, 1);
+  tg_stats st;
+  assert_int_equal(tg_nb_stats(nb, &st, sizeof st), TG_OK);
+  assert_int_equal(st.allowed, 2);
+  assert_int_equal(st.shadow_denied, 1);
+  assert_int_equal(st.denied, 0);
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup(nb_config_is_validated, server_up),
+      cmocka_unit_test_setup(nb_matches_tg_hit, server_up),
+      cmocka_unit_test_setup(thousand_in_flight_on_one_thread, server_up),
+      cmocka_unit_test_setup(timed_out_call_is_not_resent, server_up),
+      cmocka_unit_test_setup(noscript_is_resent, server_up),
+      cmocka_unit_test_setup(path_follows_the_server, server_up),
+      cmocka_unit_test_setup(server_down_then_back, server_up),
+      cmocka_unit_test_setup(auth_socket_and_database, server_up),
+      cmocka_unit_test_setup(destroy_with_requests_pending, server_up),
+      cmocka_unit_test_setup(deny_cache_answers_locally, server_up),
+      cmocka_unit_test_setup(fallback_decides_while_down, server_up),
+      cmocka_unit_test_setup(shadow_and_hook, server_up),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
