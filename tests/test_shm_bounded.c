@@ -330,7 +330,7 @@ typedef struct creators {
 static void reset_waits_alone(void **state) {
   (void)state;
 #ifdef TG_TEST_TSAN
-  skip(); /* two processes at once on one segment: see test_shm.c */
+  skip(); /* two processes at once on one segment: see shm_helpers.h */
 #endif
   tg_config cfg = config(TG_SLIDING_WINDOW, 256);
   tg_limiter *lim;
