@@ -182,6 +182,8 @@ static inline void sleep_us(uint64_t us) {
     ;
 }
 
+static inline void sleep_ms(unsigned ms) { sleep_us((uint64_t)ms * 1000u); }
+
 /* ---- processes: shared results, children, a barrier ---- */
 
 #ifdef MAP_ANONYMOUS /* _DEFAULT_SOURCE */
