@@ -33,6 +33,28 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tollgate.h"
+
+/* ---- one cmocka case per algorithm ---- */
+
+/* ALG_CASES(prefix, fn): five cases named prefix + the algorithm's short name
+ * (threads_fixed_window...), each running fn with its algorithm as the
+ * initial state, read back by alg_of. For scenarios that need a limiter
+ * made for them, see ALL5 in accept_helpers.h. */
+#define ALG_STATE(alg) ((void *)(uintptr_t)((unsigned)(alg) + 1u))
+#define ALG_CASES(prefix, fn)                                                  \
+  {prefix "fixed_window", fn, NULL, NULL, ALG_STATE(TG_FIXED_WINDOW)},         \
+      {prefix "per_key_window", fn, NULL, NULL,                                \
+       ALG_STATE(TG_FIXED_WINDOW_PER_KEY)},                                    \
+      {prefix "sliding_window", fn, NULL, NULL, ALG_STATE(TG_SLIDING_WINDOW)}, \
+      {prefix "token_bucket", fn, NULL, NULL, ALG_STATE(TG_TOKEN_BUCKET)}, {   \
+    prefix "leaky_bucket", fn, NULL, NULL, ALG_STATE(TG_LEAKY_BUCKET)          \
+  }
+
+static inline tg_algorithm alg_of(void **state) {
+  return (tg_algorithm)((uintptr_t)*state - 1u);
+}
+
 /* ---- the environment ---- */
 
 /* The number in $name (decimal, 0x hex or 0 octal), else def; a value that
