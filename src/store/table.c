@@ -425,13 +425,6 @@ static void block_release(tg__table *t, uint64_t idx) {
 
 /* ---- reclaim ---- */
 
-/* When a state stopped mattering, us since the epoch (0: never mattered). */
-static uint64_t state_expiry_us(tg_algorithm alg, const tg__state *st) {
-  if (is_window(alg))
-    return st->a;
-  return tg__div_ceil(st->a, 1000); /* TAT ns -> us */
-}
-
 /* How long after the call that wrote it the call's state may matter, us:
  * a window or log ends a period after its last write, a bucket's TAT lies
  * at most its tolerance ahead of the call. */
@@ -599,7 +592,7 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
       /* the caller inspected (w0, w1) as decayed at now, so this never
        * moves the horizon past now, even if the CAS below then fails */
       tg__state st = decode(alg, w0, w1);
-      raise_horizon(t, state_expiry_us(alg, &st));
+      raise_horizon(t, tg__state_expiry_us(alg, &st));
     }
     tg__state absent = {0, 0};
     uint64_t n0, n1;
@@ -637,7 +630,7 @@ static bool inspect(tg__table *t, uint64_t i, uint64_t c, tg__clean_item *it,
     it->value = lg.sum;
   } else {
     tg__state st = decode(alg, w0, w1);
-    *expiry = state_expiry_us(alg, &st);
+    *expiry = tg__state_expiry_us(alg, &st);
     it->value = is_window(alg) ? st.b : 0;
   }
   it->slot = i;
