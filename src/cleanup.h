@@ -5,7 +5,7 @@
 #ifndef TG_CLEANUP_H
 #define TG_CLEANUP_H
 
-#include "store/table.h"
+#include "store/store.h"
 
 /* What a pass needs to call the user's before_clean. */
 typedef struct tg__clean_bridge {

@@ -7,6 +7,7 @@
 
 #include "error.h"
 #include "limiter.h"
+#include "store/table.h" /* the parameters of a table store */
 
 #include <errno.h>
 #include <stdlib.h>

@@ -408,9 +408,14 @@ static size_t custom_zero(const tg__store *s) {
 static void custom_destroy(tg__store *s) { free(s); }
 
 static const tg__store_ops custom_ops = {
-    custom_exec, custom_reset, custom_zero,
-    NULL,        custom_zero,  custom_destroy,
-    NULL,        custom_ident, custom_exec_rules};
+    .exec = custom_exec,
+    .reset = custom_reset,
+    .key_count = custom_zero, /* the caller's store keeps its own count */
+    .bytes = custom_zero,     /* ... and its own memory */
+    .destroy = custom_destroy,
+    .ident = custom_ident,
+    .exec_rules = custom_exec_rules,
+};
 
 int tg__custom_store_new(tg__store **out, const tg_custom_store *cs,
                          tg_algorithm alg, uint32_t log_entries) {

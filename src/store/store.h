@@ -11,7 +11,26 @@
 #define TG_STORE_H
 
 #include "../core/core.h"
-#include "table.h"
+
+/* The table store's types, defined by its implementation (table.h): the
+ * interface names them without depending on it. */
+typedef struct tg__table tg__table;
+typedef struct tg__table_params tg__table_params;
+
+/* One entry handed to a cleaning callback: a key whose state decayed, as
+ * the store saw it (slot, ctrl and the state words let a table store reclaim
+ * it only if nothing changed since; other stores may leave them 0). */
+typedef struct tg__clean_item {
+  uint64_t slot;   /* where it was */
+  uint64_t ctrl;   /* ctrl word observed */
+  uint64_t w0, w1; /* state observed */
+  uint64_t value;  /* what the entry reports as its value */
+  uint64_t expired_at_ms;
+  size_t key_len;
+  unsigned char key[TG_KEY_MAX];
+} tg__clean_item;
+
+typedef void (*tg__clean_cb)(const tg__clean_item *items, size_t n, void *ctx);
 
 typedef struct tg__store tg__store;
 

@@ -42,6 +42,7 @@
 #include "../atomic.h"
 #include "../core/core.h"
 #include "lock.h"
+#include "store.h"
 
 #include <stddef.h>
 
@@ -242,19 +243,6 @@ size_t tg__table_live(const tg__table *t);
 /* True when the table holds the key (a LIVE slot), decayed or not. For
  * tests and tools; lock-free. */
 bool tg__table_holds(const tg__table *t, const void *key, size_t key_len);
-
-/* One entry handed to a cleaning callback. */
-typedef struct tg__clean_item {
-  uint64_t slot;   /* where it was */
-  uint64_t ctrl;   /* ctrl word observed */
-  uint64_t w0, w1; /* state observed */
-  uint64_t value;  /* what the entry reports as its value */
-  uint64_t expired_at_ms;
-  size_t key_len;
-  unsigned char key[TG_KEY_MAX];
-} tg__clean_item;
-
-typedef void (*tg__clean_cb)(const tg__clean_item *items, size_t n, void *ctx);
 
 /* One cleaning pass at now: every key whose state decayed to absent at least
  * older_than_us ago is handed to cb (in batches, outside any lock, may be

@@ -1,5 +1,5 @@
 /*
- * memory.c - the store over the concurrent table (table.c), wherever the
+ * table_store.c - the store over the concurrent table (table.c), wherever the
  * table's region is mapped: anonymous private memory for the embedded
  * default, a named segment for the shared-memory store (shm.c).
  *
@@ -62,9 +62,15 @@ static void mem_ident(const tg__store *s, uint64_t group[2],
   space[1] = m->t.h->sip[1];
 }
 
-static const tg__store_ops memory_ops = {mem_exec,  mem_reset, mem_key_count,
-                                         mem_clean, mem_bytes, mem_destroy,
-                                         NULL,      mem_ident, NULL};
+static const tg__store_ops memory_ops = {
+    .exec = mem_exec,
+    .reset = mem_reset,
+    .key_count = mem_key_count,
+    .clean = mem_clean,
+    .bytes = mem_bytes,
+    .destroy = mem_destroy,
+    .ident = mem_ident,
+};
 
 int tg__table_store_wrap(tg__store **out, const tg__table *t, size_t bytes) {
   memory *m = calloc(1, sizeof *m);
