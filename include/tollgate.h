@@ -573,6 +573,16 @@ typedef struct tg_config {
                                    per thread */
   bool on_decision_denied_only; /* false (default). true: the hook considers
                                    only denials, shadow denials and failures */
+  void *region;                 /* NULL (default). Else memory the caller
+                                   provides for the table, shared by the
+                                   processes that map it (a MAP_SHARED
+                                   anonymous mapping made before fork(),
+                                   nginx's shared zones): see "A table in
+                                   the caller's memory". 64-byte aligned.
+                                   Cannot be combined with custom_store,
+                                   shm_name or redis. */
+  size_t region_bytes;          /* the region's size, at least
+                                   tg_region_bytes(cfg) */
 } tg_config;
 
 /* Fills *cfg with the defaults documented beside each field. Always use it
@@ -597,13 +607,14 @@ typedef struct tg_limiter tg_limiter;
  * in *out; starts the cleaning thread if clean_period_ms > 0 (memory and shm
  * stores). Returns TG_EINVAL for a bad algorithm, policy, on_full,
  * sliding_max_entries, capacity or long_keys, a custom store without its
- * three callbacks, more than one of custom_store, shm_name and redis, or a
- * bad tg_redis_config (pool_size, port, prefix, a username without a
- * password); TG_ENOTSUP for redis in a build without hiredis; TG_ENOMEM or
- * TG_ESTORE if memory or the thread cannot be had (for a shared segment:
- * its file system cannot hold the table's header, ctrl words and slots);
- * for a shared segment also TG_EPERM, TG_EMISMATCH, TG_ECORRUPT (see
- * shm_name) and TG_EBUSY (another process kept the segment's creation lock
+ * three callbacks, more than one of custom_store, shm_name, redis and
+ * region, a region not 64-byte aligned or, to be initialised, below
+ * tg_region_bytes(cfg), or a bad tg_redis_config (pool_size, port, prefix, a
+ * username without a password); TG_ENOTSUP for redis in a build without
+ * hiredis; TG_ENOMEM or TG_ESTORE if memory or the thread cannot be had (for a
+ * shared segment: its file system cannot hold the table's header, ctrl words
+ * and slots); for a shared segment also TG_EPERM, TG_EMISMATCH, TG_ECORRUPT
+ * (see shm_name) and TG_EBUSY (another process kept the segment's creation lock
  * for lock_timeout_ms). *out is then NULL and tg_last_error() says why. A
  * Redis limiter does not connect here: see "Redis store" above. */
 TG_EXTERN int tg_limiter_new(tg_limiter **out, const tg_config *cfg);
@@ -985,6 +996,49 @@ TG_EXTERN size_t tg_store_bytes(const tg_limiter *lim);
  * refused (TG_EMISMATCH): unlink it (tg_shm_unlink) to start afresh. Each
  * limiter on a segment keeps one file descriptor open.
  */
+
+/* ---- A table in the caller's memory
+ * --------------------------------------------------- For a server that
+ * allocates shared memory itself (nginx's shared zones, or a MAP_SHARED |
+ * MAP_ANONYMOUS mapping made before fork()): tg_config.region and
+ * region_bytes place the table there.
+ *
+ * tg_limiter_new initialises the region when it does not hold a tollgate
+ * table (its first 8 bytes are not a table's magic: whatever is there is
+ * overwritten, the first tg_region_bytes(cfg) bytes zeroed), and attaches
+ * when it holds one made with the same algorithm, capacity, long_keys and
+ * sliding_max_entries: then nothing in it changes, keys and counts are
+ * kept. A table made with other parameters (whatever region_bytes they
+ * would need), by another format version or in another PID namespace is
+ * TG_EMISMATCH, one whose header is not sound TG_ECORRUPT, and the region is
+ * left as it was. A region to initialise must have tg_region_bytes(cfg)
+ * bytes (TG_EINVAL otherwise). tg_limiter_destroy leaves
+ * the region alone (it is the caller's, and so is unmapping it). So a server
+ * that re-reads its configuration keeps the counts by creating a new limiter
+ * on the same region, and learns from TG_EMISMATCH that the parameters
+ * changed.
+ *
+ * The region is shared between processes with the guarantees of a shm
+ * segment ("Shared memory" above) against killed processes and any bytes:
+ * the locks are tollgate's own, owned by a pid and its start time, so a
+ * process killed at any instruction leaves no lock held for good, and every
+ * wait is bounded by lock_timeout_ms. A limiter may be created before fork()
+ * and used in the children (the table is addressed by offsets, and each
+ * child records its own identity in the locks it takes). Growth is bounded
+ * by the region: the table never allocates; a new key in a full table is
+ * TG_EFULL, answered by the failure policy (or evicts one, TG_FULL_EVICT).
+ * Every page of the region must be usable when touched: anonymous memory
+ * is; a file mapping on a file system that can fill up is not (use shm_name
+ * there, which reserves its pages).
+ *
+ * Not guarded: two tg_limiter_new calls initialising the same fresh region
+ * at once. Create the first limiter before others may attach, as a server's
+ * master process does before it forks its workers. */
+
+/* Bytes a region needs for *cfg's table (its algorithm, capacity, long_keys
+ * and sliding_max_entries): the least tg_config.region_bytes may be; 0 when
+ * cfg is NULL or those fields are out of range. */
+TG_EXTERN size_t tg_region_bytes(const tg_config *cfg);
 
 /* Removes the name of a shared-memory segment: new limiters can no longer
  * attach to it, while those attached keep working until destroyed (the

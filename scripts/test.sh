@@ -82,6 +82,14 @@ if ! printf '3.25\n%s\n' "$cmake_version" | sort -V -C; then
   exit 1
 fi
 
+# The nginx module (nginx/) is built and tested only where Debian's nginx-dev
+# is installed; it is optional, so its absence is said, not installed.
+if [ ! -f /usr/share/nginx/src/conf_flags ] ||
+  { ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; }; then
+  echo "test.sh: nginx and nginx-dev are not installed: the nginx module and its" \
+    "tests are skipped (Debian: apt-get install nginx nginx-dev)"
+fi
+
 # Build with every core unless the caller chose a level.
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}
 

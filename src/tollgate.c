@@ -58,6 +58,8 @@ void tg_config_init(tg_config *cfg) {
   cfg->on_decision_ctx = NULL;
   cfg->on_decision_every = 1;
   cfg->on_decision_denied_only = false;
+  cfg->region = NULL;
+  cfg->region_bytes = 0;
 }
 
 void tg_redis_config_init(tg_redis_config *rc) {
@@ -90,9 +92,9 @@ static bool config_valid(const tg_config *cfg) {
   else if (cfg->on_full != TG_FULL_REFUSE && cfg->on_full != TG_FULL_EVICT)
     bad = "on_full is not a tg_full";
   else if ((cfg->custom_store != NULL) + (cfg->shm_name != NULL) +
-               (cfg->redis != NULL) >
+               (cfg->redis != NULL) + (cfg->region != NULL) >
            1)
-    bad = "more than one of custom_store, shm_name and redis";
+    bad = "more than one of custom_store, shm_name, redis and region";
   else if (cfg->shm_mode & ~0777u)
     bad = "shm_mode has bits beyond 0777";
   else if (cfg->lock_timeout_ms > LOCK_TIMEOUT_LIMIT_MS)
@@ -124,6 +126,29 @@ static bool shm_name_ok(const char *name) {
   return n <= 255 && strchr(name + 1, '/') == NULL;
 }
 
+/* The table a memory, shm or region store holds for *cfg. */
+static tg__table_params table_params(const tg_config *cfg) {
+  tg__table_params p = {cfg->algorithm,
+                        cfg->capacity,
+                        cfg->long_keys ? cfg->long_keys : cfg->capacity,
+                        cfg->sliding_max_entries,
+                        false,
+                        cfg->lock_timeout_ms,
+                        cfg->on_full == TG_FULL_EVICT};
+  return p;
+}
+
+size_t tg_region_bytes(const tg_config *cfg) {
+  if (!cfg || (unsigned)cfg->algorithm >= TG_ALGORITHM_COUNT ||
+      cfg->capacity < 1 || cfg->capacity > CAPACITY_LIMIT ||
+      cfg->long_keys > cfg->capacity || cfg->sliding_max_entries < 1 ||
+      cfg->sliding_max_entries > SLIDING_MAX_LIMIT)
+    return 0;
+  tg__table_params p = table_params(cfg);
+  p.shared = true;
+  return tg__table_bytes(&p);
+}
+
 static int store_new(tg_limiter *lim) {
   const tg_config *cfg = &lim->cfg;
   if (cfg->redis) {
@@ -137,13 +162,10 @@ static int store_new(tg_limiter *lim) {
     return tg__custom_store_new(&lim->store, &lim->custom, cfg->algorithm,
                                 cfg->sliding_max_entries);
   }
-  tg__table_params p = {cfg->algorithm,
-                        cfg->capacity,
-                        cfg->long_keys ? cfg->long_keys : cfg->capacity,
-                        cfg->sliding_max_entries,
-                        false,
-                        cfg->lock_timeout_ms,
-                        cfg->on_full == TG_FULL_EVICT};
+  tg__table_params p = table_params(cfg);
+  if (cfg->region)
+    return tg__region_store_new(&lim->store, cfg->region, cfg->region_bytes,
+                                &p);
   if (cfg->shm_name && !shm_name_ok(cfg->shm_name)) {
     tg__error_set("invalid tg_config: shm_name is not \"/\" then 1..254 "
                   "bytes without \"/\"");

@@ -91,6 +91,13 @@ int tg__table_store_wrap(tg__store **out, const tg__table *t, size_t bytes);
 int tg__shm_store_new(tg__store **out, const char *name, unsigned mode,
                       const tg__table_params *p);
 
+/* The table in the caller's region of `size` bytes (tg_config.region):
+ * initialised if it holds no table, attached if it holds one made with *p
+ * (TG_EMISMATCH, TG_ECORRUPT otherwise, the region untouched). Destroying
+ * the store leaves the region mapped and as it is. */
+int tg__region_store_new(tg__store **out, void *mem, size_t size,
+                         const tg__table_params *p);
+
 /* The caller's store (glimit's Store): locking and bytes are theirs, the
  * arithmetic ours. */
 int tg__custom_store_new(tg__store **out, const tg_custom_store *cs,

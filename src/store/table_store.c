@@ -1,7 +1,8 @@
 /*
  * table_store.c - the store over the concurrent table (table.c), wherever the
  * table's region is mapped: anonymous private memory for the embedded
- * default, a named segment for the shared-memory store (shm.c).
+ * default, a named segment for the shared-memory store (shm.c), or memory
+ * the caller provides (tg_config.region), which stays the caller's.
  *
  * The anonymous mapping is reserved with MAP_NORESERVE and the kernel backs
  * pages as they are first touched, so long-key chunks and sliding-log blocks
@@ -9,16 +10,20 @@
  * segment's pages are backed by its store instead (the table's tg__backing,
  * which this store owns and releases).
  */
+#include "../error.h"
 #include "store.h"
 #include "table.h"
 
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 typedef struct memory {
   tg__store base;
-  tg__table t;  /* t.bk, if any, is owned here */
-  size_t bytes; /* size of the mapping */
+  tg__table t;   /* t.bk, if any, is owned here */
+  size_t bytes;  /* size of the mapping */
+  bool borrowed; /* the caller's region: not ours to unmap */
 } memory;
 
 static int mem_exec(tg__store *s, const tg__call *c, tg__outcome *o) {
@@ -45,7 +50,8 @@ static size_t mem_bytes(const tg__store *s) {
 
 static void mem_destroy(tg__store *s) {
   memory *m = (memory *)s;
-  munmap(m->t.base, m->bytes);
+  if (!m->borrowed)
+    munmap(m->t.base, m->bytes);
   if (m->t.bk)
     m->t.bk->release(m->t.bk);
   free(m);
@@ -99,5 +105,45 @@ int tg__memory_store_new(tg__store **out, const tg__table_params *p) {
     rc = tg__table_store_wrap(out, &t, bytes);
   if (rc != TG_OK)
     munmap(mem, bytes);
+  return rc;
+}
+
+int tg__region_store_new(tg__store **out, void *mem, size_t size,
+                         const tg__table_params *params) {
+  tg__table_params p = *params;
+  p.shared = true; /* other processes map it: locks name their owners */
+  size_t bytes = tg__table_bytes(&p);
+  if (bytes == 0 || mem == NULL || (uintptr_t)mem % 64 != 0) {
+    tg__error_set("invalid tg_config: region %s",
+                  bytes == 0 ? "parameters out of range"
+                             : "not 64-byte aligned");
+    return TG_EINVAL;
+  }
+  const tg__table_hdr *h = mem;
+  tg__table t;
+  int rc;
+  if (size >= sizeof *h && tg__load_acquire(&h->magic) == TG__TABLE_MAGIC) {
+    /* a table already: judged by the size its own header claims, so that
+     * other parameters read as TG_EMISMATCH, whatever they would need */
+    size_t claimed = h->total_bytes <= size ? (size_t)h->total_bytes : size;
+    const char *why;
+    rc = tg__table_check_header(h, claimed, &p, &why);
+    if (rc == TG_OK)
+      rc = tg__table_attach(&t, mem, claimed, &p);
+    else
+      tg__error_set("region: %s", why);
+  } else if (size < bytes) {
+    tg__error_set("invalid tg_config: region smaller than "
+                  "tg_region_bytes(cfg)");
+    return TG_EINVAL;
+  } else {
+    memset(mem, 0, bytes);
+    rc = tg__table_init(&t, mem, &p);
+  }
+  if (rc != TG_OK)
+    return rc;
+  rc = tg__table_store_wrap(out, &t, bytes);
+  if (rc == TG_OK)
+    ((memory *)*out)->borrowed = true;
   return rc;
 }

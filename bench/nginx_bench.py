@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""nginx_bench.py [--rounds N] [--seconds S] MODULE - the nginx module
+beside no limiting and limit_req, with wrk, on one nginx (one worker) that
+tests/nginx/ngx.py starts on a free loopback port in a private prefix and
+always stops. Figures and how to read them: BENCHMARKS.md, "nginx".
+
+Every location limits in the preaccess phase, then answers 204 from a named
+location (try_files to @ok, whose `return 204` runs after the limiters:
+`return` in the limited location itself would answer in the rewrite phase,
+before any limiter). The key is $arg_k: one hot key, or 100,000 keys that
+wrk's script cycles through. Every quota admits every request (1,000,000
+per second; the sliding window, whose log per key grows with its limit,
+64 per second, which no key of the 100,000 reaches, and 1,000,000 per
+second on the hot key), so every request is a decision that consumes.
+
+Rounds are interleaved: each round runs every case once, in the same order;
+the medians of the rounds are printed, one line per case, with the ratio to
+limit_req on the same keys. The machine's load average is printed before
+and after.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "tests", "nginx"))
+
+ALGS = ["fixed_window", "fixed_window_per_key", "sliding_window",
+        "token_bucket", "leaky_bucket"]
+
+
+def config():
+    zones = ["limit_req_zone $arg_k zone=lr:32m rate=1000000r/s;"]
+    locs = ["location /none { try_files /nope @ok; }",
+            "location /limit_req { limit_req zone=lr burst=1000000 nodelay;"
+            " try_files /nope @ok; }"]
+    for a in ALGS:
+        for keys in ("hot", "many"):
+            if a == "sliding_window":
+                rate = "1000000r/s" if keys == "hot" else "64r/s"
+                size = "4m" if keys == "hot" else "256m"
+            else:
+                rate, size = "1000000r/s", "32m"
+            burst = " burst=1000000" if "bucket" in a else ""
+            zones.append("tollgate_zone $arg_k zone=%s_%s:%s algorithm=%s "
+                         "rate=%s%s;" % (a, keys, size, a, rate, burst))
+            locs.append("location /%s_%s { tollgate zone=%s_%s;"
+                        " try_files /nope @ok; }" % (a, keys, a, keys))
+    locs.append("location @ok { return 204; }")
+    return ("\n".join(zones) + "\nserver { listen 127.0.0.1:PORT; "
+            + "\n".join(locs) + " }")
+
+
+def wrk(port, path, many, seconds, script_dir):
+    cmd = ["wrk", "-t1", "-c32", "-d%ds" % seconds, "--latency"]
+    if many:
+        script = os.path.join(script_dir, path.strip("/") + ".lua")
+        with open(script, "w") as f:
+            f.write('local n = 0\nrequest = function()\n  n = n + 1\n'
+                    '  return wrk.format("GET", "%s?k=" .. (n %% 100000))\n'
+                    'end\n' % path)
+        cmd += ["-s", script]
+        url = "http://127.0.0.1:%d%s" % (port, path)
+    else:
+        url = "http://127.0.0.1:%d%s?k=hot" % (port, path)
+    out = subprocess.run(cmd + [url], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, check=True).stdout.decode()
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    if re.search(r"Non-2xx or 3xx responses", out):
+        raise RuntimeError("a case was limited:\n" + out)
+
+    def ms(label):
+        m = re.search(r"\s%s%%\s+([\d.]+)(us|ms|s)" % label, out)
+        v = float(m.group(1))
+        return v / 1000 if m.group(2) == "us" else (
+            v * 1000 if m.group(2) == "s" else v)
+    return rps, ms("50"), ms("99")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=int, default=3)
+    ap.add_argument("module")
+    args = ap.parse_args()
+    os.environ["TG_NGINX_MODULE"] = os.path.abspath(args.module)
+    import ngx
+    cases = [("none", "/none", False), ("none", "/none", True),
+             ("limit_req", "/limit_req", False),
+             ("limit_req", "/limit_req", True)]
+    for a in ALGS:
+        cases.append(("tollgate " + a, "/%s_hot" % a, False))
+        cases.append(("tollgate " + a, "/%s_many" % a, True))
+    print("load average before: %.2f %.2f %.2f" % os.getloadavg())
+    n = ngx.Nginx(config(), workers=1)
+    results = {c: [] for c in cases}
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            for c in cases:  # warm-up: the keys exist before the rounds
+                wrk(n.port, c[1], c[2], 1, d)
+            for r in range(args.rounds):
+                for c in cases:
+                    results[c].append(wrk(n.port, c[1], c[2], args.seconds, d))
+                print("round %d done, load %.2f" % (r + 1, os.getloadavg()[0]),
+                      file=sys.stderr)
+    finally:
+        n.stop()
+    print("load average after: %.2f %.2f %.2f" % os.getloadavg())
+    print("%-36s %10s %8s %8s %9s" % ("case", "req/s", "p50 ms", "p99 ms",
+                                      "vs limit_req"))
+    med = {}
+    for c in cases:
+        rps = statistics.median(x[0] for x in results[c])
+        p50 = statistics.median(x[1] for x in results[c])
+        p99 = statistics.median(x[2] for x in results[c])
+        med[c] = rps
+        base = med.get(("limit_req", "/limit_req", c[2]))
+        ratio = "%.3f" % (rps / base) if base and c[0] != "none" else "-"
+        print("%-36s %10.0f %8.3f %8.3f %9s" % (
+            c[0] + (" 100k keys" if c[2] else " hot key"), rps, p50, p99,
+            ratio))
+
+
+if __name__ == "__main__":
+    main()

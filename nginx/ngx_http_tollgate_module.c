@@ -1,0 +1,1193 @@
+/*
+ * ngx_http_tollgate_module.c - tollgate inside nginx: rate limits on any
+ * key, with tollgate's five algorithms, costs per request, several limits
+ * decided as one atomic policy, limit_req's burst/delay queue (tollgate's
+ * reservations), a dry run, and the RateLimit / Retry-After fields.
+ *
+ *   tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N];
+ *   tollgate zone=NAME [cost=N|cost=$var] [burst=N] [nodelay|delay=N];
+ *   tollgate_status CODE;  tollgate_dry_run on|off;
+ *   tollgate_log_level info|notice|warn|error;
+ *   tollgate_headers off|on|legacy;
+ *   $tollgate_status  $tollgate_remaining  $tollgate_retry_after
+ *
+ * Every zone is one tollgate limiter, created by the master while it reads
+ * the configuration, before it forks the workers, which inherit it; its
+ * table is in memory every worker shares, so all workers decide on one
+ * state. The decision runs in the preaccess phase, as limit_req's does; a
+ * delayed request waits on an nginx timer and then runs the phases again,
+ * which find it decided. The request's context is also kept as a cleanup
+ * of its pool, where an internal redirect (which clears module contexts)
+ * does not lose it: a request is decided once, whichever locations it goes
+ * through.
+ */
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+#include <ngx_md5.h>
+
+#include "tollgate.h"
+
+/* How a `tollgate` line decides. */
+typedef enum {
+  TG_NGX_HIT = 0, /* allow or reject at once */
+  TG_NGX_RESERVE  /* limit_req's queue: wait up to max_wait_ms, or reject */
+} tg_ngx_mode;
+
+/* One tollgate_zone. */
+typedef struct {
+  ngx_str_t name;               /* also NUL-terminated, for the headers */
+  ngx_http_complex_value_t key; /* the key, e.g. $binary_remote_addr */
+  tg_algorithm algorithm;
+  tg_quota q;           /* rate and burst as the zone line says (burst 0:
+                           tollgate's default, = limit) */
+  size_t size;          /* bytes of shared memory asked for */
+  uint64_t capacity;    /* most keys: what fits in the zone */
+  uint32_t log_entries; /* sliding_window: entries per key's log */
+  void *region;         /* the table, in the zone (nginx's shared memory) */
+  size_t region_bytes;
+  tg_limiter *lim; /* made by the master in init_zone */
+  ngx_shm_zone_t *shm_zone;
+  ngx_str_t file; /* where it was defined, for messages */
+  ngx_uint_t line;
+} tg_ngx_zone;
+
+/* One `tollgate` line. */
+typedef struct {
+  ngx_str_t zone_name;
+  tg_ngx_zone *zone;                 /* found when the block is merged */
+  uint64_t cost;                     /* when cost_cv is NULL */
+  ngx_http_complex_value_t *cost_cv; /* cost=$var */
+  ngx_int_t burst;                   /* -1: not given */
+  ngx_int_t delay;                   /* -1: not given */
+  ngx_flag_t nodelay;
+  tg_quota q; /* the quota this line decides with */
+  tg_ngx_mode mode;
+  uint64_t max_wait_ms; /* TG_NGX_RESERVE */
+  ngx_str_t file;
+  ngx_uint_t line;
+  unsigned resolved : 1;
+} tg_ngx_limit;
+
+#define TG_NGX_HEADERS_OFF 0
+#define TG_NGX_HEADERS_ON 1
+#define TG_NGX_HEADERS_LEGACY 2
+
+typedef struct {
+  ngx_array_t *limits; /* of tg_ngx_limit; NULL: none here */
+  ngx_uint_t status;
+  ngx_flag_t dry_run;
+  ngx_uint_t log_level;
+  ngx_uint_t delay_log_level;
+  ngx_uint_t headers;
+} tg_ngx_loc_conf;
+
+typedef struct {
+  ngx_array_t zones; /* of tg_ngx_zone * */
+} tg_ngx_main_conf;
+
+/* What became of a request: $tollgate_status. */
+typedef enum {
+  TG_NGX_UNDECIDED = 0,
+  TG_NGX_PASSED,
+  TG_NGX_DELAYED,
+  TG_NGX_REJECTED,
+  TG_NGX_DELAYED_DRY_RUN,
+  TG_NGX_REJECTED_DRY_RUN,
+  TG_NGX_FAILED /* the store failed; the failure policy answered */
+} tg_ngx_state;
+
+static ngx_str_t state_names[] = {
+    ngx_null_string,
+    ngx_string("PASSED"),
+    ngx_string("DELAYED"),
+    ngx_string("REJECTED"),
+    ngx_string("DELAYED_DRY_RUN"),
+    ngx_string("REJECTED_DRY_RUN"),
+    ngx_string("FAILED"),
+};
+
+/* The request's decision, kept until its pool is destroyed. */
+typedef struct {
+  tg_ngx_state state;
+  ngx_uint_t headers; /* the deciding location's tollgate_headers */
+  ngx_uint_t n;       /* rules decided */
+  tg_rule *rules;     /* n of them: keys, quotas, each rule's result */
+  tg_ngx_limit **limits;
+  tg_rules_result rr;   /* the policy's answer (rr.r) */
+  tg_reservation res;   /* TG_NGX_RESERVE: the reservation */
+  unsigned waiting : 1; /* delayed and not yet resumed: cancel if the
+                           request ends first */
+} tg_ngx_ctx;
+
+static ngx_int_t tg_ngx_preconfiguration(ngx_conf_t *cf);
+static ngx_int_t tg_ngx_postconfiguration(ngx_conf_t *cf);
+static void *tg_ngx_create_main_conf(ngx_conf_t *cf);
+static void *tg_ngx_create_loc_conf(ngx_conf_t *cf);
+static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child);
+static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+                                   void *conf);
+static char *tg_ngx_limit_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+                                    void *conf);
+static ngx_int_t tg_ngx_init_process(ngx_cycle_t *cycle);
+static char *tg_ngx_set_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+static char *tg_ngx_set_enum(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+
+static ngx_conf_enum_t tg_ngx_log_levels[] = {
+    {ngx_string("info"), NGX_LOG_INFO},
+    {ngx_string("notice"), NGX_LOG_NOTICE},
+    {ngx_string("warn"), NGX_LOG_WARN},
+    {ngx_string("error"), NGX_LOG_ERR},
+    {ngx_null_string, 0}};
+
+static ngx_conf_enum_t tg_ngx_header_modes[] = {
+    {ngx_string("off"), TG_NGX_HEADERS_OFF},
+    {ngx_string("on"), TG_NGX_HEADERS_ON},
+    {ngx_string("legacy"), TG_NGX_HEADERS_LEGACY},
+    {ngx_null_string, 0}};
+
+static ngx_command_t tg_ngx_commands[] = {
+    {ngx_string("tollgate_zone"), NGX_HTTP_MAIN_CONF | NGX_CONF_2MORE,
+     tg_ngx_zone_directive, 0, 0, NULL},
+    {ngx_string("tollgate"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
+         NGX_CONF_1MORE,
+     tg_ngx_limit_directive, NGX_HTTP_LOC_CONF_OFFSET, 0, NULL},
+    {ngx_string("tollgate_status"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
+         NGX_CONF_TAKE1,
+     tg_ngx_set_status, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(tg_ngx_loc_conf, status), NULL},
+    {ngx_string("tollgate_dry_run"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF | NGX_CONF_FLAG,
+     ngx_conf_set_flag_slot, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(tg_ngx_loc_conf, dry_run), NULL},
+    {ngx_string("tollgate_log_level"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
+         NGX_CONF_TAKE1,
+     tg_ngx_set_enum, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(tg_ngx_loc_conf, log_level), &tg_ngx_log_levels},
+    {ngx_string("tollgate_headers"),
+     NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF |
+         NGX_CONF_TAKE1,
+     tg_ngx_set_enum, NGX_HTTP_LOC_CONF_OFFSET,
+     offsetof(tg_ngx_loc_conf, headers), &tg_ngx_header_modes},
+    ngx_null_command};
+
+static ngx_http_module_t tg_ngx_module_ctx = {
+    tg_ngx_preconfiguration,  /* preconfiguration */
+    tg_ngx_postconfiguration, /* postconfiguration */
+    tg_ngx_create_main_conf,  /* create main configuration */
+    NULL,                     /* init main configuration */
+    NULL,                     /* create server configuration */
+    NULL,                     /* merge server configuration */
+    tg_ngx_create_loc_conf,   /* create location configuration */
+    tg_ngx_merge_loc_conf     /* merge location configuration */
+};
+
+ngx_module_t ngx_http_tollgate_module = {NGX_MODULE_V1,
+                                         &tg_ngx_module_ctx,
+                                         tg_ngx_commands,
+                                         NGX_HTTP_MODULE,
+                                         NULL,
+                                         NULL,
+                                         tg_ngx_init_process,
+                                         NULL,
+                                         NULL,
+                                         NULL,
+                                         NULL,
+                                         NGX_MODULE_V1_PADDING};
+
+static ngx_http_output_header_filter_pt next_header_filter;
+
+/* ---- configuration --------------------------------------------------- */
+
+/* Zone names become the RateLimit fields' policy names: keep them to
+ * characters any header parser takes. */
+static ngx_int_t zone_name_ok(ngx_str_t *name) {
+  if (name->len == 0 || name->len > 64)
+    return 0;
+  for (size_t i = 0; i < name->len; i++) {
+    u_char c = name->data[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.'))
+      return 0;
+  }
+  return 1;
+}
+
+/* "10r/s", "600r/m", "5r/h", "100r/d", or "N/TIME" with TIME in nginx's
+ * time syntax ("100/30s", "1000/1h", "5/1500ms"): limit and period_ms. */
+static ngx_int_t parse_rate(ngx_str_t *v, tg_quota *q) {
+  u_char *slash = ngx_strlchr(v->data, v->data + v->len, '/');
+  if (slash == NULL || slash == v->data)
+    return NGX_ERROR;
+  size_t nlen = (size_t)(slash - v->data);
+  ngx_int_t per_r = v->data[nlen - 1] == 'r';
+  if (per_r)
+    nlen--;
+  off_t n = ngx_atoof(v->data, nlen);
+  if (n <= 0)
+    return NGX_ERROR;
+  ngx_str_t unit = {v->len - (size_t)(slash + 1 - v->data), slash + 1};
+  uint64_t period_ms;
+  if (unit.len == 1 && unit.data[0] == 's')
+    period_ms = 1000;
+  else if (unit.len == 1 && unit.data[0] == 'm')
+    period_ms = 60000;
+  else if (unit.len == 1 && unit.data[0] == 'h')
+    period_ms = 3600000;
+  else if (unit.len == 1 && unit.data[0] == 'd')
+    period_ms = 86400000;
+  else if (per_r)
+    return NGX_ERROR;
+  else {
+    ngx_int_t ms = ngx_parse_time(&unit, 0);
+    if (ms == NGX_ERROR || ms <= 0)
+      return NGX_ERROR;
+    period_ms = (uint64_t)ms;
+  }
+  q->limit = (uint64_t)n;
+  q->period_ms = period_ms;
+  return NGX_OK;
+}
+
+static ngx_int_t parse_algorithm(ngx_str_t *v, tg_algorithm *alg) {
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    const char *name = tg_algorithm_name((tg_algorithm)a);
+    if (ngx_strlen(name) == v->len && ngx_strncmp(name, v->data, v->len) == 0) {
+      *alg = (tg_algorithm)a;
+      return NGX_OK;
+    }
+  }
+  return NGX_ERROR;
+}
+
+static ngx_int_t is_bucket(tg_algorithm alg) {
+  return alg == TG_TOKEN_BUCKET || alg == TG_LEAKY_BUCKET;
+}
+
+static ngx_int_t tg_ngx_init_zone(ngx_shm_zone_t *shm_zone, void *data);
+
+static void zone_config(const tg_ngx_zone *z, tg_config *cfg) {
+  tg_config_init(cfg);
+  cfg->algorithm = z->algorithm;
+  cfg->capacity = z->capacity;
+  /* keys of more than 32 bytes take a 256-byte chunk each, counted in the
+   * zone's size: a quarter of the keys may be that long ($binary_remote_addr
+   * never is) */
+  cfg->long_keys = z->capacity / 4 ? z->capacity / 4 : 1;
+  cfg->sliding_max_entries = z->log_entries;
+  /* no thread: the master forks the workers; worker 0 cleans on a timer */
+  cfg->clean_period_ms = 0;
+}
+
+/* How many keys the zone holds (about 128 bytes each): the most whose
+ * table fits in what nginx's
+ * slab pool leaves of the zone (its header and a page descriptor per page,
+ * counted generously), in whole pages. A sliding log keeps up to `limit`
+ * entries (at most 1024): enough that entries never merge, so the window is
+ * exact. */
+static ngx_int_t size_zone(ngx_conf_t *cf, tg_ngx_zone *z) {
+  size_t pages = z->size / ngx_pagesize;
+  size_t overhead = 8 * ngx_pagesize + pages * 2 * sizeof(ngx_slab_page_t);
+  size_t usable = z->size > overhead ? z->size - overhead : 0;
+  usable -= usable % ngx_pagesize;
+  z->log_entries = z->algorithm == TG_SLIDING_WINDOW && z->q.limit < 1024
+                       ? (uint32_t)z->q.limit
+                       : 1024;
+  tg_config cfg;
+  uint64_t lo = 0, hi = usable / 48 + 1; /* a key needs a 48-byte slot */
+  while (lo + 1 < hi) {
+    uint64_t mid = lo + (hi - lo) / 2;
+    z->capacity = mid;
+    zone_config(z, &cfg);
+    size_t need = tg_region_bytes(&cfg);
+    if (need != 0 && need <= usable)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  if (lo < 16) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_zone: zone \"%V\" is too small for %s: it "
+                       "would hold %uL keys",
+                       &z->name, tg_algorithm_name(z->algorithm), lo);
+    return NGX_ERROR;
+  }
+  z->capacity = lo;
+  zone_config(z, &cfg);
+  z->region_bytes = tg_region_bytes(&cfg);
+  return NGX_OK;
+}
+
+static void tg_ngx_zone_cleanup(void *data) {
+  tg_ngx_zone *z = data;
+  tg_limiter_destroy(z->lim);
+  z->lim = NULL;
+}
+
+/* tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N] */
+static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+                                   void *conf) {
+  tg_ngx_main_conf *mcf =
+      ngx_http_conf_get_module_main_conf(cf, ngx_http_tollgate_module);
+  ngx_str_t *value = cf->args->elts;
+  tg_ngx_zone *z = ngx_pcalloc(cf->pool, sizeof(*z));
+  if (z == NULL)
+    return NGX_CONF_ERROR;
+  z->algorithm = TG_FIXED_WINDOW;
+  z->file = cf->conf_file->file.name;
+  z->line = cf->conf_file->line;
+
+  ngx_http_compile_complex_value_t ccv;
+  ngx_memzero(&ccv, sizeof(ccv));
+  ccv.cf = cf;
+  ccv.value = &value[1];
+  ccv.complex_value = &z->key;
+  if (ngx_http_compile_complex_value(&ccv) != NGX_OK)
+    return NGX_CONF_ERROR;
+
+  for (ngx_uint_t i = 2; i < cf->args->nelts; i++) {
+    ngx_str_t *v = &value[i];
+    if (ngx_strncmp(v->data, "zone=", 5) == 0) {
+      u_char *colon = ngx_strlchr(v->data + 5, v->data + v->len, ':');
+      z->name.data = v->data + 5;
+      z->name.len = (size_t)((colon ? colon : v->data + v->len) - z->name.data);
+      if (!zone_name_ok(&z->name)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "tollgate_zone: invalid zone name \"%V\" (1-64 "
+                           "letters, digits, \"_\", \"-\" or \".\")",
+                           &z->name);
+        return NGX_CONF_ERROR;
+      }
+      ngx_str_t s = {0, NULL};
+      if (colon) {
+        s.data = colon + 1;
+        s.len = (size_t)(v->data + v->len - s.data);
+      }
+      ssize_t size = s.len ? ngx_parse_size(&s) : NGX_ERROR;
+      if (size == NGX_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "tollgate_zone: invalid zone size in \"%V\" "
+                           "(zone=NAME:SIZE, e.g. zone=api:10m)",
+                           v);
+        return NGX_CONF_ERROR;
+      }
+      if (size < (ssize_t)(16 * ngx_pagesize)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "tollgate_zone: zone \"%V\" is too small: at "
+                           "least %uzk",
+                           &z->name, (size_t)(16 * ngx_pagesize) / 1024);
+        return NGX_CONF_ERROR;
+      }
+      z->size = (size_t)size;
+    } else if (ngx_strncmp(v->data, "algorithm=", 10) == 0) {
+      ngx_str_t a = {v->len - 10, v->data + 10};
+      if (parse_algorithm(&a, &z->algorithm) != NGX_OK) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "tollgate_zone: unknown algorithm \"%V\" (one of "
+                           "fixed_window, fixed_window_per_key, "
+                           "sliding_window, token_bucket, leaky_bucket)",
+                           &a);
+        return NGX_CONF_ERROR;
+      }
+    } else if (ngx_strncmp(v->data, "rate=", 5) == 0) {
+      ngx_str_t r = {v->len - 5, v->data + 5};
+      if (parse_rate(&r, &z->q) != NGX_OK) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "tollgate_zone: invalid rate \"%V\" (e.g. 10r/s, "
+                           "600r/m, or N/TIME as 100/30s)",
+                           &r);
+        return NGX_CONF_ERROR;
+      }
+    } else if (ngx_strncmp(v->data, "burst=", 6) == 0) {
+      off_t b = ngx_atoof(v->data + 6, v->len - 6);
+      if (b <= 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "tollgate_zone: invalid burst \"%V\"", v);
+        return NGX_CONF_ERROR;
+      }
+      z->q.burst = (uint64_t)b;
+    } else {
+      ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                         "tollgate_zone: invalid parameter \"%V\"", v);
+      return NGX_CONF_ERROR;
+    }
+  }
+  if (z->name.len == 0 || z->size == 0) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_zone: \"zone=NAME:SIZE\" is required");
+    return NGX_CONF_ERROR;
+  }
+  if (z->q.limit == 0) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_zone: \"rate=\" is required");
+    return NGX_CONF_ERROR;
+  }
+  if (z->q.burst && !is_bucket(z->algorithm)) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_zone: \"burst=\" needs algorithm="
+                       "token_bucket or leaky_bucket");
+    return NGX_CONF_ERROR;
+  }
+  /* The library checks the quota fully (a rate above one per ns, a
+   * tolerance too long): ask it now rather than per request. */
+  tg_config probe_cfg;
+  tg_config_init(&probe_cfg);
+  probe_cfg.algorithm = z->algorithm;
+  probe_cfg.capacity = 16;
+  probe_cfg.clean_period_ms = 0;
+  tg_limiter *probe;
+  if (tg_limiter_new(&probe, &probe_cfg) == 0) {
+    uint64_t v;
+    int rc = tg_get(probe, "k", 1, &z->q, &v);
+    tg_limiter_destroy(probe);
+    if (rc != 0) {
+      ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "tollgate_zone: zone \"%V\": %s",
+                         &z->name, tg_strerror(rc));
+      return NGX_CONF_ERROR;
+    }
+  }
+
+  tg_ngx_zone **zp = mcf->zones.elts;
+  for (ngx_uint_t i = 0; i < mcf->zones.nelts; i++) {
+    if (zp[i]->name.len == z->name.len &&
+        ngx_strncmp(zp[i]->name.data, z->name.data, z->name.len) == 0) {
+      ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                         "tollgate_zone: zone \"%V\" is already defined in "
+                         "%V:%ui",
+                         &z->name, &zp[i]->file, zp[i]->line);
+      return NGX_CONF_ERROR;
+    }
+  }
+  if (size_zone(cf, z) != NGX_OK)
+    return NGX_CONF_ERROR;
+
+  /* NUL-terminated copy: the headers want a C string */
+  u_char *name = ngx_pnalloc(cf->pool, z->name.len + 1);
+  if (name == NULL)
+    return NGX_CONF_ERROR;
+  ngx_memcpy(name, z->name.data, z->name.len);
+  name[z->name.len] = '\0';
+  z->name.data = name;
+
+  z->shm_zone =
+      ngx_shared_memory_add(cf, &z->name, z->size, &ngx_http_tollgate_module);
+  if (z->shm_zone == NULL)
+    return NGX_CONF_ERROR;
+  if (z->shm_zone->data) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_zone: shared memory zone \"%V\" is already "
+                       "used by another tollgate_zone",
+                       &z->name);
+    return NGX_CONF_ERROR;
+  }
+  z->shm_zone->init = tg_ngx_init_zone;
+  z->shm_zone->data = z;
+  ngx_pool_cleanup_t *cln = ngx_pool_cleanup_add(cf->pool, 0);
+  if (cln == NULL)
+    return NGX_CONF_ERROR;
+  cln->handler = tg_ngx_zone_cleanup;
+  cln->data = z;
+
+  tg_ngx_zone **slot = ngx_array_push(&mcf->zones);
+  if (slot == NULL)
+    return NGX_CONF_ERROR;
+  *slot = z;
+  return NGX_CONF_OK;
+}
+
+/* tollgate zone=NAME [cost=N|cost=$var] [burst=N] [nodelay|delay=N] */
+static char *tg_ngx_limit_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+                                    void *conf) {
+  tg_ngx_loc_conf *lcf = conf;
+  ngx_str_t *value = cf->args->elts;
+  if (lcf->limits == NULL) {
+    lcf->limits = ngx_array_create(cf->pool, 2, sizeof(tg_ngx_limit));
+    if (lcf->limits == NULL)
+      return NGX_CONF_ERROR;
+  }
+  if (lcf->limits->nelts >= TG_RULES_MAX) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate: at most %d tollgate lines per location",
+                       TG_RULES_MAX);
+    return NGX_CONF_ERROR;
+  }
+  tg_ngx_limit *l = ngx_array_push(lcf->limits);
+  if (l == NULL)
+    return NGX_CONF_ERROR;
+  ngx_memzero(l, sizeof(*l));
+  l->cost = 1;
+  l->burst = -1;
+  l->delay = -1;
+  l->file = cf->conf_file->file.name;
+  l->line = cf->conf_file->line;
+
+  for (ngx_uint_t i = 1; i < cf->args->nelts; i++) {
+    ngx_str_t *v = &value[i];
+    if (ngx_strncmp(v->data, "zone=", 5) == 0) {
+      l->zone_name.data = v->data + 5;
+      l->zone_name.len = v->len - 5;
+    } else if (ngx_strncmp(v->data, "cost=", 5) == 0) {
+      ngx_str_t c = {v->len - 5, v->data + 5};
+      if (ngx_http_script_variables_count(&c)) {
+        l->cost_cv = ngx_palloc(cf->pool, sizeof(*l->cost_cv));
+        if (l->cost_cv == NULL)
+          return NGX_CONF_ERROR;
+        ngx_http_compile_complex_value_t ccv;
+        ngx_memzero(&ccv, sizeof(ccv));
+        ccv.cf = cf;
+        ccv.value = &c;
+        ccv.complex_value = l->cost_cv;
+        if (ngx_http_compile_complex_value(&ccv) != NGX_OK)
+          return NGX_CONF_ERROR;
+      } else {
+        off_t n = ngx_atoof(c.data, c.len);
+        if (n == NGX_ERROR) {
+          ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                             "tollgate: invalid cost \"%V\" (a whole number "
+                             "or a variable)",
+                             &c);
+          return NGX_CONF_ERROR;
+        }
+        l->cost = (uint64_t)n;
+      }
+    } else if (ngx_strncmp(v->data, "burst=", 6) == 0) {
+      l->burst = ngx_atoi(v->data + 6, v->len - 6);
+      if (l->burst == NGX_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "tollgate: invalid burst \"%V\"", v);
+        return NGX_CONF_ERROR;
+      }
+    } else if (ngx_strncmp(v->data, "delay=", 6) == 0) {
+      l->delay = ngx_atoi(v->data + 6, v->len - 6);
+      if (l->delay == NGX_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "tollgate: invalid delay \"%V\"", v);
+        return NGX_CONF_ERROR;
+      }
+    } else if (v->len == 7 && ngx_strncmp(v->data, "nodelay", 7) == 0) {
+      l->nodelay = 1;
+    } else {
+      ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                         "tollgate: invalid parameter \"%V\"", v);
+      return NGX_CONF_ERROR;
+    }
+  }
+  if (l->zone_name.len == 0) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate: \"zone=NAME\" is required");
+    return NGX_CONF_ERROR;
+  }
+  if (l->nodelay && l->delay != -1) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate: \"nodelay\" and \"delay=\" exclude each "
+                       "other");
+    return NGX_CONF_ERROR;
+  }
+  return NGX_CONF_OK;
+}
+
+/* nginx's own slots do not name the directive in every message: these do. */
+static char *tg_ngx_set_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf) {
+  ngx_uint_t *field = (ngx_uint_t *)((char *)conf + cmd->offset);
+  ngx_str_t *value = cf->args->elts;
+  if (*field != NGX_CONF_UNSET_UINT)
+    return "is duplicate";
+  ngx_int_t code = ngx_atoi(value[1].data, value[1].len);
+  if (code < 400 || code > 599) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_status: invalid status \"%V\" (400 to 599)",
+                       &value[1]);
+    return NGX_CONF_ERROR;
+  }
+  *field = (ngx_uint_t)code;
+  return NGX_CONF_OK;
+}
+
+static char *tg_ngx_set_enum(ngx_conf_t *cf, ngx_command_t *cmd, void *conf) {
+  ngx_uint_t *field = (ngx_uint_t *)((char *)conf + cmd->offset);
+  ngx_str_t *value = cf->args->elts;
+  if (*field != NGX_CONF_UNSET_UINT)
+    return "is duplicate";
+  for (ngx_conf_enum_t *e = cmd->post; e->name.len; e++)
+    if (e->name.len == value[1].len &&
+        ngx_strncmp(e->name.data, value[1].data, value[1].len) == 0) {
+      *field = e->value;
+      return NGX_CONF_OK;
+    }
+  u_char choices[128], *p = choices;
+  for (ngx_conf_enum_t *e = cmd->post; e->name.len; e++)
+    p = ngx_slprintf(p, choices + sizeof(choices), "%s%V",
+                     p == choices ? "" : ", ", &e->name);
+  ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "%V: invalid value \"%V\" (%*s)",
+                     &cmd->name, &value[1], (size_t)(p - choices), choices);
+  return NGX_CONF_ERROR;
+}
+
+/* Finds the line's zone and works out how it decides: with its zone's
+ * quota, or with limit_req's burst/delay meaning (see README, "nginx"). */
+static char *resolve_limit(ngx_conf_t *cf, tg_ngx_main_conf *mcf,
+                           tg_ngx_limit *l) {
+  tg_ngx_zone **zp = mcf->zones.elts;
+  for (ngx_uint_t i = 0; i < mcf->zones.nelts; i++)
+    if (zp[i]->name.len == l->zone_name.len &&
+        ngx_strncmp(zp[i]->name.data, l->zone_name.data, l->zone_name.len) == 0)
+      l->zone = zp[i];
+  if (l->zone == NULL) {
+    ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                  "tollgate: unknown zone \"%V\" (no tollgate_zone defines "
+                  "it) in %V:%ui",
+                  &l->zone_name, &l->file, l->line);
+    return NGX_CONF_ERROR;
+  }
+  l->q = l->zone->q;
+  l->mode = TG_NGX_HIT;
+  if (l->burst == -1 && l->delay == -1) {
+    l->resolved = 1;
+    return NGX_CONF_OK;
+  }
+  if (!is_bucket(l->zone->algorithm)) {
+    ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                  "tollgate: \"burst=\" and \"delay=\" need a zone with "
+                  "algorithm=token_bucket or leaky_bucket, and zone \"%V\" "
+                  "is %s in %V:%ui",
+                  &l->zone_name, tg_algorithm_name(l->zone->algorithm),
+                  &l->file, l->line);
+    return NGX_CONF_ERROR;
+  }
+  uint64_t b = l->burst == -1 ? 0 : (uint64_t)l->burst;
+  if (l->nodelay || (l->delay != -1 && (uint64_t)l->delay >= b)) {
+    /* every excess request within the burst passes at once */
+    l->q.burst = b + 1;
+  } else {
+    uint64_t d = l->delay == -1 ? 0 : (uint64_t)l->delay;
+    /* T, the emission interval, in ns, as the library rounds it (up) */
+    uint64_t t_ns = (l->q.period_ms * 1000000 + l->q.limit - 1) / l->q.limit;
+    l->q.burst = d + 1;
+    l->mode = TG_NGX_RESERVE;
+    l->max_wait_ms = ((b - d) * t_ns + 999999) / 1000000;
+  }
+  l->resolved = 1;
+  return NGX_CONF_OK;
+}
+
+static void *tg_ngx_create_main_conf(ngx_conf_t *cf) {
+  tg_ngx_main_conf *mcf = ngx_pcalloc(cf->pool, sizeof(*mcf));
+  if (mcf == NULL)
+    return NULL;
+  if (ngx_array_init(&mcf->zones, cf->pool, 4, sizeof(tg_ngx_zone *)) != NGX_OK)
+    return NULL;
+  return mcf;
+}
+
+static void *tg_ngx_create_loc_conf(ngx_conf_t *cf) {
+  tg_ngx_loc_conf *lcf = ngx_pcalloc(cf->pool, sizeof(*lcf));
+  if (lcf == NULL)
+    return NULL;
+  lcf->status = NGX_CONF_UNSET_UINT;
+  lcf->dry_run = NGX_CONF_UNSET;
+  lcf->log_level = NGX_CONF_UNSET_UINT;
+  lcf->headers = NGX_CONF_UNSET_UINT;
+  return lcf;
+}
+
+static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
+  tg_ngx_loc_conf *prev = parent;
+  tg_ngx_loc_conf *conf = child;
+  tg_ngx_main_conf *mcf =
+      ngx_http_conf_get_module_main_conf(cf, ngx_http_tollgate_module);
+  if (conf->limits == NULL)
+    conf->limits = prev->limits;
+  if (conf->limits) {
+    tg_ngx_limit *l = conf->limits->elts;
+    ngx_uint_t reserving = 0;
+    for (ngx_uint_t i = 0; i < conf->limits->nelts; i++) {
+      if (!l[i].resolved && resolve_limit(cf, mcf, &l[i]) != NGX_CONF_OK)
+        return NGX_CONF_ERROR;
+      reserving += l[i].mode == TG_NGX_RESERVE;
+      for (ngx_uint_t j = 0; j < i; j++)
+        if (l[j].zone == l[i].zone) {
+          /* one state cannot be two rules of a policy */
+          ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                        "tollgate: zone \"%V\" is used twice in one place "
+                        "(one request, one key, one state), in %V:%ui",
+                        &l[i].zone_name, &l[i].file, l[i].line);
+          return NGX_CONF_ERROR;
+        }
+    }
+    if (reserving && conf->limits->nelts > 1) {
+      ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                    "tollgate: a tollgate line that delays (burst= without "
+                    "nodelay) must be the only one of its location; add "
+                    "nodelay to decide several lines as one policy, in "
+                    "%V:%ui",
+                    &l[0].file, l[0].line);
+      return NGX_CONF_ERROR;
+    }
+  }
+  ngx_conf_merge_uint_value(conf->status, prev->status, 429);
+  ngx_conf_merge_value(conf->dry_run, prev->dry_run, 0);
+  ngx_conf_merge_uint_value(conf->log_level, prev->log_level, NGX_LOG_ERR);
+  conf->delay_log_level =
+      conf->log_level == NGX_LOG_INFO ? NGX_LOG_INFO : conf->log_level + 1;
+  ngx_conf_merge_uint_value(conf->headers, prev->headers, TG_NGX_HEADERS_ON);
+  return NGX_CONF_OK;
+}
+
+/* ---- zones ------------------------------------------------------------ */
+
+/* Runs in the master (and in `nginx -t`) once the zone's shared memory is
+ * mapped, before the workers are forked. On a reload, nginx hands a zone of
+ * the same name and size the old one's memory and context (data): the new
+ * limiter attaches to the same table, so the counts go on. */
+static ngx_int_t tg_ngx_init_zone(ngx_shm_zone_t *shm_zone, void *data) {
+  tg_ngx_zone *z = shm_zone->data;
+  tg_ngx_zone *old = data;
+  if (old) {
+    if (old->key.value.len != z->key.value.len ||
+        ngx_strncmp(old->key.value.data, z->key.value.data, z->key.value.len) !=
+            0) {
+      ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                    "tollgate_zone \"%V\" uses the key \"%V\" while "
+                    "previously it used \"%V\": give the zone another name "
+                    "or restart nginx",
+                    &z->name, &z->key.value, &old->key.value);
+      return NGX_ERROR;
+    }
+    if (old->algorithm != z->algorithm || old->capacity != z->capacity ||
+        old->log_entries != z->log_entries) {
+      ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                    "tollgate_zone \"%V\" changed: it holds a table of %uL "
+                    "keys for %s (%uD log entries), the new configuration "
+                    "wants %uL keys for %s (%uD): a zone keeps its counts "
+                    "across a reload only with the same algorithm and, for "
+                    "sliding_window, the same limit; give the zone another "
+                    "name or restart nginx",
+                    &z->name, old->capacity, tg_algorithm_name(old->algorithm),
+                    old->log_entries, z->capacity,
+                    tg_algorithm_name(z->algorithm), z->log_entries);
+      return NGX_ERROR;
+    }
+    z->region = old->region;
+    z->region_bytes = old->region_bytes;
+  } else {
+    ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
+    if (shm_zone->shm.exists) {
+      z->region = shpool->data; /* Windows: mapped again, already made */
+    } else {
+      z->region = ngx_slab_alloc(shpool, z->region_bytes);
+      if (z->region == NULL) {
+        ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                      "tollgate_zone \"%V\": %uz bytes for %uL keys do not "
+                      "fit in the zone of %uz bytes",
+                      &z->name, z->region_bytes, z->capacity, z->size);
+        return NGX_ERROR;
+      }
+      shpool->data = z->region;
+    }
+  }
+  tg_config cfg;
+  zone_config(z, &cfg);
+  cfg.region = z->region;
+  cfg.region_bytes = z->region_bytes;
+  int rc = tg_limiter_new(&z->lim, &cfg);
+  if (rc != 0) {
+    ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                  "tollgate_zone \"%V\": cannot use its table: %s (%s: %s)",
+                  &z->name, tg_strerror(rc), tg_err_name(rc), tg_last_error());
+    return NGX_ERROR;
+  }
+  ngx_log_error(NGX_LOG_INFO, shm_zone->shm.log, 0,
+                "tollgate_zone \"%V\": %s, room for %uL keys%s", &z->name,
+                tg_algorithm_name(z->algorithm), z->capacity,
+                old ? " (kept from the previous configuration)" : "");
+  return NGX_OK;
+}
+
+/* Worker 0 reclaims keys whose state has decayed, every minute. */
+static ngx_event_t tg_ngx_clean_ev;
+
+static void tg_ngx_clean(ngx_event_t *ev) {
+  ngx_cycle_t *cycle = ev->data;
+  tg_ngx_main_conf *mcf =
+      ngx_http_cycle_get_module_main_conf(cycle, ngx_http_tollgate_module);
+  tg_ngx_zone **zp = mcf->zones.elts;
+  for (ngx_uint_t i = 0; i < mcf->zones.nelts; i++)
+    if (zp[i]->lim)
+      (void)tg_clean(zp[i]->lim, NULL);
+  if (!ngx_exiting)
+    ngx_add_timer(ev, 60000);
+}
+
+static ngx_int_t tg_ngx_init_process(ngx_cycle_t *cycle) {
+  if (ngx_process != NGX_PROCESS_WORKER || ngx_worker != 0)
+    return NGX_OK;
+  tg_ngx_main_conf *mcf =
+      ngx_http_cycle_get_module_main_conf(cycle, ngx_http_tollgate_module);
+  if (mcf == NULL || mcf->zones.nelts == 0)
+    return NGX_OK;
+  tg_ngx_clean_ev.handler = tg_ngx_clean;
+  tg_ngx_clean_ev.data = cycle;
+  tg_ngx_clean_ev.log = cycle->log;
+  tg_ngx_clean_ev.cancelable = 1;
+  ngx_add_timer(&tg_ngx_clean_ev, 60000);
+  return NGX_OK;
+}
+
+/* ---- requests --------------------------------------------------------- */
+
+static void tg_ngx_ctx_cleanup(void *data) {
+  tg_ngx_ctx *ctx = data;
+  if (ctx->waiting) {
+    /* the request ended while it waited: give its slot back */
+    tg_rule *rule = &ctx->rules[0];
+    (void)tg_cancel(rule->lim, rule->key, rule->key_len, rule->q, &ctx->res);
+    ctx->waiting = 0;
+  }
+}
+
+/* The request's context: the module's, or the one an internal redirect
+ * left behind in the pool's cleanups. */
+static tg_ngx_ctx *get_ctx(ngx_http_request_t *r) {
+  tg_ngx_ctx *ctx = ngx_http_get_module_ctx(r, ngx_http_tollgate_module);
+  if (ctx)
+    return ctx;
+  for (ngx_pool_cleanup_t *c = r->pool->cleanup; c; c = c->next)
+    if (c->handler == tg_ngx_ctx_cleanup) {
+      ngx_http_set_ctx(r, c->data, ngx_http_tollgate_module);
+      return c->data;
+    }
+  return NULL;
+}
+
+/* Keys longer than tollgate takes are limited by their MD5 digest, behind
+ * a byte no short key of that length is likely to start with. */
+static ngx_int_t shorten_key(ngx_http_request_t *r, ngx_str_t *key) {
+  u_char *k = ngx_pnalloc(r->pool, 17);
+  if (k == NULL)
+    return NGX_ERROR;
+  ngx_md5_t md5;
+  ngx_md5_init(&md5);
+  ngx_md5_update(&md5, key->data, key->len);
+  k[0] = 0xff;
+  ngx_md5_final(k + 1, &md5);
+  key->data = k;
+  key->len = 17;
+  return NGX_OK;
+}
+
+static void tg_ngx_delay_done(ngx_http_request_t *r) {
+  ngx_event_t *wev = r->connection->write;
+  if (wev->delayed) {
+    /* woken by the socket, not the timer: keep waiting */
+    if (ngx_handle_write_event(wev, 0) != NGX_OK)
+      ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+    return;
+  }
+  tg_ngx_ctx *ctx = get_ctx(r);
+  if (ctx)
+    ctx->waiting = 0;
+  if (ngx_handle_read_event(r->connection->read, 0) != NGX_OK) {
+    ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+    return;
+  }
+  r->read_event_handler = ngx_http_block_reading;
+  r->write_event_handler = ngx_http_core_run_phases;
+  ngx_http_core_run_phases(r);
+}
+
+/* The request's context, kept as a cleanup of its pool (see get_ctx). */
+static tg_ngx_ctx *new_ctx(ngx_http_request_t *r, tg_ngx_loc_conf *lcf) {
+  ngx_uint_t n = lcf->limits->nelts;
+  ngx_pool_cleanup_t *cln = ngx_pool_cleanup_add(r->pool, sizeof(tg_ngx_ctx));
+  if (cln == NULL)
+    return NULL;
+  tg_ngx_ctx *ctx = cln->data;
+  ngx_memzero(ctx, sizeof(*ctx));
+  cln->handler = tg_ngx_ctx_cleanup;
+  ngx_http_set_ctx(r, ctx, ngx_http_tollgate_module);
+  ctx->headers = lcf->headers;
+  ctx->rules = ngx_pcalloc(r->pool, n * sizeof(tg_rule));
+  ctx->limits = ngx_palloc(r->pool, n * sizeof(tg_ngx_limit *));
+  return ctx->rules && ctx->limits ? ctx : NULL;
+}
+
+/* One rule per line whose key is not empty: key and cost evaluated. */
+static ngx_int_t collect_rules(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
+                               tg_ngx_ctx *ctx) {
+  tg_ngx_limit *lines = lcf->limits->elts;
+  for (ngx_uint_t i = 0; i < lcf->limits->nelts; i++) {
+    tg_ngx_limit *l = &lines[i];
+    ngx_str_t key;
+    if (ngx_http_complex_value(r, &l->zone->key, &key) != NGX_OK)
+      return NGX_ERROR;
+    if (key.len == 0)
+      continue; /* as limit_req: an empty key is not limited */
+    if (key.len > TG_KEY_MAX && shorten_key(r, &key) != NGX_OK)
+      return NGX_ERROR;
+    uint64_t cost = l->cost;
+    ngx_str_t c = ngx_null_string;
+    if (l->cost_cv) {
+      if (ngx_http_complex_value(r, l->cost_cv, &c) != NGX_OK)
+        return NGX_ERROR;
+    }
+    if (l->cost_cv && c.len > 0) { /* empty: the default cost, 1 */
+      off_t v = ngx_atoof(c.data, c.len);
+      if (v == NGX_ERROR) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "tollgate: zone \"%V\": cost \"%V\" is not a whole "
+                      "number",
+                      &l->zone->name, &c);
+        return NGX_ERROR;
+      }
+      cost = (uint64_t)v;
+    }
+    tg_rule *rule = &ctx->rules[ctx->n];
+    rule->lim = l->zone->lim;
+    rule->key = key.data;
+    rule->key_len = key.len;
+    rule->q = &l->q;
+    rule->cost = cost;
+    ctx->limits[ctx->n++] = l;
+  }
+  return NGX_OK;
+}
+
+/* A delaying line (the only one of its location): tg_reserve, its answer
+ * copied where a policy's would be. *delay_ms: how long to wait. */
+static int reserve(tg_ngx_loc_conf *lcf, tg_ngx_ctx *ctx, uint64_t *delay_ms) {
+  tg_rule *rule = &ctx->rules[0];
+  int rc = tg_reserve(rule->lim, rule->key, rule->key_len, rule->q, rule->cost,
+                      ctx->limits[0]->max_wait_ms, &ctx->res);
+  rule->status = rc;
+  rule->result = ctx->res.result;
+  ctx->rr.r = ctx->res.result;
+  ctx->rr.tightest = 0;
+  ctx->rr.denied_by = ctx->res.ok ? TG_RULE_NONE : 0;
+  *delay_ms = ctx->res.ok ? ctx->res.delay_ms : 0;
+  if (lcf->dry_run && (!ctx->res.ok || *delay_ms)) {
+    /* what shadow mode does: decided and recorded, let through now */
+    ctx->rr.r.shadow_denied = 1;
+    ctx->rr.r.allowed = 1;
+    rule->result.shadow_denied = 1;
+    rule->result.allowed = 1; /* no Retry-After in a dry run */
+    ctx->state = ctx->res.ok ? TG_NGX_DELAYED_DRY_RUN : TG_NGX_REJECTED_DRY_RUN;
+    *delay_ms = 0;
+  }
+  return rc;
+}
+
+/* Parks the request on a timer; tg_ngx_delay_done runs the phases again. */
+static ngx_int_t delay(ngx_http_request_t *r, tg_ngx_ctx *ctx,
+                       uint64_t delay_ms) {
+  ctx->state = TG_NGX_DELAYED;
+  ctx->waiting = 1;
+  if (ngx_handle_read_event(r->connection->read, 0) != NGX_OK)
+    return NGX_HTTP_INTERNAL_SERVER_ERROR;
+  r->read_event_handler = ngx_http_test_reading;
+  r->write_event_handler = tg_ngx_delay_done;
+  r->connection->write->delayed = 1;
+  ngx_add_timer(r->connection->write, (ngx_msec_t)delay_ms);
+  return NGX_AGAIN;
+}
+
+/* The preaccess handler: decide once, then pass, refuse or wait. */
+static ngx_int_t tg_ngx_handler(ngx_http_request_t *r) {
+  tg_ngx_loc_conf *lcf =
+      ngx_http_get_module_loc_conf(r, ngx_http_tollgate_module);
+  if (r != r->main || lcf->limits == NULL || get_ctx(r) != NULL)
+    return NGX_DECLINED; /* not limited, or decided already */
+  tg_ngx_ctx *ctx = new_ctx(r, lcf);
+  if (ctx == NULL || collect_rules(r, lcf, ctx) != NGX_OK)
+    return NGX_HTTP_INTERNAL_SERVER_ERROR;
+  if (ctx->n == 0) {
+    ctx->state = TG_NGX_PASSED;
+    return NGX_DECLINED;
+  }
+  uint64_t delay_ms = 0;
+  int rc = ctx->limits[0]->mode == TG_NGX_RESERVE
+               ? reserve(lcf, ctx, &delay_ms)
+               : tg_hit_rules(ctx->rules, ctx->n,
+                              lcf->dry_run ? TG_RULES_SHADOW : 0, &ctx->rr);
+  const tg_result *res = &ctx->rr.r;
+  size_t blame = ctx->rr.denied_by == TG_RULE_NONE ? 0 : ctx->rr.denied_by;
+  ngx_str_t *zname = &ctx->limits[blame]->zone->name;
+  ngx_log_t *log = r->connection->log;
+
+  if (rc != 0) {
+    ngx_log_error(NGX_LOG_ERR, log, 0,
+                  "tollgate: zone \"%V\": %s (%s); the request is %s", zname,
+                  tg_strerror(rc), tg_err_name(rc),
+                  res->allowed ? "let through" : "rejected");
+    ctx->state = TG_NGX_FAILED;
+    return res->allowed ? NGX_DECLINED : (ngx_int_t)lcf->status;
+  }
+  if (ctx->state == TG_NGX_UNDECIDED && res->shadow_denied)
+    ctx->state = TG_NGX_REJECTED_DRY_RUN;
+  if (ctx->state != TG_NGX_UNDECIDED) { /* a dry run's would-be refusal */
+    ngx_log_error(lcf->log_level, log, 0,
+                  "tollgate: dry run: would %s request by zone \"%V\"",
+                  ctx->state == TG_NGX_DELAYED_DRY_RUN ? "delay" : "reject",
+                  zname);
+    return NGX_DECLINED;
+  }
+  if (!res->allowed) {
+    ctx->state = TG_NGX_REJECTED;
+    ngx_log_error(lcf->log_level, log, 0,
+                  "tollgate: rejecting request by zone \"%V\", retry after "
+                  "%uL ms",
+                  zname, res->retry_after_ms);
+    return (ngx_int_t)lcf->status;
+  }
+  if (delay_ms == 0) {
+    ctx->state = TG_NGX_PASSED;
+    return NGX_DECLINED;
+  }
+  ngx_log_error(lcf->delay_log_level, log, 0,
+                "tollgate: delaying request by zone \"%V\" for %uL ms", zname,
+                delay_ms);
+  return delay(r, ctx, delay_ms);
+}
+
+/* ---- response header fields ---------------------------------------------- */
+
+/* Adds the "Name: value\r\n" lines tg_http_headers wrote. */
+static ngx_int_t add_fields(ngx_http_request_t *r, u_char *p, u_char *end) {
+  while (p < end) {
+    u_char *colon = ngx_strlchr(p, end, ':');
+    u_char *eol = ngx_strlchr(p, end, '\r');
+    if (colon == NULL || eol == NULL || colon > eol || eol + 2 > end)
+      return NGX_ERROR;
+    ngx_table_elt_t *h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL)
+      return NGX_ERROR;
+    h->hash = 1;
+    h->key.data = p;
+    h->key.len = (size_t)(colon - p);
+    h->value.data = colon + 2;
+    h->value.len = (size_t)(eol - colon - 2);
+    h->lowcase_key = NULL;
+    p = eol + 2;
+  }
+  return NGX_OK;
+}
+
+static ngx_int_t tg_ngx_header_filter(ngx_http_request_t *r) {
+  if (r != r->main)
+    return next_header_filter(r);
+  tg_ngx_ctx *ctx = get_ctx(r);
+  if (ctx == NULL || ctx->n == 0 || ctx->headers == TG_NGX_HEADERS_OFF ||
+      ctx->state == TG_NGX_FAILED)
+    return next_header_filter(r);
+  tg_http_limit limits[TG_RULES_MAX];
+  for (ngx_uint_t i = 0; i < ctx->n; i++) {
+    limits[i].name = (const char *)ctx->limits[i]->zone->name.data;
+    limits[i].q = ctx->rules[i].q;
+    limits[i].r = &ctx->rules[i].result;
+    limits[i].pk = NULL;
+    limits[i].pk_len = 0;
+  }
+  unsigned flags =
+      TG_HTTP_RETRY_AFTER |
+      (ctx->headers == TG_NGX_HEADERS_LEGACY ? TG_HTTP_LEGACY : TG_HTTP_IETF);
+  size_t len = 0, cap = 512;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    u_char *buf = ngx_pnalloc(r->pool, cap);
+    if (buf == NULL)
+      return NGX_ERROR;
+    int rc = tg_http_headers((char *)buf, cap, &len, limits, ctx->n, flags);
+    if (rc == 0) {
+      if (add_fields(r, buf, buf + len) != NGX_OK)
+        return NGX_ERROR;
+      break;
+    }
+    if (rc != TG_ERANGE) {
+      ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                    "tollgate: header fields: %s", tg_strerror(rc));
+      break;
+    }
+    cap = len + 1;
+  }
+  return next_header_filter(r);
+}
+
+/* ---- variables ---------------------------------------------------------- */
+
+static ngx_int_t var_number(ngx_http_request_t *r, ngx_http_variable_value_t *v,
+                            uint64_t n) {
+  u_char *p = ngx_pnalloc(r->pool, NGX_INT64_LEN);
+  if (p == NULL)
+    return NGX_ERROR;
+  v->len = (unsigned)(ngx_sprintf(p, "%uL", n) - p);
+  v->data = p;
+  v->valid = 1;
+  v->no_cacheable = 1;
+  v->not_found = 0;
+  return NGX_OK;
+}
+
+/* data: 0 $tollgate_status, 1 $tollgate_remaining, 2 $tollgate_retry_after */
+static ngx_int_t tg_ngx_variable(ngx_http_request_t *r,
+                                 ngx_http_variable_value_t *v, uintptr_t data) {
+  tg_ngx_ctx *ctx = get_ctx(r->main);
+  if (ctx == NULL || ctx->state == TG_NGX_UNDECIDED ||
+      (data != 0 && ctx->n == 0)) {
+    v->not_found = 1;
+    return NGX_OK;
+  }
+  if (data == 0) {
+    v->len = (unsigned)state_names[ctx->state].len;
+    v->data = state_names[ctx->state].data;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    return NGX_OK;
+  }
+  if (data == 1)
+    return var_number(r, v, ctx->rr.r.remaining);
+  uint64_t ms = ctx->rr.r.retry_after_ms;
+  if (ms == TG_NEVER) {
+    v->len = 5;
+    v->data = (u_char *)"never";
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    return NGX_OK;
+  }
+  return var_number(r, v, (ms + 999) / 1000);
+}
+
+static ngx_http_variable_t tg_ngx_vars[] = {
+    {ngx_string("tollgate_status"), NULL, tg_ngx_variable, 0,
+     NGX_HTTP_VAR_NOCACHEABLE, 0},
+    {ngx_string("tollgate_remaining"), NULL, tg_ngx_variable, 1,
+     NGX_HTTP_VAR_NOCACHEABLE, 0},
+    {ngx_string("tollgate_retry_after"), NULL, tg_ngx_variable, 2,
+     NGX_HTTP_VAR_NOCACHEABLE, 0},
+    ngx_http_null_variable};
+
+static ngx_int_t tg_ngx_preconfiguration(ngx_conf_t *cf) {
+  for (ngx_http_variable_t *v = tg_ngx_vars; v->name.len; v++) {
+    ngx_http_variable_t *var = ngx_http_add_variable(cf, &v->name, v->flags);
+    if (var == NULL)
+      return NGX_ERROR;
+    var->get_handler = v->get_handler;
+    var->data = v->data;
+  }
+  return NGX_OK;
+}
+
+static ngx_int_t tg_ngx_postconfiguration(ngx_conf_t *cf) {
+  ngx_http_core_main_conf_t *cmcf =
+      ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+  ngx_http_handler_pt *h =
+      ngx_array_push(&cmcf->phases[NGX_HTTP_PREACCESS_PHASE].handlers);
+  if (h == NULL)
+    return NGX_ERROR;
+  *h = tg_ngx_handler;
+  next_header_filter = ngx_http_top_header_filter;
+  ngx_http_top_header_filter = tg_ngx_header_filter;
+  return NGX_OK;
+}

@@ -1,0 +1,595 @@
+"""test_nginx.py - ngx_http_tollgate_module inside Debian's real nginx
+(ngx.py starts it on a free loopback port in a private prefix and always
+stops it).
+
+Every directive and every algorithm, the header fields, the status, the
+dry run, costs (fixed and from a variable), several limits in one location,
+`nginx -t` messages, exactness with two workers and concurrent clients, a
+worker SIGKILLed mid-traffic, counts kept by `nginx -s reload`, and the same
+request sequence through limit_req and through tollgate's leaky bucket.
+"""
+import os
+import signal
+import socket
+import threading
+import time
+import unittest
+
+import ngx
+
+ALGORITHMS = ["fixed_window", "fixed_window_per_key", "sliding_window",
+              "token_bucket", "leaky_bucket"]
+
+
+def server(body, zones="", **kw):
+    return ngx.Nginx("%s\nserver { listen 127.0.0.1:PORT; %s }"
+                     % (zones, body), **kw)
+
+
+def statuses(n, path, count):
+    return [n.request(path)[0] for _ in range(count)]
+
+
+class Algorithms(unittest.TestCase):
+    def test_every_algorithm_admits_its_limit_then_429(self):
+        # rates slow enough that nothing refills during the test: the
+        # windows are per day (fixed windows are aligned to the epoch, a
+        # day boundary during the test is the only way this could flake,
+        # and it would show as 3 more 200s), the buckets refill one per
+        # 8 hours.
+        zones = "".join(
+            "tollgate_zone $arg_k zone=%s:1m algorithm=%s rate=%s;\n"
+            % (a, a, "3/1d" if "bucket" not in a else "3r/d burst=3")
+            for a in ALGORITHMS)
+        locs = "".join(
+            "location /%s { tollgate zone=%s; try_files /index.html =404; }\n"
+            % (a, a) for a in ALGORITHMS)
+        n = server(locs, zones)
+        try:
+            for a in ALGORITHMS:
+                got = statuses(n, "/%s?k=x" % a, 5)
+                self.assertEqual(got, [200, 200, 200, 429, 429], a)
+                # another key is limited on its own
+                self.assertEqual(n.request("/%s?k=y" % a)[0], 200, a)
+                # an empty key is not limited (as limit_req)
+                self.assertEqual(statuses(n, "/%s" % a, 5), [200] * 5, a)
+        finally:
+            n.stop()
+
+
+class Directives(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        zones = """
+tollgate_zone $arg_k zone=w:1m algorithm=fixed_window_per_key rate=3/1d;
+tollgate_zone $arg_k zone=big:1m algorithm=fixed_window_per_key rate=5/1d;
+tollgate_zone $arg_k zone=tb:1m algorithm=token_bucket rate=10r/d burst=10;
+tollgate_zone $arg_k zone=lb:1m algorithm=leaky_bucket rate=1r/d;
+"""
+        locs = """
+location /on { tollgate zone=w; try_files /index.html =404; }
+location /legacy { tollgate zone=w; tollgate_headers legacy;
+                   try_files /index.html =404; }
+location /off { tollgate zone=w; tollgate_headers off;
+                try_files /index.html =404; }
+location /status { tollgate zone=w; tollgate_status 503;
+                   try_files /index.html =404; }
+location /dry { tollgate zone=w; tollgate_dry_run on;
+                add_header X-Status $tollgate_status always;
+                try_files /index.html =404; }
+location /vars { tollgate zone=w;
+                 add_header X-Status $tollgate_status always;
+                 add_header X-Remaining $tollgate_remaining always;
+                 add_header X-Retry $tollgate_retry_after always;
+                 try_files /index.html =404; }
+location /cost4 { tollgate zone=tb cost=4; try_files /index.html =404; }
+location /costvar { tollgate zone=tb cost=$arg_cost;
+                    add_header X-Remaining $tollgate_remaining always;
+                    try_files /index.html =404; }
+location /two { tollgate zone=w; tollgate zone=big;
+                try_files /index.html =404; }
+location /big { tollgate zone=big;
+                add_header X-Remaining $tollgate_remaining always;
+                try_files /index.html =404; }
+location /dryq { tollgate zone=lb burst=1; tollgate_dry_run on;
+                 add_header X-Status $tollgate_status always;
+                 try_files /index.html =404; }
+location /level { tollgate zone=w; tollgate_log_level info;
+                  try_files /index.html =404; }
+location /redir { tollgate zone=w; try_files /nope @named; }
+location @named { tollgate zone=w;
+                  add_header X-Remaining $tollgate_remaining always;
+                  try_files /index.html =404; }
+location /free { try_files /index.html =404;
+                 add_header X-Status "[$tollgate_status]" always; }
+"""
+        cls.n = server(locs, zones)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.n.stop()
+
+    def test_headers_on(self):
+        n = self.n
+        st, h, _ = n.request("/on?k=h1")
+        self.assertEqual(st, 200)
+        self.assertEqual(h["ratelimit-policy"], '"w";q=3;w=86400')
+        self.assertTrue(h["ratelimit"].startswith('"w";r=2;t='), h)
+        self.assertNotIn("retry-after", h)
+        n.request("/on?k=h1")
+        n.request("/on?k=h1")
+        st, h, _ = n.request("/on?k=h1")
+        self.assertEqual(st, 429)
+        self.assertTrue(h["ratelimit"].startswith('"w";r=0;t='), h)
+        retry = int(h["retry-after"])
+        self.assertTrue(86000 < retry <= 86400, retry)
+
+    def test_headers_legacy(self):
+        st, h, _ = self.n.request("/legacy?k=h2")
+        self.assertEqual(st, 200)
+        self.assertEqual(h["ratelimit-limit"], "3")
+        self.assertEqual(h["ratelimit-remaining"], "2")
+        self.assertIn("ratelimit-reset", h)
+        self.assertNotIn("ratelimit", h)
+
+    def test_headers_off(self):
+        for _ in range(4):
+            st, h, _ = self.n.request("/off?k=h3")
+        self.assertEqual(st, 429)
+        for name in ("ratelimit", "ratelimit-policy", "retry-after",
+                     "ratelimit-limit"):
+            self.assertNotIn(name, h)
+
+    def test_status(self):
+        self.assertEqual(statuses(self.n, "/status?k=s", 4),
+                         [200, 200, 200, 503])
+
+    def test_dry_run(self):
+        got = [self.n.request("/dry?k=d") for _ in range(5)]
+        self.assertEqual([g[0] for g in got], [200] * 5)
+        self.assertEqual([g[1]["x-status"] for g in got],
+                         ["PASSED"] * 3 + ["REJECTED_DRY_RUN"] * 2)
+        # headers are still sent; no Retry-After, since nothing is refused
+        self.assertTrue(got[4][1]["ratelimit"].startswith('"w";r=0;'))
+        self.assertNotIn("retry-after", got[4][1])
+        self.assertIn("dry run: would reject request by zone \"w\"",
+                      self.n.error_log())
+
+    def test_dry_run_of_a_queue(self):
+        # burst=1 at 1 per day: the first passes, the second would wait a
+        # day (DELAYED_DRY_RUN, let through at once), the third would be
+        # refused; no Retry-After for either
+        got = [self.n.request("/dryq?k=q") for _ in range(3)]
+        self.assertEqual([g[0] for g in got], [200] * 3)
+        self.assertEqual([g[1]["x-status"] for g in got],
+                         ["PASSED", "DELAYED_DRY_RUN", "REJECTED_DRY_RUN"])
+        for g in got:
+            self.assertNotIn("retry-after", g[1])
+
+    def test_variables(self):
+        got = [self.n.request("/vars?k=v")[1] for _ in range(4)]
+        self.assertEqual([h["x-status"] for h in got],
+                         ["PASSED", "PASSED", "PASSED", "REJECTED"])
+        self.assertEqual([h["x-remaining"] for h in got],
+                         ["2", "1", "0", "0"])
+        self.assertEqual([h["x-retry"] for h in got[:3]], ["0"] * 3)
+        self.assertTrue(86000 < int(got[3]["x-retry"]) <= 86400)
+        # outside any tollgate location the variables are empty
+        self.assertEqual(self.n.request("/free")[1]["x-status"], "[]")
+
+    def test_fixed_cost(self):
+        # 10 tokens, 4 per request: 2 pass, the third finds 2
+        self.assertEqual(statuses(self.n, "/cost4?k=c", 3), [200, 200, 429])
+
+    def test_cost_from_variable(self):
+        n = self.n
+        st, h, _ = n.request("/costvar?k=cv&cost=7")
+        self.assertEqual((st, h["x-remaining"]), (200, "3"))
+        self.assertEqual(n.request("/costvar?k=cv&cost=4")[0], 429)
+        st, h, _ = n.request("/costvar?k=cv&cost=3")
+        self.assertEqual((st, h["x-remaining"]), (200, "0"))
+        # cost 0 is a peek
+        self.assertEqual(n.request("/costvar?k=cv&cost=0")[0], 200)
+        # an empty value is the default cost, 1
+        st, h, _ = n.request("/costvar?k=cv3")
+        self.assertEqual((st, h["x-remaining"]), (200, "9"))
+        # a cost that is not a number is the server's error, and logged
+        self.assertEqual(n.request("/costvar?k=cv2&cost=abc")[0], 500)
+        self.assertIn('cost "abc" is not a whole number', n.error_log())
+
+    def test_two_limits_one_policy(self):
+        n = self.n
+        # w allows 3, big 5: the 4th call is denied by w and consumes
+        # nothing in big either
+        self.assertEqual(statuses(n, "/two?k=p", 5), [200] * 3 + [429] * 2)
+        st, h, _ = n.request("/two?k=p")
+        self.assertIn('"w";r=0', h["ratelimit"])
+        self.assertIn('"big";r=2', h["ratelimit"])
+        st, h, _ = n.request("/big?k=p")
+        self.assertEqual((st, h["x-remaining"]), (200, "1"))
+
+    def test_decided_once_across_internal_redirects(self):
+        got = [self.n.request("/redir?k=i") for _ in range(4)]
+        self.assertEqual([g[0] for g in got], [200, 200, 200, 429])
+        self.assertEqual([g[1]["x-remaining"] for g in got[:3]],
+                         ["2", "1", "0"])
+
+    def test_log_level(self):
+        for _ in range(4):
+            self.n.request("/level?k=l")
+        log = self.n.error_log()
+        self.assertIn('[info]', log)
+        self.assertIn('tollgate: rejecting request by zone "w"', log)
+
+
+class FullZone(unittest.TestCase):
+    def test_full_zone_lets_through_and_says_so(self):
+        # the smallest zone (64k) holds some hundreds of keys; past that a
+        # new key is let through (fail open), FAILED, and logged
+        n = server("location / { tollgate zone=z;"
+                   " add_header X-Status $tollgate_status always;"
+                   " try_files /index.html =404; }",
+                   "tollgate_zone $arg_k zone=z:64k "
+                   "algorithm=fixed_window_per_key rate=1/1d;")
+        try:
+            seen = {}
+            for i in range(3000):
+                st, h, _ = n.request("/?k=key%d" % i)
+                self.assertEqual(st, 200)
+                seen[h["x-status"]] = seen.get(h["x-status"], 0) + 1
+                if h["x-status"] == "FAILED":
+                    break
+            self.assertIn("FAILED", seen, seen)
+            self.assertGreater(seen["PASSED"], 150)
+            self.assertIn("store is full (TG_EFULL); the request is let "
+                          "through", n.error_log())
+            # keys it holds are still limited
+            self.assertEqual(n.request("/?k=key0")[0], 429)
+        finally:
+            n.stop()
+
+
+class ConfigErrors(unittest.TestCase):
+    def expect(self, http, message):
+        rc, out = ngx.check(http)
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn(message, out)
+
+    def test_messages(self):
+        ok = "tollgate_zone $arg_k zone=a:1m algorithm=token_bucket rate=1r/s;"
+        rc, out = ngx.check(ok + "server { listen 127.0.0.1:PORT; "
+                            "location / { tollgate zone=a; } }")
+        self.assertEqual(rc, 0, out)
+        cases = [
+            ("tollgate_zone $a zone=a:1m algorithm=nope rate=1r/s;",
+             'tollgate_zone: unknown algorithm "nope"'),
+            ("tollgate_zone $a zone=a:1m rate=1r/x;",
+             'tollgate_zone: invalid rate "1r/x"'),
+            ("tollgate_zone $a zone=a:1m rate=0r/s;",
+             'tollgate_zone: invalid rate "0r/s"'),
+            ("tollgate_zone $a zone=a:1m;",
+             'tollgate_zone: "rate=" is required'),
+            ("tollgate_zone $a rate=1r/s;",
+             'tollgate_zone: "zone=NAME:SIZE" is required'),
+            ("tollgate_zone $a zone=a rate=1r/s;",
+             "tollgate_zone: invalid zone size"),
+            ("tollgate_zone $a zone=a:1k rate=1r/s;",
+             'tollgate_zone: zone "a" is too small'),
+            ("tollgate_zone $a zone=a/b:1m rate=1r/s;",
+             'tollgate_zone: invalid zone name "a/b"'),
+            ("tollgate_zone $a zone=a:1m rate=1r/s burst=5;",
+             'tollgate_zone: "burst=" needs algorithm=token_bucket'),
+            ("tollgate_zone $a zone=a:1m rate=1r/s bogus=1;",
+             'tollgate_zone: invalid parameter "bogus=1"'),
+            ("tollgate_zone $a zone=a:1m rate=1r/s;"
+             "tollgate_zone $b zone=a:1m rate=1r/s;",
+             'tollgate_zone: zone "a" is already defined'),
+            ("tollgate_zone $a zone=a:1m algorithm=token_bucket "
+             "rate=2000000000/1ms;",
+             "tollgate_zone: zone \"a\": invalid quota"),
+            (ok + "server { location / { tollgate zone=b; } }",
+             'tollgate: unknown zone "b"'),
+            (ok + "server { location / { tollgate; } }",
+             'invalid number of arguments in "tollgate" directive'),
+            (ok + "server { location / { tollgate cost=1; } }",
+             'tollgate: "zone=NAME" is required'),
+            (ok + "server { location / { tollgate zone=a cost=x; } }",
+             'tollgate: invalid cost "x"'),
+            (ok + "server { location / { tollgate zone=a burst=x; } }",
+             'tollgate: invalid burst "burst=x"'),
+            (ok + "server { location / { tollgate zone=a nodelay "
+             "delay=2; } }", 'tollgate: "nodelay" and "delay=" exclude'),
+            (ok + "server { location / { tollgate zone=a whatever; } }",
+             'tollgate: invalid parameter "whatever"'),
+            (ok + "tollgate_zone $a zone=w:1m rate=1/1s;"
+             "server { location / { tollgate zone=w burst=3; } }",
+             'tollgate: "burst=" and "delay=" need a zone with '
+             'algorithm=token_bucket or leaky_bucket, and zone "w" is '
+             'fixed_window'),
+            (ok + "tollgate_zone $b zone=b:1m algorithm=leaky_bucket "
+             "rate=1r/s; server { location / { tollgate zone=a burst=3; "
+             "tollgate zone=b nodelay; } }",
+             "tollgate: a tollgate line that delays"),
+            (ok + "server { location / { tollgate zone=a; "
+             "tollgate zone=a cost=2; } }",
+             'tollgate: zone "a" is used twice in one place'),
+            (ok + "server { location / { tollgate zone=a; "
+             "tollgate_status 200; } }",
+             'tollgate_status: invalid status "200" (400 to 599)'),
+            (ok + "server { location / { tollgate zone=a; "
+             "tollgate_headers maybe; } }",
+             'tollgate_headers: invalid value "maybe" (off, on, legacy)'),
+            (ok + "server { location / { tollgate zone=a; "
+             "tollgate_log_level loud; } }",
+             'tollgate_log_level: invalid value "loud" (info, notice, warn, '
+             'error)'),
+            (ok + "server { location / { tollgate zone=a; "
+             "tollgate_dry_run maybe; } }",
+             'invalid value "maybe" in "tollgate_dry_run" directive'),
+        ]
+        for http, message in cases:
+            with self.subTest(http=http):
+                self.expect(http, message)
+
+
+def hammer(n, path_for, threads, per_thread):
+    """Sends threads x per_thread requests concurrently; returns
+    (statuses, worker pids that answered, connection errors)."""
+    results, pids, errors = [], set(), [0]
+    lock = threading.Lock()
+
+    def run(t):
+        for i in range(per_thread):
+            try:
+                st, h, _ = n.request(path_for(t, i), timeout=30)
+            except OSError:
+                with lock:
+                    errors[0] += 1
+                continue
+            with lock:
+                results.append(st)
+                pids.add(h.get("x-pid"))
+    ts = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return results, pids, errors[0]
+
+
+class Exactness(unittest.TestCase):
+    def test_two_workers_concurrent_clients(self):
+        # per algorithm, 3 keys with a limit of 40; 8 threads offer 120
+        # requests per key: each key admits exactly 40, whichever of the
+        # two workers answered
+        zones = "".join(
+            "tollgate_zone $arg_k zone=%s:4m algorithm=%s rate=%s;\n"
+            % (a, a, "40/1d" if "bucket" not in a else "40r/d burst=40")
+            for a in ALGORITHMS)
+        locs = "".join(
+            "location /%s { tollgate zone=%s; add_header X-Pid $pid always;"
+            " try_files /index.html =404; }\n" % (a, a) for a in ALGORITHMS)
+        n = server(locs, zones)
+        try:
+            for a in ALGORITHMS:
+                for key in ("a", "b", "c"):
+                    got, pids, errors = hammer(
+                        n, lambda t, i: "/%s?k=%s" % (a, key), 8, 15)
+                    self.assertEqual(errors, 0)
+                    self.assertEqual(got.count(200), 40, (a, key))
+                    self.assertEqual(got.count(429), 80, (a, key))
+                    self.assertEqual(len(pids), 2, (a, key, pids))
+        finally:
+            n.stop()
+
+    def test_worker_killed_mid_traffic(self):
+        zones = ("tollgate_zone $arg_k zone=z:4m "
+                 "algorithm=fixed_window_per_key rate=300/1d;\n"
+                 "tollgate_zone $arg_k zone=s:4m "
+                 "algorithm=sliding_window rate=300/1d;\n")
+        locs = ("location /z { tollgate zone=z; add_header X-Pid $pid always;"
+                " try_files /index.html =404; }\n"
+                "location /s { tollgate zone=s; add_header X-Pid $pid always;"
+                " try_files /index.html =404; }\n")
+        n = server(locs, zones)
+        try:
+            for loc in ("z", "s"):
+                victim = n.worker_pids()[0]
+                done = []
+
+                def killer():
+                    time.sleep(0.3)
+                    os.kill(victim, signal.SIGKILL)
+                    done.append(1)
+                k = threading.Thread(target=killer)
+                k.start()
+                got, _, errors = hammer(
+                    n, lambda t, i: "/%s?k=kill" % loc, 6, 100)
+                k.join()
+                self.assertTrue(done)
+                # never more than the limit; requests cut by the kill may
+                # have been counted without an answer, nothing else is lost
+                self.assertLessEqual(got.count(200), 300, loc)
+                self.assertGreaterEqual(got.count(200) + errors, 300, loc)
+                # the master replaced the worker; the zone still works and
+                # is exact for a fresh key
+                deadline = time.monotonic() + 10
+                while len(n.worker_pids()) != 2 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                self.assertNotIn(victim, n.worker_pids())
+                got, pids, errors = hammer(
+                    n, lambda t, i: "/%s?k=after" % loc, 6, 60)
+                self.assertEqual(errors, 0)
+                self.assertEqual(got.count(200), 300, loc)
+                self.assertEqual(got.count(429), 60, loc)
+        finally:
+            n.stop()
+
+
+class Reload(unittest.TestCase):
+    def conf(self, alg="fixed_window_per_key", key="$arg_k", extra=""):
+        rate = "3/1d" if "bucket" not in alg else "3r/d burst=3"
+        return ("tollgate_zone %s zone=r:1m algorithm=%s rate=%s;\n"
+                "tollgate_zone $arg_k zone=s:1m algorithm=sliding_window "
+                "rate=3/1d;\n%s\n"
+                "server { listen 127.0.0.1:PORT;"
+                " location /r { tollgate zone=r; try_files /index.html =404; }"
+                " location /s { tollgate zone=s; try_files /index.html =404; }"
+                " }" % (key, alg, rate, extra))
+
+    def test_reload_keeps_counts_and_refuses_changes(self):
+        n = ngx.Nginx(self.conf())
+        try:
+            self.assertEqual(statuses(n, "/r?k=a", 2), [200, 200])
+            self.assertEqual(statuses(n, "/s?k=a", 2), [200, 200])
+            old_workers = n.worker_pids()
+            # same zones (another directive added): the counts go on
+            self.assertTrue(n.reload(self.conf(extra="tollgate_status 503;")))
+            self.assertNotEqual(n.worker_pids(), old_workers)
+            self.assertEqual(statuses(n, "/r?k=a", 2), [200, 503])
+            self.assertEqual(statuses(n, "/s?k=a", 2), [200, 503])
+            # another algorithm in the same zone: refused, named, and the
+            # running configuration (and its counts) stays
+            workers = n.worker_pids()
+            self.assertFalse(n.reload(self.conf(alg="token_bucket")))
+            self.assertIn('tollgate_zone "r" changed: it holds a table of',
+                          n.error_log())
+            self.assertIn("for fixed_window_per_key", n.error_log())
+            self.assertEqual(n.worker_pids(), workers)
+            self.assertEqual(statuses(n, "/r?k=a", 1), [503])
+            self.assertEqual(statuses(n, "/r?k=b", 1), [200])
+            # another key: refused too
+            self.assertFalse(n.reload(self.conf(key="$arg_other")))
+            self.assertIn('tollgate_zone "r" uses the key "$arg_other" while '
+                          'previously it used "$arg_k"', n.error_log())
+            self.assertEqual(n.worker_pids(), workers)
+            # a new zone name starts afresh
+            self.assertTrue(n.reload(self.conf().replace("zone=r", "zone=r2")))
+            self.assertEqual(statuses(n, "/r?k=a", 4), [200] * 3 + [429])
+        finally:
+            n.stop()
+
+
+class LimitReq(unittest.TestCase):
+    """The same request times through limit_req and through tollgate's
+    leaky bucket with the same burst/nodelay give the same answers. The
+    times keep 200 ms or more from every moment where a slot frees, so
+    scheduling noise cannot flip an answer."""
+
+    def test_nodelay_sequence(self):
+        zones = ("limit_req_zone $binary_remote_addr zone=lr:1m rate=1r/s;\n"
+                 "tollgate_zone $binary_remote_addr zone=tg:1m "
+                 "algorithm=leaky_bucket rate=1r/s;\n")
+        locs = ("limit_req_status 429;\n"
+                "location /lr { limit_req zone=lr burst=2 nodelay;"
+                " try_files /index.html =404; }\n"
+                "location /tg { tollgate zone=tg burst=2 nodelay;"
+                " try_files /index.html =404; }\n")
+        n = server(locs, zones)
+        # (seconds after the start, requests at that moment)
+        plan = [(0.0, 4), (0.5, 1), (1.5, 2), (2.5, 1), (4.5, 3), (4.7, 1)]
+        expect = [200, 200, 200, 429, 429, 200, 429, 200, 200, 200, 429,
+                  429]
+        try:
+            answers = {"lr": [], "tg": []}
+            t0 = time.monotonic()
+            for at, count in plan:
+                while time.monotonic() - t0 < at:
+                    time.sleep(0.005)
+                for _ in range(count):
+                    for loc in ("lr", "tg"):
+                        answers[loc].append(n.request("/" + loc)[0])
+            self.assertEqual(answers["lr"], expect)
+            self.assertEqual(answers["tg"], answers["lr"])
+        finally:
+            n.stop()
+
+    def test_delay_queue(self):
+        # burst=2 without nodelay: of 4 simultaneous requests one passes at
+        # once, two wait (at least about 1 s and 2 s: only lower bounds are
+        # checked, a loaded machine can only make them longer), one is
+        # rejected; both modules, and tollgate says DELAYED for the waiting
+        # ones
+        zones = ("limit_req_zone $binary_remote_addr zone=lr:1m rate=1r/s;\n"
+                 "tollgate_zone $binary_remote_addr zone=tg:1m "
+                 "algorithm=leaky_bucket rate=1r/s;\n")
+        locs = ("limit_req_status 429;\n"
+                "location /lr { limit_req zone=lr burst=2;"
+                " try_files /index.html =404; }\n"
+                "location /tg { tollgate zone=tg burst=2;"
+                " add_header X-Status $tollgate_status always;"
+                " try_files /index.html =404; }\n")
+        n = server(locs, zones)
+        try:
+            for loc in ("lr", "tg"):
+                out = []
+                lock = threading.Lock()
+
+                def one():
+                    t = time.monotonic()
+                    st, h, _ = n.request("/" + loc)
+                    with lock:
+                        out.append((st, time.monotonic() - t,
+                                    h.get("x-status")))
+                ts = [threading.Thread(target=one) for _ in range(4)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+                out.sort(key=lambda o: (o[0], o[1]))
+                self.assertEqual([o[0] for o in out], [200, 200, 200, 429],
+                                 (loc, out))
+                waits = sorted(o[1] for o in out if o[0] == 200)
+                self.assertGreater(waits[1], 0.7, (loc, out))
+                self.assertGreater(waits[2], 1.7, (loc, out))
+                if loc == "tg":
+                    self.assertEqual(sorted(o[2] for o in out),
+                                     ["DELAYED", "DELAYED", "PASSED",
+                                      "REJECTED"])
+        finally:
+            n.stop()
+
+
+class Cancel(unittest.TestCase):
+    def test_abandoned_wait_gives_its_slot_back(self):
+        # burst=2 at 1r/s: A passes, B waits ~1 s, C ~2 s. C's client goes
+        # away: its reservation is cancelled (the last one, so its slot is
+        # free again), and D, which would have been rejected, waits ~2 s.
+        # (limit_req keeps an abandoned request's slot.)
+        zones = ("tollgate_zone $arg_k zone=tg:1m algorithm=leaky_bucket "
+                 "rate=1r/s;\n")
+        locs = ("location /tg { tollgate zone=tg burst=2;"
+                " add_header X-Status $tollgate_status always;"
+                " try_files /index.html =404; }\n")
+        n = server(locs, zones)
+        try:
+            out = {}
+
+            def one(name):
+                out[name] = n.request("/tg?k=c")
+            a = threading.Thread(target=one, args=("a",))
+            a.start()
+            a.join()
+            b = threading.Thread(target=one, args=("b",))
+            b.start()
+            time.sleep(0.2)
+            c = socket.create_connection(("127.0.0.1", n.port))
+            c.sendall(b"GET /tg?k=c HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.3)  # C is queued
+            c.close()
+            time.sleep(0.3)  # nginx has seen the close
+            d = threading.Thread(target=one, args=("d",))
+            d.start()
+            b.join()
+            d.join()
+            self.assertEqual(out["a"][0], 200)
+            self.assertEqual((out["b"][0], out["b"][1]["x-status"]),
+                             (200, "DELAYED"))
+            self.assertEqual((out["d"][0], out["d"][1]["x-status"]),
+                             (200, "DELAYED"))
+        finally:
+            n.stop()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,348 @@
+/*
+ * test_region.c - the table in memory the caller provides (tg_config.region,
+ * tg_region_bytes), as nginx's shared zones use it.
+ *
+ *   1. sizes and validation: tg_region_bytes, too small, misaligned,
+ *      combined with another store;
+ *   2. initialise, attach, keep: a second limiter on the region sees the
+ *      first's counts, and so does one created after every limiter was
+ *      destroyed (what a server's reload does); the region is not unmapped;
+ *   3. other parameters are TG_EMISMATCH and change nothing; a damaged
+ *      header is TG_ECORRUPT; bytes that are not a table are initialised;
+ *   4. a full region answers TG_EFULL through the failure policy;
+ *   5. processes: a limiter made before fork() is used by four children on
+ *      a MAP_SHARED anonymous region while the parent SIGKILLs one of them
+ *      mid-traffic; no more than the limit is ever admitted, and afterwards
+ *      every call succeeds (no lock left held) and a fresh key admits
+ *      exactly the limit, for all five algorithms.
+ *
+ * Children never assert (cmocka long-jumps): they write what they saw into
+ * a MAP_SHARED area with __atomic operations and exit; the parent asserts.
+ */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "store/table.h"
+#include "tollgate.h"
+
+/* ThreadSanitizer models neither atomics nor locks between processes (see
+ * test_shm.c): the concurrent multi-process part runs in the other builds. */
+#if defined(__SANITIZE_THREAD__)
+#define TG_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TG_TEST_TSAN 1
+#endif
+#endif
+
+#define T0 UINT64_C(1700000000000000) /* us: a fixed instant */
+
+static void *map_shared(size_t bytes) {
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                 // cppcheck-suppress invalidFunctionArg
+                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(p != MAP_FAILED);
+  return p;
+}
+
+static void config(tg_config *cfg, tg_algorithm alg, uint64_t capacity) {
+  tg_config_init(cfg);
+  cfg->algorithm = alg;
+  cfg->capacity = capacity;
+  cfg->sliding_max_entries = 256;
+  cfg->clean_period_ms = 0; /* no thread: fork() must not inherit one */
+}
+
+static void test_sizes_and_validation(void **state) {
+  (void)state;
+  tg_config cfg;
+  config(&cfg, TG_FIXED_WINDOW, 1000);
+  assert_int_equal(tg_region_bytes(NULL), 0);
+  size_t bytes = tg_region_bytes(&cfg);
+  assert_true(bytes >= 1000 * 48); /* a slot per key at least */
+  cfg.capacity = 0;
+  assert_int_equal(tg_region_bytes(&cfg), 0);
+  cfg.capacity = 1000;
+  cfg.long_keys = 2000;
+  assert_int_equal(tg_region_bytes(&cfg), 0);
+  cfg.long_keys = 0;
+  cfg.algorithm = TG_SLIDING_WINDOW;
+  assert_true(tg_region_bytes(&cfg) > bytes); /* the logs */
+  cfg.algorithm = TG_FIXED_WINDOW;
+
+  unsigned char *mem = map_shared(bytes + 64);
+  tg_limiter *lim = NULL;
+  cfg.region = mem;
+  cfg.region_bytes = bytes - 1;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  assert_null(lim);
+  cfg.region = mem + 8;
+  cfg.region_bytes = bytes;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  cfg.region = mem;
+  cfg.shm_name = "/tg-test-region-never";
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  cfg.shm_name = NULL;
+  /* nothing was written by the refusals */
+  for (size_t i = 0; i < bytes; i++)
+    if (mem[i]) {
+      fail_msg("byte %zu written by a refused tg_limiter_new", i);
+    }
+  /* a larger region is fine; the table uses tg_region_bytes of it */
+  cfg.region_bytes = bytes + 64;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), 0);
+  tg_limiter_destroy(lim);
+  munmap(mem, bytes + 64);
+}
+
+static void test_attach_and_keep(void **state) {
+  (void)state;
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_config cfg;
+    config(&cfg, (tg_algorithm)a, 500);
+    size_t bytes = tg_region_bytes(&cfg);
+    void *mem = map_shared(bytes);
+    cfg.region = mem;
+    cfg.region_bytes = bytes;
+    tg_quota q = {.limit = 5, .period_ms = 60000, .burst = 5};
+    tg_limiter *one, *two;
+    tg_result r;
+    assert_int_equal(tg_limiter_new(&one, &cfg), 0);
+    for (int i = 0; i < 3; i++)
+      assert_int_equal(tg_hit_at(one, T0, "k", 1, &q, 1, &r), 0);
+    assert_int_equal(tg_limiter_new(&two, &cfg), 0);
+    assert_int_equal(tg_hit_at(two, T0, "k", 1, &q, 1, &r), 0);
+    assert_true(r.allowed);
+    assert_int_equal(r.remaining, 1);
+    assert_int_equal(tg_key_count(one), 1);
+    tg_limiter_destroy(one);
+    tg_limiter_destroy(two);
+    /* every limiter gone, the region (still mapped: touching it would
+     * fault otherwise) keeps the counts for the next */
+    assert_int_equal(tg_limiter_new(&one, &cfg), 0);
+    assert_int_equal(tg_hit_at(one, T0, "k", 1, &q, 1, &r), 0);
+    assert_true(r.allowed);
+    assert_int_equal(r.remaining, 0);
+    assert_int_equal(tg_hit_at(one, T0, "k", 1, &q, 1, &r), 0);
+    assert_false(r.allowed);
+    tg_limiter_destroy(one);
+    munmap(mem, bytes);
+  }
+}
+
+static void test_mismatch_and_corrupt(void **state) {
+  (void)state;
+  tg_config cfg;
+  config(&cfg, TG_TOKEN_BUCKET, 1000);
+  size_t bytes = tg_region_bytes(&cfg);
+  tg_config big = cfg;
+  big.capacity = 4000;
+  size_t room = tg_region_bytes(&big);
+  unsigned char *mem = map_shared(room);
+  /* bytes that are not a table are overwritten */
+  memset(mem, 0xa5, room);
+  cfg.region = mem;
+  cfg.region_bytes = room;
+  tg_limiter *lim, *other = NULL;
+  tg_result r;
+  tg_quota q = {.limit = 10, .period_ms = 1000, .burst = 10};
+  assert_int_equal(tg_limiter_new(&lim, &cfg), 0);
+  assert_int_equal(tg_hit_at(lim, T0, "k", 1, &q, 4, &r), 0);
+  assert_int_equal(r.remaining, 6);
+  tg_limiter_destroy(lim);
+
+  unsigned char *copy = malloc(bytes);
+  assert_non_null(copy);
+  memcpy(copy, mem, bytes);
+  tg_config changed = cfg;
+  changed.capacity = 4000;
+  assert_int_equal(tg_limiter_new(&other, &changed), TG_EMISMATCH);
+  assert_null(other);
+  changed = cfg;
+  changed.algorithm = TG_LEAKY_BUCKET;
+  assert_int_equal(tg_limiter_new(&other, &changed), TG_EMISMATCH);
+  changed = cfg;
+  changed.capacity = 100000; /* would need more than the region has */
+  assert_int_equal(tg_limiter_new(&other, &changed), TG_EMISMATCH);
+  changed = cfg;
+  changed.long_keys = 10;
+  assert_int_equal(tg_limiter_new(&other, &changed), TG_EMISMATCH);
+  assert_memory_equal(copy, mem, bytes); /* refusals change nothing */
+  free(copy);
+
+  /* the same parameters still attach, with the count */
+  assert_int_equal(tg_limiter_new(&lim, &cfg), 0);
+  assert_int_equal(tg_hit_at(lim, T0, "k", 1, &q, 0, &r), 0);
+  assert_int_equal(r.remaining, 6);
+  tg_limiter_destroy(lim);
+
+  /* a damaged header (the magic intact) is refused, not reinitialised */
+  tg__table_hdr *h = (tg__table_hdr *)mem;
+  h->nslots += 1;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_ECORRUPT);
+  h->nslots -= 1;
+  h->total_bytes = room * 2; /* claims more than the region */
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_ECORRUPT);
+  munmap(mem, room);
+}
+
+static void test_full(void **state) {
+  (void)state;
+  tg_config cfg;
+  config(&cfg, TG_FIXED_WINDOW, 8);
+  size_t bytes = tg_region_bytes(&cfg);
+  void *mem = map_shared(bytes);
+  cfg.region = mem;
+  cfg.region_bytes = bytes;
+  tg_limiter *lim;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), 0);
+  tg_quota q = {.limit = 5, .period_ms = 60000};
+  tg_result r;
+  char key[16];
+  for (int i = 0; i < 8; i++) {
+    snprintf(key, sizeof key, "key%d", i);
+    assert_int_equal(tg_hit_at(lim, T0, key, strlen(key), &q, 1, &r), 0);
+  }
+  assert_int_equal(tg_hit_at(lim, T0, "one more", 8, &q, 1, &r), TG_EFULL);
+  assert_true(r.degraded);
+  assert_true(r.allowed); /* the default policy, fail open */
+  tg_limiter_destroy(lim);
+  munmap(mem, bytes);
+}
+
+/* ---- processes ---- */
+
+#define CHILDREN 4
+#define PER_CHILD 150
+#define LIMIT 200
+
+typedef struct shared_counts {
+  uint64_t admitted[CHILDREN + 1]; /* on "hot" (then "after") */
+  uint64_t progress[CHILDREN + 1]; /* calls made */
+  uint64_t errors[CHILDREN + 1];   /* calls that did not return 0 */
+  int64_t first_error[CHILDREN + 1];
+} shared_counts;
+
+/* A child's traffic: the hot key, and a new key every few calls (a key's
+ * creation takes the table lock, so a kill can land while it is held). */
+static void traffic(tg_limiter *lim, const char *hot, int me, shared_counts *sc,
+                    int per) {
+  tg_quota q = {.limit = LIMIT, .period_ms = 86400000, .burst = LIMIT};
+  tg_result r;
+  char key[32];
+  for (int i = 0; i < per; i++) {
+    int rc = tg_hit_at(lim, T0, hot, strlen(hot), &q, 1, &r);
+    if (rc == 0 && r.allowed)
+      __atomic_add_fetch(&sc->admitted[me], 1, __ATOMIC_SEQ_CST);
+    if (rc == 0 && i % 4 == 0) {
+      snprintf(key, sizeof key, "%s-%d-%d-%d", hot, (int)getpid(), me, i);
+      rc = tg_hit_at(lim, T0, key, strlen(key), &q, 1, &r);
+    }
+    if (rc != 0) {
+      __atomic_add_fetch(&sc->errors[me], 1, __ATOMIC_SEQ_CST);
+      __atomic_store_n(&sc->first_error[me], rc, __ATOMIC_SEQ_CST);
+    }
+    __atomic_add_fetch(&sc->progress[me], 1, __ATOMIC_SEQ_CST);
+  }
+}
+
+static uint64_t sum(const uint64_t *v) {
+  uint64_t s = 0;
+  for (int i = 0; i <= CHILDREN; i++)
+    s += __atomic_load_n(&v[i], __ATOMIC_SEQ_CST);
+  return s;
+}
+
+static void test_processes_one_killed(void **state) {
+  (void)state;
+#ifdef TG_TEST_TSAN
+  skip();
+#endif
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_config cfg;
+    config(&cfg, (tg_algorithm)a, 4096);
+    size_t bytes = tg_region_bytes(&cfg);
+    void *mem = map_shared(bytes);
+    shared_counts *sc = map_shared(sizeof *sc);
+    cfg.region = mem;
+    cfg.region_bytes = bytes;
+    tg_limiter *lim;
+    assert_int_equal(tg_limiter_new(&lim, &cfg), 0);
+
+    pid_t pids[CHILDREN];
+    for (int c = 0; c < CHILDREN; c++) {
+      pids[c] = fork();
+      assert_true(pids[c] >= 0);
+      if (pids[c] == 0) {
+        traffic(lim, "hot", c, sc, PER_CHILD);
+        _exit(0);
+      }
+    }
+    /* kill child 0 once it is well into its traffic */
+    while (__atomic_load_n(&sc->progress[0], __ATOMIC_SEQ_CST) < 20)
+      usleep(100);
+    kill(pids[0], SIGKILL);
+    for (int c = 0; c < CHILDREN; c++) {
+      int st;
+      assert_int_equal(waitpid(pids[c], &st, 0), pids[c]);
+      if (c == 0)
+        assert_true(WIFSIGNALED(st) || (WIFEXITED(st) && !WEXITSTATUS(st)));
+      else
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    /* the victim may have died between its admission and counting it */
+    uint64_t admitted = sum(sc->admitted);
+    assert_true(admitted <= LIMIT);
+    assert_true(admitted >= LIMIT - 1);
+    assert_int_equal(sum(sc->errors), 0);
+
+    /* afterwards: a new child and the parent on a fresh key, every call
+     * answered (no lock left held), exactly the limit admitted */
+    memset(sc, 0, sizeof *sc);
+    pid_t late = fork();
+    assert_true(late >= 0);
+    if (late == 0) {
+      traffic(lim, "after", 1, sc, PER_CHILD);
+      _exit(0);
+    }
+    traffic(lim, "after", 0, sc, PER_CHILD);
+    int st;
+    assert_int_equal(waitpid(late, &st, 0), late);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    if (sum(sc->errors))
+      fail_msg("%s: %llu calls failed, e.g. %s",
+               tg_algorithm_name((tg_algorithm)a),
+               (unsigned long long)sum(sc->errors),
+               tg_err_name((int)(sc->first_error[0] ? sc->first_error[0]
+                                                    : sc->first_error[1])));
+    assert_int_equal(sum(sc->admitted), LIMIT);
+    tg_limiter_destroy(lim);
+    munmap(sc, sizeof *sc);
+    munmap(mem, bytes);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sizes_and_validation),
+      cmocka_unit_test(test_attach_and_keep),
+      cmocka_unit_test(test_mismatch_and_corrupt),
+      cmocka_unit_test(test_full),
+      cmocka_unit_test(test_processes_one_killed),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
