@@ -5,6 +5,9 @@
 #   ./scripts/test.sh                 the debug preset (gcc or cc, -Werror)
 #   ./scripts/test.sh asan tsan       several presets in turn: debug, release,
 #                                     asan (ASan+UBSan), tsan, clang
+#   ./scripts/test.sh -L unit         only the tests with a label (a CTest
+#                                     regex); -E slow leaves a label out.
+#                                     Labels: docs/DESIGN.md, "Tests".
 #
 # Each preset is a CMake workflow (CMakePresets.json): configure into
 # build/<preset>, build, run CTest with output on failure. First it makes sure
@@ -17,7 +20,25 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-presets=("$@")
+presets=()
+ctest_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+  -L | -E)
+    [ $# -ge 2 ] || { echo "test.sh: $1 wants a label" >&2; exit 2; }
+    [ "$1" = -L ] && ctest_args+=(-L "$2") || ctest_args+=(-LE "$2")
+    shift 2
+    ;;
+  -*)
+    echo "test.sh: unknown option $1 (presets, -L LABEL, -E LABEL)" >&2
+    exit 2
+    ;;
+  *)
+    presets+=("$1")
+    shift
+    ;;
+  esac
+done
 [ ${#presets[@]} -gt 0 ] || presets=(debug)
 
 # Debian package for each missing dependency.
@@ -78,5 +99,11 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/n
 
 for p in "${presets[@]}"; do
   echo "=== test.sh: preset $p"
-  cmake --workflow --preset "$p"
+  if [ ${#ctest_args[@]} -eq 0 ] || [ "$p" = release ]; then
+    cmake --workflow --preset "$p"
+  else # the workflow's steps, with a label filter on the test step
+    cmake --preset "$p"
+    cmake --build --preset "$p"
+    ctest --preset "$p" "${ctest_args[@]}"
+  fi
 done

@@ -1,7 +1,7 @@
 /*
  * accept_helpers.h - shared helpers for the acceptance tests
  * (test_fixed_window, test_per_key_window, test_sliding_window, test_buckets,
- * test_api).
+ * test_contract, test_api).
  *
  * The acceptance tests are written from the contract (docs/DESIGN.md section 3
  * and include/tollgate.h), never from the implementation. Time is always driven
@@ -285,5 +285,40 @@ static inline void retry_exact_(tg_limiter *lim, uint64_t now_us,
   retry_exact_((lim), (now_us), (key), (q), (cost),                            \
                deny_((lim), (now_us), (key), (q), (cost), __FILE__, __LINE__), \
                __FILE__, __LINE__)
+
+/* ---- scenarios every algorithm runs (test_contract.c) ----
+ * ALL5(f) registers scenario f five times, "<algorithm>/f", each on a new
+ * limiter of that algorithm (on the store TG_TEST_STORE names), as BOTH(f)
+ * does for the two buckets; the scenario reads its algorithm from
+ * contract_alg. */
+static tg_algorithm contract_alg;
+
+static inline int contract_setup_(void **state, tg_algorithm alg) {
+  contract_alg = alg;
+  return new_limiter_(state, alg);
+}
+static inline int setup_fixed_window(void **state) {
+  return contract_setup_(state, TG_FIXED_WINDOW);
+}
+static inline int setup_per_key_window(void **state) {
+  return contract_setup_(state, TG_FIXED_WINDOW_PER_KEY);
+}
+static inline int setup_sliding_window(void **state) {
+  return contract_setup_(state, TG_SLIDING_WINDOW);
+}
+static inline int setup_token_bucket(void **state) {
+  return contract_setup_(state, TG_TOKEN_BUCKET);
+}
+static inline int setup_leaky_bucket(void **state) {
+  return contract_setup_(state, TG_LEAKY_BUCKET);
+}
+
+#define ALL5(f)                                                                \
+  {"fixed_window/" #f, f, setup_fixed_window, destroy_limiter, NULL},          \
+      {"per_key_window/" #f, f, setup_per_key_window, destroy_limiter, NULL},  \
+      {"sliding_window/" #f, f, setup_sliding_window, destroy_limiter, NULL},  \
+      {"token_bucket/" #f, f, setup_token_bucket, destroy_limiter, NULL}, {    \
+    "leaky_bucket/" #f, f, setup_leaky_bucket, destroy_limiter, NULL           \
+  }
 
 #endif /* ACCEPT_HELPERS_H */

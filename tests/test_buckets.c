@@ -310,14 +310,6 @@ static void reset_deletes_state(void **state) {
   RESET(lim, "never-seen");
 }
 
-static void unknown_keys_are_fresh(void **state) {
-  tg_limiter *lim = *state;
-  EXPECT_GET(lim, T0, "nobody", &q10, TOKEN ? 10 : 0);
-  EXPECT_EXPIRES(lim, T0, "nobody", &q10, 0);
-  ASSERT_KEYS(lim, 0);
-  EXPECT_HIT(lim, T0, "nobody", &q10, 1, 1, TOKEN ? 9 : 1, 9, 0, 100);
-}
-
 /* A fully recovered bucket is fresh again. */
 static void recovery_makes_the_key_fresh(void **state) {
   tg_limiter *lim = *state;
@@ -420,7 +412,6 @@ int main(void) {
       BOTH(cost_zero_is_a_peek),
       BOTH(inc_is_not_supported),
       BOTH(reset_deletes_state),
-      BOTH(unknown_keys_are_fresh),
       BOTH(recovery_makes_the_key_fresh),
       BOTH(time_going_backwards_gives_no_refill),
       BOTH(matches_the_gcra_model),

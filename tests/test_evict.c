@@ -43,6 +43,7 @@
 #include "core/core.h"
 #include "store/table.h"
 #include "tollgate.h"
+#include "util.h"
 
 #define T0 UINT64_C(1700000000000000) /* us */
 #define S_US UINT64_C(1000000)
@@ -217,15 +218,6 @@ typedef struct model {
   uint64_t evictions, reclaims, checks;
 } model;
 
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-  z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-  z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-  return z ^ (z >> 31);
-}
-
-static uint64_t below(uint64_t *s, uint64_t n) { return rng_next(s) % n; }
-
 static bool is_window(tg_algorithm a) {
   return a == TG_FIXED_WINDOW || a == TG_FIXED_WINDOW_PER_KEY;
 }
@@ -380,7 +372,7 @@ static void model_run(tg_algorithm alg, uint64_t steps) {
   model *m = calloc(1, sizeof *m);
   assert_non_null(m);
   m->alg = alg;
-  m->rng = UINT64_C(0xe71c7) ^ (uint64_t)alg << 40;
+  m->rng = test_seed("TG_EVICT_SEED", UINT64_C(0xe71c7)) ^ (uint64_t)alg << 40;
   m->now = T0;
   tg__table_params p = {alg, CAP, CAP, LOG_MAX, false, 0, true};
   size_t bytes = (tg__table_bytes(&p) + 63) & ~(size_t)63;
@@ -394,17 +386,17 @@ static void model_run(tg_algorithm alg, uint64_t steps) {
     k->len = i % 3 == 0 ? 40 + (size_t)i : 1 + (size_t)i % 30;
     memset(k->b, 'a' + i % 26, k->len);
     k->b[0] = (unsigned char)i;
-    k->q.limit = 1 + below(&m->rng, 8);
-    k->q.period_ms = periods[below(&m->rng, 5)];
-    k->q.burst = below(&m->rng, 10);
+    k->q.limit = 1 + rng_below(&m->rng, 8);
+    k->q.period_ms = periods[rng_below(&m->rng, 5)];
+    k->q.burst = rng_below(&m->rng, 10);
     assert_int_equal(tg__quota_prepare(&k->pq, &k->q, alg), TG_OK);
   }
   for (m->step = 0; m->step < steps; m->step++) {
-    unsigned r = (unsigned)below(&m->rng, 1000);
+    unsigned r = (unsigned)rng_below(&m->rng, 1000);
     if (r < 300)
-      m->now += below(&m->rng, 3000);
-    mkey *k = &m->k[below(&m->rng, NKEYS)];
-    r = (unsigned)below(&m->rng, 1000);
+      m->now += rng_below(&m->rng, 3000);
+    mkey *k = &m->k[rng_below(&m->rng, NKEYS)];
+    r = (unsigned)rng_below(&m->rng, 1000);
     if (r < 10) {
       size_t removed;
       uint64_t expect = 0;
@@ -425,7 +417,7 @@ static void model_run(tg_algorithm alg, uint64_t steps) {
     } else if (r < 200) {
       model_call(m, k, TG__OP_GET, 0);
     } else {
-      model_call(m, k, TG__OP_HIT, below(&m->rng, 4));
+      model_call(m, k, TG__OP_HIT, rng_below(&m->rng, 4));
     }
   }
   tg__table_check chk;
@@ -442,8 +434,7 @@ static void model_run(tg_algorithm alg, uint64_t steps) {
 
 static void model_with_eviction(void **state) {
   (void)state;
-  const char *e = getenv("TG_EVICT_STEPS");
-  uint64_t steps = e ? strtoull(e, NULL, 10) : 200000;
+  uint64_t steps = env_u64("TG_EVICT_STEPS", 200000);
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
     model_run((tg_algorithm)a, steps);
 }
@@ -549,5 +540,5 @@ int main(void) {
       cmocka_unit_test(model_with_eviction),
       cmocka_unit_test(evictions_race_decisions),
   };
-  return cmocka_run_group_tests(tests, NULL, unlink_seg);
+  return test_report(cmocka_run_group_tests(tests, NULL, unlink_seg));
 }

@@ -259,14 +259,6 @@ static void reset_deletes_state(void **state) {
   RESET(lim, "never-seen");
 }
 
-static void unknown_keys_are_fresh(void **state) {
-  tg_limiter *lim = *state;
-  EXPECT_GET(lim, T0, "nobody", &q10, 0);
-  EXPECT_EXPIRES(lim, T0, "nobody", &q10, 0);
-  ASSERT_KEYS(lim, 0);
-  EXPECT_HIT(lim, T0, "nobody", &q10, 1, 1, 1, 9, 0, 1000);
-}
-
 static void keys_are_independent(void **state) {
   tg_limiter *lim = *state;
   const tg_quota q = {.limit = 1, .period_ms = 1000};
@@ -297,7 +289,6 @@ int main(void) {
       T(inc_overflow_is_an_error),
       T(expires_at),
       T(reset_deletes_state),
-      T(unknown_keys_are_fresh),
       T(keys_are_independent),
   };
 #undef T

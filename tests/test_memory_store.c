@@ -34,6 +34,7 @@
 
 #include "store/table.h"
 #include "tollgate.h"
+#include "util.h"
 
 #define MS(x) ((uint64_t)(x)*UINT64_C(1000))
 /* us since the epoch: a whole second, 800 s past a whole hour */
@@ -758,17 +759,6 @@ static int bg_record(tg_algorithm alg, const tg_expired *e, size_t n,
   return 0;
 }
 
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void sleep_ms(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* With clean_period_ms = 5 the thread removes expired keys by itself, and
  * only expired ones. */
 static void background_thread_cleans(void **state) {
@@ -807,14 +797,14 @@ static void background_thread_cleans(void **state) {
       hit(lim, T0 + MS(1005), key, (size_t)len, &q, 1);
     }
     __atomic_store_n(&clk.now_us, T0 + MS(1010), __ATOMIC_RELEASE);
-    double deadline = seconds() + 5.0;
-    while (tg_key_count(lim) > 10 && seconds() < deadline)
+    double deadline = seconds_now() + 5.0;
+    while (tg_key_count(lim) > 10 && seconds_now() < deadline)
       sleep_ms(1);
     assert_int_equal(tg_key_count(lim), 10);
     /* and then the rest */
     __atomic_store_n(&clk.now_us, T0 + MS(3000), __ATOMIC_RELEASE);
-    deadline = seconds() + 5.0;
-    while (tg_key_count(lim) > 0 && seconds() < deadline)
+    deadline = seconds_now() + 5.0;
+    while (tg_key_count(lim) > 0 && seconds_now() < deadline)
       sleep_ms(1);
     assert_int_equal(tg_key_count(lim), 0);
     tg_limiter_destroy(lim);
@@ -836,10 +826,10 @@ static void destroy_stops_thread_promptly(void **state) {
   for (int i = 0; i < 3; i++) {
     tg_limiter *lim = make(&o);
     if (i > 0)
-      sleep_ms(10 * i); /* the thread is asleep in its wait by now */
-    double t = seconds();
+      sleep_ms(10 * (unsigned)i); /* the thread is asleep in its wait by now */
+    double t = seconds_now();
     tg_limiter_destroy(lim);
-    assert_true(seconds() - t < 2.0);
+    assert_true(seconds_now() - t < 2.0);
   }
 }
 
@@ -881,10 +871,10 @@ static void *creator(void *arg) {
   creation *c = arg;
   const tg_quota q = {.limit = 100, .period_ms = 3600000};
   char key[16];
-  double end = seconds() + CREATE_SECONDS;
+  double end = seconds_now() + CREATE_SECONDS;
   for (unsigned i = 0; i < CREATE_MAX; i++) {
     if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) ||
-        ((i & 1023) == 0 && seconds() > end))
+        ((i & 1023) == 0 && seconds_now() > end))
       break;
     int len = snprintf(key, sizeof key, "key-%u", i);
     tg_result r;

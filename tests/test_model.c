@@ -57,6 +57,7 @@
 
 #include "core/core.h"
 #include "tollgate.h"
+#include "util.h"
 
 #define DEFAULT_SEED UINT64_C(0x70116a7e3ab1e001)
 #define DEFAULT_STEPS UINT64_C(1000000)
@@ -78,53 +79,11 @@
 #define SANITIZED 0
 #endif
 
-/* ---- random numbers (splitmix64: small and reproducible) ---- */
-
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-  z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-  z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-  return z ^ (z >> 31);
-}
-
-/* Uniform in [0, n); 0 when n == 0. */
-static uint64_t below(uint64_t *s, uint64_t n) {
-  return n ? rng_next(s) % n : 0;
-}
-
-/* Uniform in [lo, hi]. */
-static uint64_t range(uint64_t *s, uint64_t lo, uint64_t hi) {
-  return lo + below(s, hi - lo + 1);
-}
-
-/* True with probability pct / 100. */
-static bool chance(uint64_t *s, unsigned pct) { return below(s, 100) < pct; }
-
-static uint64_t env_u64(const char *name, uint64_t def) {
-  const char *s = getenv(name);
-  if (s == NULL || *s == '\0')
-    return def;
-  char *end = NULL;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 0);
-  if (errno != 0 || end == s || *end != '\0') {
-    fprintf(stderr, "test_model: ignoring bad %s=%s\n", name, s);
-    return def;
-  }
-  return (uint64_t)v;
-}
+/* ---- random numbers and the environment: util.h ---- */
 
 static uint64_t steps_per_algorithm(void) {
-  const char *quick = getenv("TG_MODEL_QUICK");
-  bool q =
-      SANITIZED || (quick != NULL && *quick != '\0' && strcmp(quick, "0") != 0);
+  bool q = SANITIZED || env_flag("TG_MODEL_QUICK");
   return env_u64("TG_MODEL_STEPS", q ? QUICK_STEPS : DEFAULT_STEPS);
-}
-
-static double seconds_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* ---- configurations ---- */
@@ -395,14 +354,14 @@ static void make_keys(model *m) {
     for (;;) {
       /* lengths: short inline, up to the inline limit, the 32/33 border,
        * chunked, the longest; some keys are near-duplicates of the last */
-      unsigned pick = (unsigned)below(r, 100);
+      unsigned pick = (unsigned)rng_below(r, 100);
       if (i > 0 && pick < 15) {
         const mkey *p = &m->keys[i - 1];
         memcpy(k->bytes, p->bytes, p->len);
         k->len = p->len;
-        switch (below(r, 3)) {
+        switch (rng_below(r, 3)) {
         case 0: /* last byte differs */
-          k->bytes[k->len - 1] ^= (unsigned char)range(r, 1, 255);
+          k->bytes[k->len - 1] ^= (unsigned char)rng_range(r, 1, 255);
           break;
         case 1: /* one NUL more */
           if (k->len < TG_KEY_MAX)
@@ -415,17 +374,16 @@ static void make_keys(model *m) {
         }
       } else {
         if (pick < 35)
-          k->len = (size_t)range(r, 1, 8);
+          k->len = (size_t)rng_range(r, 1, 8);
         else if (pick < 50)
-          k->len = (size_t)range(r, 9, 31);
+          k->len = (size_t)rng_range(r, 9, 31);
         else if (pick < 60)
-          k->len = (size_t)range(r, 32, 33);
+          k->len = (size_t)rng_range(r, 32, 33);
         else if (pick < 95)
-          k->len = (size_t)range(r, 34, TG_KEY_MAX - 1);
+          k->len = (size_t)rng_range(r, 34, TG_KEY_MAX - 1);
         else
           k->len = TG_KEY_MAX;
-        for (size_t j = 0; j < k->len; j++)
-          k->bytes[j] = chance(r, 10) ? 0 : (unsigned char)rng_next(r);
+        key_random(r, k->bytes, k->len);
       }
       bool dup = false;
       for (size_t j = 0; j < i && !dup; j++)
@@ -435,9 +393,9 @@ static void make_keys(model *m) {
         break;
     }
     static const uint64_t periods[] = {1, 2, 3, 10, 25, 100, 400};
-    k->q.limit = chance(r, 10) ? range(r, 13, 60) : range(r, 1, 12);
-    k->q.period_ms = periods[below(r, sizeof periods / sizeof periods[0])];
-    k->q.burst = chance(r, 40) ? 0 : range(r, 1, 2 * k->q.limit);
+    k->q.limit = rng_chance(r, 10) ? rng_range(r, 13, 60) : rng_range(r, 1, 12);
+    k->q.period_ms = periods[rng_below(r, sizeof periods / sizeof periods[0])];
+    k->q.burst = rng_chance(r, 40) ? 0 : rng_range(r, 1, 2 * k->q.limit);
     assert_int_equal(tg__quota_prepare(&k->pq, &k->q, m->alg), TG_OK);
     if (m->alg == TG_SLIDING_WINDOW) {
       /* live costs never pass the limit and each is >= 1, so a pruned log
@@ -464,7 +422,7 @@ static void model_init(model *m, tg_algorithm alg, unsigned ci,
   m->cfg_index = ci;
   m->seed = base_seed ^ ((uint64_t)alg << 56) ^ ((uint64_t)ci << 48);
   m->rng = m->seed;
-  m->now_us = T0 + below(&m->rng, 1000000);
+  m->now_us = T0 + rng_below(&m->rng, 1000000);
   make_keys(m);
   tg_config cfg;
   tg_config_init(&cfg);
@@ -731,41 +689,41 @@ static void sweep(model *m) {
  * and then by up to several periods of the longest quota (400 ms). */
 static void advance(model *m) {
   uint64_t *r = &m->rng;
-  unsigned p = (unsigned)below(r, 1000);
+  unsigned p = (unsigned)rng_below(r, 1000);
   unsigned slow = m->cfg->pace == 0 ? 4 : 1; /* slow: jumps 4x rarer */
   if (p < 450)
     return;
   if (p < 750)
-    m->now_us += range(r, 1, 999);
+    m->now_us += rng_range(r, 1, 999);
   else if (p < 750 + 200 / slow)
-    m->now_us += range(r, 1000, 5000);
+    m->now_us += rng_range(r, 1000, 5000);
   else if (p < 750 + 240 / slow)
-    m->now_us += range(r, 5000, 60000);
+    m->now_us += rng_range(r, 5000, 60000);
   else if (p < 750 + 248 / slow)
-    m->now_us += range(r, 60000, 500000);
+    m->now_us += rng_range(r, 60000, 500000);
   else if (p < 750 + 250 / slow)
-    m->now_us += range(r, 500000, 2000000);
+    m->now_us += rng_range(r, 500000, 2000000);
 }
 
 static uint64_t pick_cost(model *m, const mkey *k) {
   uint64_t *r = &m->rng;
-  unsigned p = (unsigned)below(r, 100);
+  unsigned p = (unsigned)rng_below(r, 100);
   uint64_t cap = is_bucket(m->alg) ? k->pq.burst : k->q.limit;
   if (p < 10)
     return 0;
   if (p < 65)
     return 1;
   if (p < 90)
-    return range(r, 2, 4);
-  return range(r, 1, cap + 2);
+    return rng_range(r, 2, 4);
+  return rng_range(r, 1, cap + 2);
 }
 
 static void run_model(model *m, uint64_t steps) {
   uint64_t *r = &m->rng;
   for (m->step = 0; m->step < steps; m->step++) {
     advance(m);
-    mkey *k = &m->keys[below(r, m->nkeys)];
-    unsigned p = (unsigned)below(r, 1000);
+    mkey *k = &m->keys[rng_below(r, m->nkeys)];
+    unsigned p = (unsigned)rng_below(r, 1000);
     if (p < 15) {
       do_clean(m);
     } else if (p < 45) {
@@ -776,12 +734,12 @@ static void run_model(model *m, uint64_t steps) {
       do_call(m, k, OP_EXPIRES, 0);
     } else if (p < 275 && m->alg != TG_SLIDING_WINDOW) {
       uint64_t cap = is_bucket(m->alg) ? k->pq.burst : k->q.limit;
-      uint64_t v = chance(r, 5) ? cap + 1 : range(r, 0, cap);
+      uint64_t v = rng_chance(r, 5) ? cap + 1 : rng_range(r, 0, cap);
       if (p < 185)
         v = is_bucket(m->alg) && m->alg == TG_TOKEN_BUCKET ? cap : 0;
       do_call(m, k, OP_SET, v);
     } else if (p < 375 && is_window(m->alg)) {
-      do_call(m, k, OP_INC, range(r, 0, 3));
+      do_call(m, k, OP_INC, rng_range(r, 0, 3));
     } else {
       do_call(m, k, OP_HIT, pick_cost(m, k));
     }
@@ -796,7 +754,7 @@ static void run_model(model *m, uint64_t steps) {
 }
 
 static uint64_t base_seed(void) {
-  return env_u64("TG_MODEL_SEED", DEFAULT_SEED);
+  return test_seed("TG_MODEL_SEED", DEFAULT_SEED);
 }
 
 static void model_algorithm(tg_algorithm alg) {
@@ -863,5 +821,5 @@ int main(void) {
       cmocka_unit_test(model_token_bucket),
       cmocka_unit_test(model_leaky_bucket),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return test_report(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -258,14 +258,6 @@ static void reset_deletes_state(void **state) {
   RESET(lim, "never-seen");
 }
 
-static void unknown_keys_are_fresh(void **state) {
-  tg_limiter *lim = *state;
-  EXPECT_GET(lim, T0, "nobody", &q5, 0);
-  EXPECT_EXPIRES(lim, T0, "nobody", &q5, 0);
-  ASSERT_KEYS(lim, 0);
-  EXPECT_HIT(lim, T0, "nobody", &q5, 1, 1, 1, 4, 0, 1000);
-}
-
 /* A call earlier than the window's start is inside it (elapsed clamped at
  * 0): it is counted and does not move the window. */
 static void time_going_backwards_does_not_move_the_window(void **state) {
@@ -296,7 +288,6 @@ int main(void) {
       T(inc_of_zero_writes_nothing),
       T(inc_overflow_is_an_error),
       T(reset_deletes_state),
-      T(unknown_keys_are_fresh),
       T(time_going_backwards_does_not_move_the_window),
   };
 #undef T

@@ -45,6 +45,7 @@
 #include <time.h>
 
 #include "tollgate.h"
+#include "util.h"
 
 #define DEFAULT_SEED UINT64_C(0x70116a7e5eed0001)
 #define DEFAULT_STEPS UINT64_C(1000000)
@@ -54,63 +55,19 @@
 #define MAX_QUOTAS 3
 #define HIST 24 /* calls remembered per key for failure reports */
 
-/* ---- random numbers (splitmix64: tiny, good enough, reproducible) ---- */
-
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-  z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-  z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-  return z ^ (z >> 31);
-}
-
-/* Uniform-ish in [0, n); 0 when n == 0. */
-static uint64_t rng_below(uint64_t *s, uint64_t n) {
-  return n ? rng_next(s) % n : 0;
-}
-
-/* Uniform-ish in [lo, hi]. */
-static uint64_t rng_range(uint64_t *s, uint64_t lo, uint64_t hi) {
-  if (hi <= lo)
-    return lo;
-  if (hi - lo == UINT64_MAX)
-    return rng_next(s);
-  return lo + rng_below(s, hi - lo + 1);
-}
+/* ---- random numbers and the environment: util.h ---- */
 
 static uint64_t ceil_div(uint64_t a, uint64_t b) {
   return a / b + (a % b != 0);
 }
 
-static uint64_t env_u64(const char *name, uint64_t def) {
-  const char *s = getenv(name);
-  if (s == NULL || *s == '\0')
-    return def;
-  char *end = NULL;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 0);
-  if (errno != 0 || end == s || *end != '\0') {
-    fprintf(stderr, "test_property: ignoring bad %s=%s\n", name, s);
-    return def;
-  }
-  return (uint64_t)v;
-}
-
 static uint64_t base_seed(void) {
-  return env_u64("TG_PROPERTY_SEED", DEFAULT_SEED);
+  return test_seed("TG_PROPERTY_SEED", DEFAULT_SEED);
 }
 
 static uint64_t steps_per_algorithm(void) {
-  const char *quick = getenv("TG_PROPERTY_QUICK");
-  uint64_t def = (quick != NULL && *quick != '\0' && strcmp(quick, "0") != 0)
-                     ? QUICK_STEPS
-                     : DEFAULT_STEPS;
+  uint64_t def = env_flag("TG_PROPERTY_QUICK") ? QUICK_STEPS : DEFAULT_STEPS;
   return env_u64("TG_PROPERTY_STEPS", def);
-}
-
-static double seconds_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* ---- keys: NUL bytes, near-duplicates, the longest legal key ---- */
@@ -1356,5 +1313,5 @@ int main(void) {
       cmocka_unit_test(property_sliding_capped_never_over_limit),
       cmocka_unit_test(property_invalid_input_changes_nothing),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return test_report(cmocka_run_group_tests(tests, NULL, NULL));
 }

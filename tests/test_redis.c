@@ -26,9 +26,11 @@
 #include <cmocka.h>
 
 #include "core/core.h"
+#include "differential.h"
 #include "redis_server.h"
 #include "store/redis_value.h"
 #include "tollgate.h"
+#include "util.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -149,15 +151,9 @@ static void config_is_validated(void **state) {
 
 /* ---- the differential test ---------------------------------------------- */
 
-/* xorshift64*: reproducible from the seed printed on failure. */
+/* util.h's generator: reproducible from the seed printed on failure. */
 static uint64_t rng_state;
-static uint64_t rnd(void) {
-  rng_state ^= rng_state >> 12;
-  rng_state ^= rng_state << 25;
-  rng_state ^= rng_state >> 27;
-  return rng_state * UINT64_C(2685821657736338717);
-}
-static uint64_t below(uint64_t n) { return n ? rnd() % n : 0; }
+static uint64_t below(uint64_t n) { return rng_below(&rng_state, n); }
 
 /* Quotas from ordinary to the edges of what tollgate accepts; those an
  * algorithm refuses must be refused identically by both stores. */
@@ -256,23 +252,8 @@ static uint64_t draw_step(void) {
   }
 }
 
-static bool same_result(const tg_result *a, const tg_result *b) {
-  return a->allowed == b->allowed && a->degraded == b->degraded &&
-         a->count == b->count && a->remaining == b->remaining &&
-         a->retry_after_ms == b->retry_after_ms &&
-         a->reset_after_ms == b->reset_after_ms;
-}
-
-static void print_result(const char *who, int rc, const tg_result *r) {
-  print_error("  %s: %s allowed=%d degraded=%d count=%" PRIu64
-              " remaining=%" PRIu64 " retry=%" PRIu64 " reset=%" PRIu64 "\n",
-              who, tg_err_name(rc), r->allowed, r->degraded, r->count,
-              r->remaining, r->retry_after_ms, r->reset_after_ms);
-}
-
 static size_t env_steps(size_t dflt) {
-  const char *s = getenv("TG_TEST_REDIS_STEPS");
-  return s ? (size_t)strtoull(s, NULL, 10) : dflt;
+  return (size_t)env_u64("TG_TEST_REDIS_STEPS", dflt);
 }
 
 /* Simulated time must never fall behind the server's clock by more than it
@@ -430,86 +411,57 @@ static void differential(tg_algorithm alg, uint64_t seed, size_t steps,
       k->q = &QUOTAS[below(NQUOTAS)]; /* a key's quota changes, rarely */
     unsigned op = (unsigned)below(100);
     uint64_t t0_us = real_us();
-    int rm, rr;
-    tg_result a, b;
-    uint64_t va = 0, vb = 0;
-    memset(&a, 0x11, sizeof a);
-    memset(&b, 0x11, sizeof b);
-    const char *what;
+    diff_call c = {.now_us = now, .key = k->b, .key_len = k->len, .q = k->q};
     if (op < 50) {
-      what = "hit";
-      uint64_t cost = draw_cost(k->q);
-      rm = tg_hit_at(mem, now, k->b, k->len, k->q, cost, &a);
-      rr = tg_hit_at(red, now, k->b, k->len, k->q, cost, &b);
-      if (rm == TG_OK && a.allowed)
-        allowed++;
-      else if (rm == TG_OK)
-        denied++;
+      c.op = DIFF_HIT;
+      c.arg = draw_cost(k->q);
     } else if (op < 58) {
-      what = "batch";
-      tg_batch_item ia[4], ib[4];
-      size_t n = 1 + below(4);
-      for (size_t j = 0; j < n; j++) {
+      c.op = DIFF_BATCH;
+      c.n = 1 + below(4);
+      for (size_t j = 0; j < c.n; j++) {
         dkey *kj = &keys[below(NKEYS)];
-        ia[j] =
+        c.items[j] =
             (tg_batch_item){kj->b, kj->len, kj->q, draw_cost(kj->q), 0, {0}};
-        ib[j] = ia[j];
       }
-      assert_int_equal(tg_hit_batch_at(mem, now, ia, n), TG_OK);
-      assert_int_equal(tg_hit_batch_at(red, now, ib, n), TG_OK);
-      for (size_t j = 0; j < n; j++) {
-        if (ia[j].status != ib[j].status ||
-            !same_result(&ia[j].result, &ib[j].result)) {
-          print_error("seed %" PRIu64 " step %zu: batch item %zu differs\n",
-                      seed, i, j);
-          print_result("memory", ia[j].status, &ia[j].result);
-          print_result("redis ", ib[j].status, &ib[j].result);
-          fail();
-        }
-      }
+    } else if (op < 68) {
+      c.op = DIFF_GET;
+    } else if (op < 76) {
+      c.op = DIFF_EXPIRES;
+    } else if (op < 86) {
+      c.op = DIFF_SET;
+      c.arg = draw_cost(k->q);
+    } else if (op < 97) {
+      c.op = DIFF_INC;
+      c.arg = draw_cost(k->q);
+    } else {
+      c.op = DIFF_RESET;
+    }
+    diff_answer a, b;
+    diff_run(mem, &c, &a);
+    diff_run(red, &c, &b);
+    if (c.op == DIFF_BATCH) {
+      assert_int_equal(a.rc, TG_OK);
+      assert_int_equal(b.rc, TG_OK);
+    }
+    if (!diff_same(&c, &a, &b)) {
+      print_error("seed %" PRIu64 " step %zu: %s on key %zu differs\n", seed, i,
+                  diff_op_names[c.op], (size_t)(k - keys));
+      diff_report(&c, "memory", &a, "redis ", &b);
+      fail();
+    }
+    if (c.op == DIFF_BATCH) {
       /* the batch wrote at its now, under each key's quota */
       for (int j = 0; j < NKEYS; j++)
         ttl_checks +=
             (size_t)check_ttl(look, prefix, alg, &keys[j], now, t0_us);
       continue;
-    } else if (op < 68) {
-      what = "get";
-      rm = tg_get_at(mem, now, k->b, k->len, k->q, &va);
-      rr = tg_get_at(red, now, k->b, k->len, k->q, &vb);
-    } else if (op < 76) {
-      what = "expires_at";
-      rm = tg_expires_at_at(mem, now, k->b, k->len, k->q, &va);
-      rr = tg_expires_at_at(red, now, k->b, k->len, k->q, &vb);
-    } else if (op < 86) {
-      what = "set";
-      uint64_t v = draw_cost(k->q);
-      rm = tg_set_at(mem, now, k->b, k->len, k->q, v);
-      rr = tg_set_at(red, now, k->b, k->len, k->q, v);
-    } else if (op < 97) {
-      what = "inc";
-      uint64_t cost = draw_cost(k->q);
-      rm = tg_inc_at(mem, now, k->b, k->len, k->q, cost, &va);
-      rr = tg_inc_at(red, now, k->b, k->len, k->q, cost, &vb);
-    } else {
-      what = "reset";
-      rm = tg_reset(mem, k->b, k->len);
-      rr = tg_reset(red, k->b, k->len);
     }
-    if (rm != TG_OK)
+    if (a.rc != TG_OK)
       errors++;
-    bool same = rm == rr && va == vb &&
-                (strcmp(what, "hit") != 0 || same_result(&a, &b));
-    if (!same) {
-      print_error("seed %" PRIu64 " step %zu: %s on key %zu (len %zu), quota "
-                  "{%" PRIu64 ", %" PRIu64 ", %" PRIu64 "}, now %" PRIu64
-                  " differs\n",
-                  seed, i, what, (size_t)(k - keys), k->len, k->q->limit,
-                  k->q->period_ms, k->q->burst, now);
-      print_result("memory", rm, &a);
-      print_result("redis ", rr, &b);
-      print_error("  values: memory %" PRIu64 ", redis %" PRIu64 "\n", va, vb);
-      fail();
-    }
+    else if (c.op == DIFF_HIT && a.r.allowed)
+      allowed++;
+    else if (c.op == DIFF_HIT)
+      denied++;
     ttl_checks += (size_t)check_ttl(look, prefix, alg, k, now, t0_us);
   }
   print_message("%s: %zu steps (seed %" PRIu64 "): %zu hits allowed, %zu "

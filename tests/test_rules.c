@@ -43,6 +43,7 @@
 
 #include "../examples/custom_store_map.h"
 #include "tollgate.h"
+#include "util.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SANITIZED 1
@@ -594,12 +595,7 @@ static void model_take(tg_algorithm alg, model_key *m, const tg_quota *q,
 }
 
 static uint64_t rnd_state;
-static uint64_t rnd(uint64_t n) {
-  uint64_t z = (rnd_state += UINT64_C(0x9E3779B97F4A7C15));
-  z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-  z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-  return (z ^ (z >> 31)) % n;
-}
+static uint64_t rnd(uint64_t n) { return rng_below(&rnd_state, n); }
 
 /* A rule of the model's policies: an algorithm, a key index, a quota. */
 typedef struct mrule {
@@ -704,12 +700,11 @@ static void model_run(kind k, uint64_t steps) {
 }
 
 static uint64_t model_steps(void) {
-  const char *s = getenv("TG_RULES_STEPS");
-  if (s && *s)
-    return strtoull(s, NULL, 0);
-  if (getenv("TG_TEST_REDIS_PORT") || cluster_seeds()) /* two round trips */
-    return 20000;
-  return SANITIZED ? 100000 : 1000000;
+  uint64_t def = getenv("TG_TEST_REDIS_PORT") || cluster_seeds()
+                     ? 20000 /* two round trips */
+                 : SANITIZED ? 100000
+                             : 1000000;
+  return env_u64("TG_RULES_STEPS", def);
 }
 
 static void test_model(void **state) {
@@ -717,7 +712,7 @@ static void test_model(void **state) {
   for (int k = 0; k < K_COUNT; k++) {
     if (!kind_ready[k])
       continue;
-    rnd_state = UINT64_C(0x5eed0fa11) + (uint64_t)k;
+    rnd_state = test_seed("TG_RULES_SEED", UINT64_C(0x5eed0fa11)) + (uint64_t)k;
     printf("model: %s, %" PRIu64 " steps\n", KIND_NAME[k], model_steps());
     model_run((kind)k, model_steps());
   }
@@ -961,5 +956,5 @@ int main(void) {
       cmocka_unit_test(test_model),     cmocka_unit_test(test_threads),
       cmocka_unit_test(test_processes),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return test_report(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -53,6 +53,7 @@
 #include "store/lock.h"
 #include "store/table.h"
 #include "tollgate.h"
+#include "util.h"
 
 #if defined(__SANITIZE_THREAD__)
 #define TG_TEST_TSAN 1
@@ -76,18 +77,6 @@ static int unlink_seg(void **state) {
     tg_shm_unlink(seg_name);
   seg_name[0] = '\0';
   return 0;
-}
-
-static uint64_t mono_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static void sleep_ms(unsigned ms) {
-  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-    ;
 }
 
 static tg_config config(tg_algorithm alg, uint64_t capacity) {
@@ -330,7 +319,7 @@ typedef struct creators {
 static void reset_waits_alone(void **state) {
   (void)state;
 #ifdef TG_TEST_TSAN
-  skip(); /* two processes at once on one segment: see test_shm.c */
+  skip(); /* two processes at once on one segment: see shm_helpers.h */
 #endif
   tg_config cfg = config(TG_SLIDING_WINDOW, 256);
   tg_limiter *lim;

@@ -68,6 +68,7 @@
 #include "store/lock.h"
 #include "store/table.h"
 #include "tollgate.h"
+#include "util.h"
 
 #define T0 UINT64_C(1700000000123456) /* us; deliberately not on a ms */
 #define DAY_US UINT64_C(86400000000)
@@ -283,20 +284,13 @@ static void apply_edit(unsigned char *base, const edit *e) {
   memcpy(base + e->off, &v, e->width); /* little-endian, like the region */
 }
 
-static uint32_t xorshift(uint32_t *x) {
-  *x ^= *x << 13;
-  *x ^= *x >> 17;
-  *x ^= *x << 5;
-  return *x;
-}
-
 static void apply_case(const seg *s, const hcase *h) {
   for (unsigned i = 0; i < h->ne; i++)
     apply_edit(s->base, &h->e[i]);
-  uint32_t x = h->storm_seed;
-  for (unsigned i = 0; x && i < h->storm_n; i++) {
-    size_t off = h->storm_lo + xorshift(&x) % (h->storm_hi - h->storm_lo);
-    unsigned char b = (unsigned char)(xorshift(&x) | 1u);
+  uint64_t x = h->storm_seed; /* util.h's generator */
+  for (unsigned i = 0; h->storm_seed && i < h->storm_n; i++) {
+    size_t off = h->storm_lo + (size_t)rng_below(&x, h->storm_hi - h->storm_lo);
+    unsigned char b = (unsigned char)(rng_next(&x) | 1u);
     s->base[off] ^= b;
   }
 }

@@ -53,14 +53,9 @@
 
 #include "store/lock.h"
 #include "tollgate.h"
+#include "util.h"
 
 /* ---- helpers ---- */
-
-static void sleep_ms(unsigned ms) {
-  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-    ;
-}
 
 /* Field 22 of a /proc/<pid>/stat file (the start time), or 0. */
 static uint64_t start_time_of(pid_t pid) {
@@ -88,13 +83,6 @@ static uint64_t identity_of(pid_t pid) {
   return (uint64_t)pid | (start_time_of(pid) & 0xffffffffu) << 32;
 }
 
-static void *shared_area(size_t bytes) {
-  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  assert_true(p != MAP_FAILED);
-  return p;
-}
-
 /* A child that dies with the test, whatever happens to the test. */
 static pid_t fork_child(void) {
   fflush(stdout);
@@ -104,11 +92,6 @@ static pid_t fork_child(void) {
   if (pid == 0)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
   return pid;
-}
-
-static void kill_reap(pid_t pid) {
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
 }
 
 /* The identity of a process that has exited and been reaped. */
@@ -449,13 +432,6 @@ static void release_wakes_a_waiter(void **state) {
   }
 }
 
-static uint64_t rnd(uint64_t *s) { /* xorshift64* */
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * UINT64_C(2685821657736338717);
-}
-
 /* Random words: each is taken over (told), or held by a live process
  * (TG_EBUSY, untouched); never anything else. Low pids are favoured so
  * that many words name real processes. */
@@ -464,7 +440,7 @@ static void random_words(void **state) {
   uint64_t s = UINT64_C(0x9e3779b97f4a7c15);
   unsigned taken = 0, held = 0;
   for (int i = 0; i < 20000; i++) {
-    uint64_t w = rnd(&s);
+    uint64_t w = rng_next(&s);
     if (i % 2)
       w = (w & ~TG__LOCK_PID_MASK) | (w & 0x3ff);
     if (i % 7 == 0)

@@ -191,14 +191,6 @@ static void reset_deletes_state(void **state) {
   RESET(lim, "never-seen");
 }
 
-static void unknown_keys_are_fresh(void **state) {
-  tg_limiter *lim = *state;
-  EXPECT_GET(lim, T0, "nobody", &q5, 0);
-  EXPECT_EXPIRES(lim, T0, "nobody", &q5, 0);
-  ASSERT_KEYS(lim, 0);
-  EXPECT_HIT(lim, T0, "nobody", &q5, 1, 1, 1, 4, 0, 1000);
-}
-
 /* An entry newer than now is not older for it: its age is clamped at 0. */
 static void time_going_backwards_keeps_entries_live(void **state) {
   tg_limiter *lim = *state;
@@ -357,7 +349,6 @@ int main(void) {
       T(get_and_expires_at),
       T(set_and_inc_are_not_supported),
       T(reset_deletes_state),
-      T(unknown_keys_are_fresh),
       T(time_going_backwards_keeps_entries_live),
       T(matches_a_model_and_never_exceeds_the_limit),
       T(same_microsecond_entries_are_merged),
