@@ -13,7 +13,11 @@ per second; the sliding window, whose log per key grows with its limit,
 64 per second, which no key of the 100,000 reaches, and 1,000,000 per
 second on the hot key), so every request is a decision that consumes.
 
-Rounds are interleaved: each round runs every case once, in the same order;
+Tollgate's locations write no header (`tollgate_headers off`), as limit_req
+writes none; one more case shows what the RateLimit fields cost on the hot
+token bucket. Rounds are interleaved: each round runs every case once, each
+round starting one case later (a load that drifts during a round then
+favours no case);
 the medians of the rounds are printed, one line per case, with the ratio to
 limit_req on the same keys. The machine's load average is printed before
 and after.
@@ -48,8 +52,13 @@ def config():
             burst = " burst=1000000" if "bucket" in a else ""
             zones.append("tollgate_zone $arg_k zone=%s_%s:%s algorithm=%s "
                          "rate=%s%s;" % (a, keys, size, a, rate, burst))
+            # limit_req writes no header: compared on the same terms
             locs.append("location /%s_%s { tollgate zone=%s_%s;"
+                        " tollgate_headers off;"
                         " try_files /nope @ok; }" % (a, keys, a, keys))
+    # what the RateLimit fields and Retry-After cost on top
+    locs.append("location /token_bucket_hot_headers { tollgate "
+                "zone=token_bucket_hot; try_files /nope @ok; }")
     locs.append("location @ok { return 204; }")
     return ("\n".join(zones) + "\nserver { listen 127.0.0.1:PORT; "
             + "\n".join(locs) + " }")
@@ -95,6 +104,8 @@ def main():
     for a in ALGS:
         cases.append(("tollgate " + a, "/%s_hot" % a, False))
         cases.append(("tollgate " + a, "/%s_many" % a, True))
+    cases.append(("tollgate token_bucket +headers",
+                  "/token_bucket_hot_headers", False))
     print("load average before: %.2f %.2f %.2f" % os.getloadavg())
     n = ngx.Nginx(config(), workers=1)
     results = {c: [] for c in cases}
@@ -103,7 +114,10 @@ def main():
             for c in cases:  # warm-up: the keys exist before the rounds
                 wrk(n.port, c[1], c[2], 1, d)
             for r in range(args.rounds):
-                for c in cases:
+                # each round starts one case later, so a load that rises or
+                # falls during a round does not always favour the same cases
+                k = r % len(cases)
+                for c in cases[k:] + cases[:k]:
                     results[c].append(wrk(n.port, c[1], c[2], args.seconds, d))
                 print("round %d done, load %.2f" % (r + 1, os.getloadavg()[0]),
                       file=sys.stderr)
