@@ -17,10 +17,11 @@
 #include "store/store.h"
 
 struct tg_limiter {
-  tg_config cfg;           /* copied at creation (cfg.redis is then NULL:
-                              the store copied what it needs) */
-  bool store_time;         /* the store reads its own clock (Redis TIME) */
-  tg_custom_store custom;  /* copy of *cfg.custom_store (cfg points here) */
+  tg_config cfg;           /* copied at creation (cfg.redis and
+                              cfg.custom_store are then NULL: the store
+                              copied what it needs) */
+  bool store_time;         /* the store reads its own clock (Redis TIME):
+                              its TG__STORE_OWN_CLOCK, cached here */
   tg__store *store;        /* owned */
   tg__cleaner *cleaner;    /* owned; NULL when no thread runs */
   tg__clean_bridge bridge; /* before_clean as the cleaning pass calls it */

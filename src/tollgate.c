@@ -164,17 +164,12 @@ size_t tg_region_bytes(const tg_config *cfg) {
 
 static int store_new(tg_limiter *lim) {
   const tg_config *cfg = &lim->cfg;
-  if (cfg->redis) {
-    lim->store_time = true;
+  if (cfg->redis)
     return tg__redis_store_new(&lim->store, cfg->redis, cfg->algorithm,
                                cfg->sliding_max_entries);
-  }
-  if (cfg->custom_store) {
-    lim->custom = *cfg->custom_store;
-    lim->cfg.custom_store = &lim->custom;
-    return tg__custom_store_new(&lim->store, &lim->custom, cfg->algorithm,
+  if (cfg->custom_store) /* the store keeps the one copy of the callbacks */
+    return tg__custom_store_new(&lim->store, cfg->custom_store, cfg->algorithm,
                                 cfg->sliding_max_entries);
-  }
   tg__table_params p = table_params(cfg);
   if (cfg->region)
     return tg__region_store_new(&lim->store, cfg->region, cfg->region_bytes,
@@ -247,11 +242,15 @@ static int limiter_new(tg_limiter **out, const tg_config *cfg, bool shell) {
   lim->bridge = (tg__clean_bridge){cfg->algorithm, cfg->before_clean,
                                    cfg->before_clean_ctx};
   int rc = TG_OK;
-  if (shell)
-    lim->store_time = true;
-  else
+  if (shell) {
+    lim->store_time = true; /* the non-blocking API decides on Redis's time */
+  } else {
     rc = store_new(lim);
-  lim->cfg.redis = NULL; /* the caller's struct may go away now */
+    if (rc == TG_OK)
+      lim->store_time = (lim->store->ops->caps & TG__STORE_OWN_CLOCK) != 0;
+  }
+  lim->cfg.redis = NULL; /* the caller's structs may go away now */
+  lim->cfg.custom_store = NULL;
   if (rc == TG_OK)
     rc = extras_new(lim);
   if (rc == TG_OK && lim->store && lim->store->ops->ident) {

@@ -1310,6 +1310,7 @@ static void redis_ident(const tg__store *base, uint64_t group[2],
 }
 
 static const tg__store_ops redis_ops = {
+    .caps = TG__STORE_OWN_CLOCK,
     .exec = redis_exec,
     .reset = redis_reset,
     .key_count = redis_zero, /* keys live in the server */

@@ -34,7 +34,14 @@ typedef void (*tg__clean_cb)(const tg__clean_item *items, size_t n, void *ctx);
 
 typedef struct tg__store tg__store;
 
+/* What a store does differently, in tg__store_ops.caps. */
+#define TG__STORE_OWN_CLOCK                                                    \
+  1u /* decides on its own clock (Redis's TIME)                                \
+        when the caller gives no now: the limiter                              \
+        then reads none */
+
 typedef struct tg__store_ops {
+  unsigned caps; /* TG__STORE_* */
   /* Executes one validated call (op supported, quota prepared, now in
    * range). Returns 0 or a TG_E* code; on 0, *o holds the answer. */
   int (*exec)(tg__store *s, const tg__call *c, tg__outcome *o);
