@@ -83,6 +83,11 @@ TG_EXTERN const char *tg_version_string(void);
 #define TG_NOW_MAX_US UINT64_C(9000000000000000)
 /* Largest bucket tolerance burst * T, in ns (see the algorithms below). */
 #define TG_TOLERANCE_MAX_NS UINT64_C(4000000000000000000)
+/* Most keys one table holds (tg_config.capacity). More is TG_EINVAL. */
+#define TG_CAPACITY_MAX (UINT64_C(1) << 40)
+/* Most entries one sliding-window key keeps (tg_config.sliding_max_entries).
+ * More is TG_EINVAL. */
+#define TG_SLIDING_ENTRIES_MAX (UINT32_C(1) << 24)
 /* retry_after_ms value meaning "this call can never be allowed", e.g. a cost
  * greater than the limit (windows) or the burst (buckets). */
 #define TG_NEVER UINT64_MAX
@@ -603,7 +608,8 @@ typedef struct tg_config {
   void *clock_ctx;              /* passed to clock; owned by the caller */
   tg_policy on_failure;         /* default TG_POLICY_FAIL_OPEN */
   uint32_t sliding_max_entries; /* TG_SLIDING_WINDOW only: most log entries
-                              kept per key (default 1024, 1..2^24). Entries of
+                              kept per key (default 1024,
+                              1..TG_SLIDING_ENTRIES_MAX). Entries of
                               the same microsecond are merged. When a new entry
                               would exceed the cap it is merged into the
                               newest entry, which takes the later time: memory
@@ -611,14 +617,15 @@ typedef struct tg_config {
                               at the price of keeping some cost a little
                               longer than its true age (answers become
                               conservative, never permissive). */
-  uint64_t capacity;            /* memory store: most keys held at once (default
-                                    65536, at most 2^40). The table takes about 64
-                                    bytes per key, reserved up front; a sliding
-                                    window table also reserves, as address space
-                                    backed only once used, 48 + 16 *
-                                    sliding_max_entries bytes per key, rounded
-                                    up to 64 (TG_ENOMEM if the address space
-                                    cannot hold it). */
+  uint64_t capacity;            /* memory store: most keys held at once
+                                   (default 65536, at most TG_CAPACITY_MAX).
+                                   The table takes about 64 bytes per key,
+                                   reserved up front; a sliding window table
+                                   also reserves, as address space backed
+                                   only once used, 48 + 16 *
+                                   sliding_max_entries bytes per key, rounded
+                                   up to 64 (TG_ENOMEM if the address space
+                                   cannot hold it). */
   uint64_t long_keys;           /* memory store: most keys longer than 32 bytes
                                     held at once; 0 (the default) means "as many
                                     as capacity". 256 bytes each, backed by the

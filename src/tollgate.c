@@ -27,9 +27,7 @@ const char *tg_version_string(void) {
 }
 
 #define SLIDING_MAX_DEFAULT 1024u
-#define SLIDING_MAX_LIMIT (1u << 24)
 #define CAPACITY_DEFAULT 65536u
-#define CAPACITY_LIMIT (UINT64_C(1) << 40)
 #define CLEAN_PERIOD_DEFAULT_MS 60000u
 #define KEY_OLDER_THAN_DEFAULT_MS UINT64_C(86400000)
 #define LOCK_TIMEOUT_DEFAULT_MS 2000u
@@ -119,9 +117,9 @@ static bool config_valid(const tg_config *cfg) {
   else if (cfg->clock == NULL)
     bad = "clock is NULL";
   else if (cfg->sliding_max_entries < 1 ||
-           cfg->sliding_max_entries > SLIDING_MAX_LIMIT)
+           cfg->sliding_max_entries > TG_SLIDING_ENTRIES_MAX)
     bad = "sliding_max_entries outside 1..2^24";
-  else if (cfg->capacity < 1 || cfg->capacity > CAPACITY_LIMIT)
+  else if (cfg->capacity < 1 || cfg->capacity > TG_CAPACITY_MAX)
     bad = "capacity outside 1..2^40";
   else if (cfg->long_keys > cfg->capacity)
     bad = "long_keys above capacity";
@@ -153,9 +151,9 @@ static tg__table_params table_params(const tg_config *cfg) {
 
 size_t tg_region_bytes(const tg_config *cfg) {
   if (!cfg || (unsigned)cfg->algorithm >= TG_ALGORITHM_COUNT ||
-      cfg->capacity < 1 || cfg->capacity > CAPACITY_LIMIT ||
+      cfg->capacity < 1 || cfg->capacity > TG_CAPACITY_MAX ||
       cfg->long_keys > cfg->capacity || cfg->sliding_max_entries < 1 ||
-      cfg->sliding_max_entries > SLIDING_MAX_LIMIT)
+      cfg->sliding_max_entries > TG_SLIDING_ENTRIES_MAX)
     return 0;
   tg__table_params p = table_params(cfg);
   p.shared = true;

@@ -193,7 +193,7 @@ static void limiter_new_rejects_a_bad_config(void **state) {
   cfg.algorithm = TG_SLIDING_WINDOW;
   cfg.sliding_max_entries = 0;
   ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
-  cfg.sliding_max_entries = (UINT32_C(1) << 24) + 1;
+  cfg.sliding_max_entries = TG_SLIDING_ENTRIES_MAX + 1;
   ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
   cfg.sliding_max_entries = UINT32_MAX;
   ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
@@ -202,7 +202,8 @@ static void limiter_new_rejects_a_bad_config(void **state) {
    * 16 bytes per entry per key, fits any address space: sanitizers have
    * smaller ones than plain Linux) */
   cfg.capacity = 16;
-  const uint32_t good[] = {1, UINT32_C(1) << 24};
+  const uint32_t good[] = {1, TG_SLIDING_ENTRIES_MAX};
+  assert_int_equal(TG_SLIDING_ENTRIES_MAX, UINT32_C(1) << 24);
   for (size_t i = 0; i < 2; i++) {
     cfg.sliding_max_entries = good[i];
     lim = NULL;
@@ -210,6 +211,15 @@ static void limiter_new_rejects_a_bad_config(void **state) {
     assert_non_null(lim);
     tg_limiter_destroy(lim);
   }
+
+  /* the capacity's bound */
+  tg_config_init(&cfg);
+  cfg.clean_period_ms = 0;
+  cfg.capacity = TG_CAPACITY_MAX + 1;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  cfg.capacity = 0;
+  ASSERT_RC(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  assert_int_equal(TG_CAPACITY_MAX, UINT64_C(1) << 40);
 
   /* no place to put the handle */
   tg_config_init(&cfg);

@@ -339,8 +339,9 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
                            &o->capacity) != 0)
         return -1;
     } else if (OPT("--sliding-max-entries")) {
-      if (r < 0 || opt_u64("serve", "--sliding-max-entries", val, 1,
-                           UINT64_C(1) << 24, &o->sliding_max_entries) != 0)
+      if (r < 0 ||
+          opt_u64("serve", "--sliding-max-entries", val, 1,
+                  TG_SLIDING_ENTRIES_MAX, &o->sliding_max_entries) != 0)
         return -1;
     } else if (OPT("--max-period-ms")) {
       if (r < 0 || opt_u64("serve", "--max-period-ms", val, 1, TG_PERIOD_MAX_MS,
