@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_stats.h - the timing and the one statistic every benchmark program
  * here reports (tollgate_bench, shm_bench, redis_bench), so their figures

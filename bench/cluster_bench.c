@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cluster_bench.c - decisions per second on one Redis server and on a
  * Redis Cluster of three masters, side by side in the same run; the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # cluster_bench.sh [ARG...] - builds cluster_bench (Release) and runs it
 # beside a private Redis Cluster of three masters with a replica each
 # (tests/redis/with_cluster.sh) and a private single redis-server

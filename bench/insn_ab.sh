@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # insn_ab.sh - instructions per hot-key decision of two commits, by
 # callgrind: did a change make the decision path longer? Counts do not move
 # with the machine's load, so two runs give the same figures; they are not

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * insn_decision.c - N decisions on one hot key, for counting instructions
  * per decision with callgrind (bench/insn_ab.sh): instruction counts do not

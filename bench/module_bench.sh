@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # module_bench.sh [--rounds N] - the Redis module (tollgate.so) beside plain
 # INCR and the Redis store's Lua script, on one private redis-server that has
 # loaded the module (tests/redis/with_redis.sh --module: free loopback port,

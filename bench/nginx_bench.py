@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """nginx_bench.py [--rounds N] [--seconds S] MODULE - the nginx module
 beside no limiting and limit_req, with wrk, on one nginx (one worker) that
 tests/nginx/ngx.py starts on a free loopback port in a private prefix and

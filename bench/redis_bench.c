@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_bench.c - what a decision costs on the Redis store, beside plain
  * INCR against the same server in the same run.

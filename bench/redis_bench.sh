@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # redis_bench.sh [--pin] [ARG...] - builds the Redis benchmark (Release) and
 # runs it beside a private redis-server (tests/redis/with_redis.sh starts it
 # on a free loopback port and kills it at the end). Other arguments go to the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # serve_ab.sh - did a change make `tollgate serve`'s request path slower? Two
 # builds of the program side by side in one session: three servers up at
 # once (OLD; NEW with its defaults; NEW with the per-client limits and a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # serve_load.sh - the load comparison of issue 6: redis-benchmark sending
 # TG.HIT to `tollgate serve`, beside redis-benchmark sending plain INCR and
 # the Redis store's script (EVALSHA of src/store/redis.lua, what a decision

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """serve_stall.py - how long `tollgate serve` keeps its clients waiting while
 its store is stuck: 1,000 sequential TG.HIT on new keys (each needs the
 store) while a stopped process holds a shared segment's table lock

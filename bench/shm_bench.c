@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * shm_bench.c - what a decision costs in the shared-memory store, beside the
  * memory store in the same run on the same keys, and how it scales across

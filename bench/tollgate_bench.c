@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tollgate_bench.c - the benchmark program: one plain line per result, each
  * figure printed beside a baseline measured in the same run.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * custom_store.c - a limiter whose state lives in the caller's store.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * custom_store_map.c - the example custom store: a chained hash map split
  * into lock stripes, each stripe a small map of its own guarded by one

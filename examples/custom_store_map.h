@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * custom_store_map.h - an in-process key/value store that plugs into
  * tollgate as a custom store (tg_config.custom_store). Copy it and replace

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * http_server.c - a small HTTP/1.1 server on plain sockets that rate-limits
  * each client with a policy of two limits and answers 429 with the fields

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nb_uv.c - tollgate's non-blocking API on a libuv loop (see nb_uv.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nb_uv.h - tollgate's non-blocking Redis API on a libuv loop: decisions
  * with a callback, many in flight at once from the loop's thread, on one

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nb_uv_demo.c - many rate-limit decisions in flight at once from one
  * thread, on a libuv loop, through tollgate's non-blocking API (the

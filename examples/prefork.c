@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * prefork.c - worker processes sharing one limit through a named
  * shared-memory segment, the way the workers of a pre-fork server would.

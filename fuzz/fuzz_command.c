@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_command.c - libFuzzer target: the TG.* protocol parser
  * (src/command/command.c) that `tollgate serve` and the Redis module share,

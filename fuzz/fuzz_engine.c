@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_engine.c - libFuzzer target: the Redis protocol engine
  * (src/store/redis_engine.c, over redis_resp.c and redis_slots.c) fed a

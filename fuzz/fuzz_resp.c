@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_resp.c - libFuzzer target: what `tollgate serve` does with the bytes
  * a client sends, minus the socket. The input is the byte stream of one

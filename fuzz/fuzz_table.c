@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_table.c - libFuzzer target: the concurrent table (the region the shm
  * store shares between processes) after another process has scribbled on it.

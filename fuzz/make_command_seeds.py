@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """make_command_seeds.py - writes the seed corpus of fuzz_command
 (fuzz/corpus/command/): requests of every TG.* command, good and bad (the
 first byte picks the command, NUL separates the arguments, see

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """make_engine_seeds.py - writes the seed corpus of fuzz_engine
 (fuzz/corpus/engine/): a server's byte streams after the engine's handshake
 (see fuzz_engine.c: byte 0 the setup, byte 1 the calls, byte 2 the split,

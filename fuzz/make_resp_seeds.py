@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """make_resp_seeds.py - writes the seed corpus of fuzz_resp
 (fuzz/corpus/resp/).
 

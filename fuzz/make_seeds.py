@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """make_seeds.py - writes the seed corpus of fuzz_table (fuzz/corpus/table/).
 
 Seeds are hand-aimed at each part of the region (header, ctrl words, slots,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * replay.c - runs a libFuzzer target without libFuzzer: feeds every file
  * named on the command line (every regular file of a directory, in name

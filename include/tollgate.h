@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tollgate.h - the whole public API of tollgate, a rate-limiting library for C.
  *

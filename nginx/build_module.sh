@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # build_module.sh NGINX_SRC BUILD_DIR MODULE_DIR INCLUDE_DIR LIBS CC OUT
 #
 # Builds ngx_http_tollgate_module.so the way Debian builds its own nginx

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ngx_http_tollgate_module.c - tollgate inside nginx: rate limits on any
  * key, with tollgate's five algorithms, costs per request, several limits

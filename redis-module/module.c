@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * module.c - tollgate as a Redis module (tollgate.so): the TG.* commands of
  * `tollgate serve`, run inside the server by src/core, the same compiled

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * module_api.h - the part of the Redis modules API that the tollgate module
  * uses, declared from the API reference (not copied from redismodule.h).

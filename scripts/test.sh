@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # test.sh - configure, build and run the whole test suite: the one command to
 # type after cloning.
 #

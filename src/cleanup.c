@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cleanup.c - background expiry: one thread per limiter that runs a cleaning
  * pass every clean_period_ms and sleeps on a condition variable in between,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cleanup.h - the background cleaning thread and the bridge from the table's
  * cleaning pass to the public before_clean callback.

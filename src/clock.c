@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * clock.c - the built-in clocks: microseconds since the Unix epoch.
  *

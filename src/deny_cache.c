@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * deny_cache.c - the local deny cache (see deny_cache.h for why a denial
  * may be reused, and for how long).

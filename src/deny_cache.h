@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * deny_cache.h - the local deny cache: once the store has denied a call
  * with "retry after t", further calls on that key that the store must deny

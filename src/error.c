@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * error.c - tg_strerror and tg_err_name, generated from TG_ERRNO_MAP so the
  * messages and names can never drift from the codes; and tg_last_error, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * error.h - the detail behind a failed tg_limiter_new: a thread-local
  * string (like dlerror) that tg_last_error returns. The code that knows

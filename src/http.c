@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * http.c - the HTTP response fields a limited response carries
  * (tg_http_headers): Retry-After, the IETF draft's RateLimit-Policy and

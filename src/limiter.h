@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * limiter.h - the limiter's insides (tollgate.c) that the policy code
  * (rules.c), the reservations (reserve.c) and the non-blocking API (nb.c)

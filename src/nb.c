@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nb.c - the non-blocking (sans-IO) Redis API: the caller's event loop owns
  * the sockets and the time, the engine (store/redis_engine.c) owns the

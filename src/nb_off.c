@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nb_off.c - the non-blocking API in a build without hiredis: tg_nb_new is
  * TG_ENOTSUP (as a Redis limiter is), so nothing else can be reached; the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * reserve.c - reservations (tg_reserve, tg_cancel): a bucket's next slot
  * taken now and a delay answered, instead of a refusal.

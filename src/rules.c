@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * rules.c - policies: one decision on several rules (tg_hit_rules).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * siphash.c - SipHash-2-4 and its random key, see siphash.h.
  */

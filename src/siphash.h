@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * siphash.h - SipHash-2-4 (Aumasson & Bernstein), written from the paper.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * stats.c - the counters' allocation, reading, and the threads' numbers
  * (see stats.h).

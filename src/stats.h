@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * stats.h - a limiter's counters (tg_stats), cheap enough to be always on.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tollgate.c - the limiter: validates input, prepares the quota, reads the
  * clock once, hands the call to the store, and turns store failures into the

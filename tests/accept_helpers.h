@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * accept_helpers.h - shared helpers for the acceptance tests
  * (test_fixed_window, test_per_key_window, test_sliding_window, test_buckets,

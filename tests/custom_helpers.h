@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * custom_helpers.h - the custom store's tests' fixture (test_custom_store,
  * test_custom_store_runs): the documented byte layout encoded here byte by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * differential.h - one call run on two limiters, the answers compared: the
  * harness of the differential tests (test_custom_store_runs against the

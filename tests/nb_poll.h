@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nb_poll.h - a poll(2) loop around the non-blocking API (tg_nb_*), written
  * against the public header alone, as a caller's event loop would be: the

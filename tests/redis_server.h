@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_server.h - control of the private redis-server that
  * tests/redis/with_redis.sh starts for a test (or benchmark): where it

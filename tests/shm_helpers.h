@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * shm_helpers.h - what the shared-memory store's process tests (test_shm,
  * test_shm_kill, test_shm_dead) share beyond util.h: segment names handed

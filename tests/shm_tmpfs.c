@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * shm_tmpfs.c - the shared-memory store on a tmpfs too small for it: one
  * scenario per run, each meant to run where /dev/shm is a small private

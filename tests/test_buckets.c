@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_buckets.c - acceptance tests for TG_TOKEN_BUCKET and TG_LEAKY_BUCKET,
  * written from docs/DESIGN.md section 3 and include/tollgate.h.

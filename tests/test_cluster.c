@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_cluster.c - the Redis store and the non-blocking API on a real Redis
  * Cluster of three masters with a replica each, which

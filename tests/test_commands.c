@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_commands.c - the command set of `tollgate serve` (tools/commands.c),
  * driven without a network: each request goes straight to cmd_execute with

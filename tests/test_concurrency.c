@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_concurrency.c - stress tests of the memory store under many threads,
  * meant to run under ThreadSanitizer (the tsan preset) as well as normally.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_contract.c - the promises of tollgate.h that hold for every
  * algorithm, each scenario written once and run for all five (ALL5,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_core.c - the pure steps of src/core, table-driven, without a store:
  * quota preparation, the checks every call passes, the window and bucket

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_custom_store.c - the custom store (tg_config.custom_store) from the
  * outside: what tollgate writes, when it calls which callback, what a broken

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_custom_store_runs.c - the custom store (the example adapter,
  * examples/custom_store_map.c) over long runs and under threads:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_evict.c - tg_config.on_full = TG_FULL_EVICT: a new key that finds
  * the table full, and no decayed key to reclaim in the bounded scan, evicts

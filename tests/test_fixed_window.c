@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_fixed_window.c - acceptance tests for TG_FIXED_WINDOW, written from
  * docs/DESIGN.md section 3 and include/tollgate.h: windows aligned to the Unix

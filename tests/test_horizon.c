@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_horizon.c - the reclaim horizon, bounded (tollgate.h, "Operations"):
  * a key the table does not hold is evaluated no earlier than the latest

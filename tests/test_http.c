@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_http.c - tg_http_headers, from tollgate.h's "HTTP headers" section
  * and the examples of draft-ietf-httpapi-ratelimit-headers-11 (sections

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_memory_store.c - deterministic tests of what tollgate.h promises about
  * the built-in memory store: capacity and the failure policies, reclaiming

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_model.c - a single-threaded model test of the memory store: millions
  * of random operations (hit, get, set, inc, expires_at, reset, tg_clean_at,

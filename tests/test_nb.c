@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_nb.c - the non-blocking API (tg_nb_*) against a real redis-server
  * (tests/redis/with_redis.sh starts it; with --module, one that has loaded

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_nb_uv.c - the libuv adapter of the non-blocking API
  * (examples/nb_uv.c) on a real redis-server (tests/redis/with_redis.sh):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_outage.c - surviving a store outage, against a real redis-server
  * (tests/redis/with_redis.sh):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_per_key_window.c - acceptance tests for TG_FIXED_WINDOW_PER_KEY,
  * written from docs/DESIGN.md section 3 and include/tollgate.h: a window opens

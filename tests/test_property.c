@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_property.c - randomized property tests: every algorithm is driven
  * through millions of random calls (random time steps, costs, keys, quotas

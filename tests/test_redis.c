@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_redis.c - the Redis store against a real redis-server (started by
  * tests/redis/with_redis.sh on a loopback port, killed when the test ends).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_redis_engine.c - the Redis protocol pieces without a server: the
  * RESP codec (redis_resp.c), hash slots, redirections and the slot map

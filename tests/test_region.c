@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_region.c - the table in memory the caller provides (tg_config.region,
  * tg_region_bytes), as nginx's shared zones use it.

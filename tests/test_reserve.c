@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_reserve.c - reservations (tg_reserve, tg_cancel), written from
  * tollgate.h's "Reservations" section: exact spacing to the nanosecond of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_resp.c - the RESP2 request parser of `tollgate serve` (tools/resp.c):
  * what it accepts, where a request ends, that every prefix of a request is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_rules.c - policies (tg_hit_rules), written from tollgate.h's
  * "Policies" section, on every store that decides them: the custom store

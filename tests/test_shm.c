@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_shm.c - the shared-memory store's segment between real processes:
  * its life (create, attach, unlink, permissions, refusals), a creation race,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_shm_bounded.c - every operation on a shared segment honours the
  * limiter's lock_timeout_ms while another process holds a lock and is

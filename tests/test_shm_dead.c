@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_shm_dead.c - processes that die holding a lock of a shared segment:
  * a worker killed holding a sliding log's lock (or the table's, or the

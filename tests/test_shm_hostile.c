@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_shm_hostile.c - the shared-memory store against a segment that another
  * process (buggy, crashed half way, or hostile) has written garbage into.

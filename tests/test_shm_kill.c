@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_shm_kill.c - the shared-memory store between real processes that
  * race and get killed:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_shm_lock.c - tollgate's own lock (src/store/lock.h), on its own:
  * every kind of word a shared segment can hold, owners that are gone in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_shm_squat.c - which existing segments a limiter agrees to use, and
  * what it says when it refuses one (tg_last_error).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # test_shm_tmpfs.sh SHM_TMPFS - runs each scenario of the shm_tmpfs helper
 # (tests/shm_tmpfs.c) where /dev/shm is a small tmpfs of its own: a private
 # mount namespace (unshare -m) with a fresh tmpfs mounted over /dev/shm, so

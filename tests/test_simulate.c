@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_simulate.c - the numbers `tollgate simulate` prints (tools/simulate.c)
  * and the SVG it draws (tools/timeline.c).

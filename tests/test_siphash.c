@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_siphash.c - SipHash-2-4 against the 64 published test vectors of the
  * reference implementation (key 00 01 .. 0f, message 00 01 .. n-1 for

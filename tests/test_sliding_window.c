@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_sliding_window.c - acceptance tests for TG_SLIDING_WINDOW, written from
  * docs/DESIGN.md section 3 and include/tollgate.h: a log of allowed (time,

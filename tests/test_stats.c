@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_stats.c - counters (tg_limiter_stats), shadow mode on one limiter
  * and the decision hook, from tollgate.h's "Shadow mode" and "Counters and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * util.h - helpers the test programs share instead of each keeping a copy:
  * numbers from the environment, one seeded random generator, keys that are

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench.c - `tollgate bench`: runs the benchmark suite, the tollgate_bench
  * program (bench/tollgate_bench.c; BENCHMARKS.md explains its output), with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cli.h - the subcommands of the `tollgate` program and the option-parsing
  * helpers they share. main() in tollgate.c dispatches to one cmd_* function

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * commands.c - the command set of `tollgate serve` (see commands.h).
  *

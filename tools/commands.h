@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * commands.h - the commands `tollgate serve` answers, independent of sockets.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * demo.c - `tollgate demo`: it replays one realistic scenario
  * (photo uploads limited to 3 per minute per user; alice bursty, bob steady)

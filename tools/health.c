@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * health.c - the store's health as `tollgate serve` sees it, and its log
  * (see health.h).

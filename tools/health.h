@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * health.h - whether the store behind `tollgate serve` is answering, and the
  * operator's log of it.

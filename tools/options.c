@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * options.c - command-line option helpers shared by the subcommands (see
  * cli.h). Options are long only ("--name VALUE" or "--name=VALUE"): the

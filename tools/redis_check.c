@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_check.c - connect, AUTH, SELECT and PING with a plain blocking
  * socket (see redis_check.h). Deliberately small: four commands whose

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_check.h - the start-up check of `tollgate serve --redis`.
  *

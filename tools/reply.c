@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * reply.c - RESP2 reply encoding into an outbuf (see reply.h).
  *

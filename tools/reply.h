@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * reply.h - writing RESP2 replies into a growable byte buffer.
  *

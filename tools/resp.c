@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * resp.c - the RESP2 request parser (see resp.h for the contract).
  *

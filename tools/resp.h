@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * resp.h - parsing one RESP2 request out of a byte buffer.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * serve.c - `tollgate serve`: its options, the store behind it, and the
  * checks it makes before it says "ready".

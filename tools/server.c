@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * server.c - the event loop of `tollgate serve` (see server.h).
  *

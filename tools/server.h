@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * server.h - the event loop of `tollgate serve`: sockets, connections,
  * buffers, timeouts and shutdown. What a request means is commands.c's

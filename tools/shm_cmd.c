@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * shm_cmd.c - `tollgate shm ls` and `tollgate shm rm NAME`: see and remove
  * the shared-memory segments that hold tollgate tables, without reaching for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * simulate.c - the traffic patterns and their replay (see simulate.h).
  *

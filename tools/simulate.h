@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * simulate.h - traffic patterns replayed through the algorithms on a
  * simulated clock: the engine behind `tollgate simulate`, kept apart from

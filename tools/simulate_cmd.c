@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * simulate_cmd.c - `tollgate simulate`: the command line around the
  * simulation engine (simulate.c) and its drawing (timeline.c). It runs one

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * svg.c - minimal SVG writer (see svg.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * svg.h - the few SVG elements the simulator's timeline is drawn with,
  * written straight to a FILE. Coordinates are in px (user units), printed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * timeline.c - the SVG timeline of a simulation (see timeline.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * timeline.h - draws a simulation as an SVG timeline: one panel per
  * algorithm, stacked on one time axis so they compare at a glance. Each

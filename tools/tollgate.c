@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tollgate.c - the `tollgate` command-line program: main() and the list of
  * subcommands. Each subcommand lives in its own file (cli.h lists them) and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * command.c - the TG.* protocol (see command.h): one parser and one reply
  * shape for every server that speaks it.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * command.h - the TG.* commands as a protocol, apart from any transport:
  * their table (names, arities, flags), the parsing of their arguments, and

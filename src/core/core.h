@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * core.h - the pure algorithm core: (state, quota, cost, now) -> (decision,
  * new state).

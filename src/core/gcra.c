@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gcra.c - token bucket and leaky bucket as one GCRA word per key.
  *

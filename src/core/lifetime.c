@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * lifetime.c - what a stored state means over time, and whether a call may
  * change it: the facts every store needs to reclaim keys, give them TTLs

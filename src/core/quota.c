@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * quota.c - the checks every call passes before any store sees it: quota
  * validation, which operations each algorithm supports, and the algorithms'

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * sliding.c - the sliding-window log as pure steps on a caller-owned array.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * step.c - dispatch of a call on fixed-size state to its algorithm family,
  * and the check that a state read from outside holds numbers tollgate could

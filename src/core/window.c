@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * window.c - the two fixed-window algorithms as pure steps on (end_us, count).
  *

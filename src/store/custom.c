@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * custom.c - the caller's store (glimit's Store): the caller locks and keeps
  * bytes, tollgate runs the same pure steps as every other store on them.

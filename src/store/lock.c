@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * lock.c - the slow paths of tollgate's lock (lock.h): waiting, telling
  * whether an owner is gone, and this process's identity.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * lock.h - tollgate's own lock: one 64-bit word in the table's region, which
  * any process mapping the region may take, which outlives a holder that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis.c - the Redis store: every key's state lives in a Redis server and
  * changes in one server-side script, so limiters on many hosts share one

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: MIT
 -- redis.lua - the Redis store's server side: one atomic state transition per
 -- call, run with EVALSHA (src/store/redis.c loads it and embeds this file).
 --

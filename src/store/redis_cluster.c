@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_cluster.c - the Redis store on a Redis Cluster: the same script (or
  * module command), keys and answers as the one-server store, routed to the

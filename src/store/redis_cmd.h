@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_cmd.h - one call as a Redis command, and a reply as the call's
  * answer: the per-command encoding that lives in redis.c, shared with the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_engine.c - the Redis protocol state machine without I/O (see
  * redis_engine.h for what it does and what it leaves to its drivers).

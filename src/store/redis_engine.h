@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_engine.h - the Redis protocol as a state machine without I/O: calls
  * in, bytes out, bytes in, answers out. One engine speaks to every node of a

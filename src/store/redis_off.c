@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_off.c - the Redis store in a build without hiredis: a limiter
  * configured for Redis is TG_ENOTSUP, and tg_redis_available() says 0, so a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_resp.c - RESP2 commands and an incremental reply reader (see
  * redis_resp.h). One byte-driven state machine: a value's header is read a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_resp.h - RESP2, the Redis protocol, as pure functions: commands
  * written into a caller's buffer, and replies read incrementally from bytes

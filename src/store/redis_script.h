@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_script.h - the text of redis.lua, which the build embeds in the
  * library (cmake/embed.cmake writes redis_script.c from it), so the script

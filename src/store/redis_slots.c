@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_slots.c - hash slots, the slot map and redirections (see
  * redis_slots.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_slots.h - where a key lives in a Redis Cluster: the hash slot of a
  * key name (CRC16 of its hash tag, modulo 16384), the map from slot to node

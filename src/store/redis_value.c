@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_value.c - the Redis value encoding (see redis_value.h).
  */

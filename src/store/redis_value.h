@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_value.h - how a key's state is written as a Redis string value: the
  * encoding src/store/redis.lua writes and reads, parsed and written here in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * shm.c - the shared-memory store: the concurrent table in a named POSIX
  * shared-memory segment, so unrelated processes on one host share one limit.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * store.h - the internal interface between the limiter and where key state
  * lives.

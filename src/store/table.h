@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * table.h - the concurrent fixed-capacity hash table behind the memory store
  * (and, mapped from a named segment, the shared-memory store).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * table_store.c - the store over the concurrent table (table.c), wherever the
  * table's region is mapped: anonymous private memory for the embedded

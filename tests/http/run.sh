@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # run.sh SERVER - the example HTTP server (examples/http_server.c) through
 # curl: one client's policy of 5 per second and 20 per minute answers 200
 # five times, then 429 with Retry-After and the RateLimit fields; another

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # exports.sh - checks the shared library's dynamic symbol table: it must export
 # exactly the functions tollgate.h declares TG_EXTERN, and nothing internal
 # (tg__*, helpers, file-statics made extern by mistake). Sanitizer runtime

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # run.sh - the install test: installs the build tree CTest is testing into a
 # temporary prefix, then builds and runs a small outside program against it
 # four ways: find_package with tollgate::tollgate and tollgate::tollgate_static

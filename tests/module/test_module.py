@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """test_module.py MODULE [TOLLGATE] - the Redis module (tollgate.so) inside
 real redis-servers that this script starts on free loopback ports, in
 temporary directories, and always kills (atexit), however it ends.

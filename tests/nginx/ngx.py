@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """ngx.py - runs Debian's real nginx with the tollgate module for the tests,
 and always stops it.
 

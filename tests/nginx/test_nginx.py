@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """test_nginx.py - ngx_http_tollgate_module inside Debian's real nginx
 (ngx.py starts it on a free loopback port in a private prefix and always
 stops it).

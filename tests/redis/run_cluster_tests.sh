@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # run_cluster_tests.sh TEST_CLUSTER ACCEPTANCE... - what runs on one private
 # Redis Cluster (inside tests/redis/with_cluster.sh, which starts it): the
 # acceptance suites with TG_TEST_STORE=cluster (test_rules and test_reserve

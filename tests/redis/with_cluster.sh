@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # with_cluster.sh [--module PATH] CMD [ARG...] - runs CMD beside a private
 # Redis Cluster of three masters, each with one replica (six redis-server
 # processes); with --module, every node has loaded the Redis module at PATH

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # with_redis.sh [--module PATH] CMD [ARG...] - runs CMD beside a private
 # redis-server; with --module, one that has loaded the Redis module at PATH
 # (tollgate.so), so the Redis store's calls go through it instead of the

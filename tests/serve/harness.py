@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """harness.py - starts `tollgate serve` for the Python tests and always
 stops it.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # lib.sh - sourced by the shell tests of `tollgate serve`: starts servers on
 # a free loopback port (--port 0; the port is read from the ready line) and
 # always stops them, from an EXIT trap if the script dies first. Nothing

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # run_python.sh SCRIPT ARGS... - runs a Python test with a python3 that can
 # import Debian's python3-redis (/usr/bin/python3 first: a python3 earlier
 # on PATH, e.g. a pyenv one, does not see Debian's packages). Fails with a

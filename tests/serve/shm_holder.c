@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * shm_holder.c - a process that stops while holding a shared segment's
  * table lock: the "stuck process" of test_stall.py, for which the tests of

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # test_cli.sh - the `tollgate` program's other commands as a user runs them:
 # demo (its summary, its notes, algorithm names in any case), simulate (its
 # table, an SVG that is well-formed XML, progress, refusals that name the

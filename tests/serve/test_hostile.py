@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """test_hostile.py - `tollgate serve` against hostile and broken clients,
 over raw sockets: oversized requests, garbage framing, a slow loris, a
 client that pipelines without reading, idle connections, half-closes,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """test_metrics.py - `tollgate serve --metrics-port`: the Prometheus text
 endpoint read with python's http.client (what a scraper does), TG.POLICY
 over a real connection, and the limiters' counters in INFO.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """test_operator.py - what an operator configures on `tollgate serve`, as a
 client sees it: the unix socket (a live one is never taken over, a stale one
 is replaced, its mode is the one asked for whatever the umask, only the

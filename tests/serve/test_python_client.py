@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """test_python_client.py - `tollgate serve` from a client library nobody
 here wrote: Debian's python3-redis. Correct decisions for every algorithm,
 pipelining, concurrent clients, errors as exceptions, INFO, the unix

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # test_redis_cli.sh - `tollgate serve` driven by redis-cli and
 # redis-benchmark, Redis's own clients: decisions, errors, INFO, pipelining
 # (redis-cli --pipe), concurrent clients on one key, the unix socket, the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # test_serve_cluster.sh - `tollgate serve --redis-cluster`: two servers over
 # one private Redis Cluster (tests/redis/with_cluster.sh started it: three
 # masters, three replicas on loopback ports) share one limit per key,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # test_serve_redis.sh - `tollgate serve --redis`: two servers over one private
 # redis-server (tests/redis/with_redis.sh started it, on a free loopback
 # port) share one limit; the state is in Redis under hash-tagged names with

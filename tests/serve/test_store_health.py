@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """test_store_health.py - `tollgate serve` when its store stops answering.
 
 The server is one thread. A store that does not answer must delay the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * consumer.c - a program outside the project that uses an INSTALLED tollgate
  * the way a user would: <tollgate.h> from the install prefix and nothing from
