@@ -212,18 +212,36 @@ uint64_t tg__log_ttl_ms(const tg__log *log, uint64_t period_us,
 
 /* ---- logs read from outside: plausibility and repair ---- */
 
+/* Runs on every decision of a shared table's sliding key (its bytes may
+ * have been written by anyone), so it is one pass over the ring's two
+ * contiguous runs, without a branch per entry: "strictly increasing" is
+ * "at least the previous time + 1", and an overflowing sum is one that
+ * came out smaller than before. */
+static bool run_plausible(const tg__entry *e, uint32_t len, uint64_t *lo,
+                          uint64_t *sum) {
+  bool bad = false;
+  uint64_t l = *lo, s = *sum;
+  for (uint32_t i = 0; i < len; i++) {
+    uint64_t t = e[i].t_us, next = s + e[i].cost;
+    bad |= (t < l) | (t > TG_NOW_MAX_US) | (next < s);
+    s = next;
+    l = t + 1; /* t <= TG_NOW_MAX_US when it counts: no wrap that matters */
+  }
+  *lo = l;
+  *sum = s;
+  return !bad;
+}
+
 bool tg__log_plausible(const tg__log *log) {
   if (log->cap == 0 || log->head >= log->cap || log->n > log->cap)
     return false;
-  uint64_t sum = 0;
-  for (uint32_t i = 0; i < log->n; i++) {
-    const tg__entry *e = tg__log_at(log, i);
-    if (e->t_us > TG_NOW_MAX_US ||
-        (i > 0 && e->t_us <= tg__log_at(log, i - 1)->t_us) ||
-        !tg__add(sum, e->cost, &sum))
-      return false;
-  }
-  return sum == log->sum;
+  uint32_t first = log->cap - log->head;
+  if (first > log->n)
+    first = log->n;
+  uint64_t lo = 0, sum = 0;
+  bool ok = run_plausible(log->e + log->head, first, &lo, &sum);
+  ok &= run_plausible(log->e, log->n - first, &lo, &sum);
+  return ok && sum == log->sum;
 }
 
 void tg__log_repair(tg__log *log) {
