@@ -468,10 +468,20 @@ static int hit(tg_limiter *lim, const uint64_t *now, const void *key,
     tg__limiter_invalid(lim, rc, key, key_len, q, cost, out);
     return rc;
   }
+  tg__outcome o;
+  if (__builtin_expect(!lim->deny, 1)) {
+    /* no deny cache: the store's answer as it is, counted inline */
+    rc = lim->store->ops->exec(lim->store, &c, &o);
+    if (__builtin_expect(rc == TG_OK, 1)) {
+      *out = o.r;
+      tg__limiter_done(lim, TG_OK, out, false, key, key_len, q, cost, false);
+      return TG_OK;
+    }
+    return tg__limiter_answer(lim, &c, q, 0, rc, &o, out);
+  }
   uint64_t when = tg__limiter_when(lim, &c);
   if (tg__limiter_cached(lim, &c, when, q, out))
     return TG_OK;
-  tg__outcome o;
   rc = lim->store->ops->exec(lim->store, &c, &o);
   return tg__limiter_answer(lim, &c, q, when, rc, &o, out);
 }
