@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * table.c - the concurrent fixed-capacity hash table's hot path: lookups,
  * decisions, inserts, reclaims, resets and cleaning (see table.h for the

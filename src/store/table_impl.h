@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * table_impl.h - the table's private helpers that more than one of its files
  * needs: the ctrl word, state and log block encodings, the key lookup. The

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * table_layout.c - where everything sits in a table's region: the sizes a
  * region needs for given parameters, a new table's header, and the checks

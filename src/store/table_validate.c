@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * table_validate.c - tg__table_validate, the walk over a whole table that
  * checks every invariant a reader relies on (table.h lists them), for the
