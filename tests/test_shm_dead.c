@@ -381,7 +381,7 @@ static int die_after_block_alloc(unsigned idx, void *arg) {
     return 2;
   if (take_lock(&s.t.h->lock) != TG_OK)
     return 3;
-  s.t.h->log_bump++; /* block_alloc's bump, then SIGKILL */
+  s.t.h->log_bump++; /* block_alloc_locked's bump, then SIGKILL */
   raise(SIGKILL);
   return 4;
 }

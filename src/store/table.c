@@ -1,6 +1,10 @@
+/* SPDX-License-Identifier: MIT */
 /*
- * table.c - the concurrent fixed-capacity hash table (see table.h for the
- * layout and the concurrency contract).
+ * table.c - the concurrent fixed-capacity hash table's hot path: lookups,
+ * decisions, inserts, reclaims, resets and cleaning (see table.h for the
+ * layout and the concurrency contract). The region's layout and attach are
+ * in table_layout.c, the structural check in table_validate.c, and what
+ * they share with this file (the encodings, the lookup) in table_impl.h.
  *
  * Open addressing with linear probing from home = (hash * nslots) >> 64.
  * Inserts and reclaims are serialised by the table lock, so an insert may
@@ -18,181 +22,27 @@
  * generation) is the one tg__table_reset leaves: fresh at any now.
  *
  * Locks (lock.h): the table lock for structural changes, one per sliding
- * log, one for cleaning passes. An operation's waits share one tg__wait.
+ * log, one for cleaning passes. A function named *_locked must be called
+ * with the table lock held. An operation's waits share one tg__wait.
  * While holding the table lock nothing waits for a log's lock (it tries,
  * and leaves a busy log alone), so the order table -> log never blocks.
  */
-#include "table.h"
+#include "table_impl.h"
 
-#include "../siphash.h"
-
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { EMPTY = 0, LIVE = 1, TOMB = 2 };
-
-#define CHUNK_WORDS (TG_KEY_MAX / 8)
-#define WIN_GEN_SHIFT 54
-#define WIN_END_MASK ((UINT64_C(1) << WIN_GEN_SHIFT) - 1)
-#define WIN_GEN_MASK UINT64_C(0x3ff)
 /* Slots a pressure reclaim inspects per failed insert. */
 #define RECLAIM_SCAN 4096u
 #define PERIOD_MAX_US (TG_PERIOD_MAX_MS * 1000u)
 
-/* ---- ctrl words ---- */
-
-static unsigned ctrl_status(uint64_t c) { return (unsigned)(c & 3u); }
-static size_t ctrl_len(uint64_t c) { return (size_t)((c >> 2) & 0x1ffu); }
-static uint64_t ctrl_tag(uint64_t c) { return (c >> 16) & 0xffffu; }
-static uint32_t ctrl_gen(uint64_t c) { return (uint32_t)(c >> 32); }
-static uint64_t ctrl_make(unsigned status, size_t len, uint64_t tag,
-                          uint32_t gen) {
-  return (uint64_t)gen << 32 | (tag & 0xffffu) << 16 | (uint64_t)len << 2 |
-         status;
-}
-
-/* ---- keys ---- */
-
-/* A caller's key as the table compares it: hashed once, copied into zero
- * padded words so comparisons are word by word. */
-typedef struct kref {
-  uint64_t hash;
-  uint64_t tag;
-  size_t len;
-  size_t nw; /* words that hold the key */
-  uint64_t w[CHUNK_WORDS];
-} kref;
-
-static void kref_init(const tg__table *t, kref *k, const void *key,
-                      size_t len) {
-  k->hash = tg__siphash(t->h->sip, key, len);
-  k->tag = k->hash >> 48;
-  k->len = len;
-  k->nw = (len + 7) / 8;
-  k->w[k->nw - 1] = 0;
-  memcpy(k->w, key, len);
-}
-
-static uint64_t home(const tg__table *t, uint64_t hash) {
-  return (uint64_t)(((tg__u128)hash * t->g.nslots) >> 64);
-}
-
-static uint64_t next(const tg__table *t, uint64_t i) {
-  return i + 1 == t->g.nslots ? 0 : i + 1;
-}
+/* ---- probing backwards (see table_impl.h for the rest of the keys) ---- */
 
 static uint64_t prev(const tg__table *t, uint64_t i) {
   return i == 0 ? t->g.nslots - 1 : i - 1;
 }
 
-/* Long-key chunk ci's words, backed; NULL when ci is out of range or its
- * memory cannot be backed (a chunk in use always is: that index is
- * corrupt). */
-static uint64_t *chunk_words(const tg__table *t, uint64_t ci) {
-  if (ci >= t->g.nchunks ||
-      !tg__backed(t->bk, t->g.chunk_off + ci * TG_KEY_MAX, TG_KEY_MAX))
-    return NULL;
-  return t->chunks + ci * CHUNK_WORDS;
-}
-
-/* The words holding slot i's key, or NULL if a chunk index is corrupt. */
-static const uint64_t *key_words(const tg__table *t, uint64_t i, size_t len) {
-  const tg__slot *s = &t->slots[i];
-  if (len <= TG__INLINE_KEY)
-    return s->key;
-  return chunk_words(t, tg__load_relaxed(&s->key[0]));
-}
-
-/* Whether this process has seen every extent of chunk ci backed: a bit
- * test, no call, so that the lookup stays a leaf function. */
-static bool chunk_seen(const tg__table *t, uint64_t ci) {
-  const tg__backing *b = t->bk;
-  if (!b)
-    return true;
-  uint64_t off = t->g.chunk_off + ci * TG_KEY_MAX;
-  uint64_t e = (off - b->ext_base) >> b->shift,
-           last = (off + TG_KEY_MAX - 1 - b->ext_base) >> b->shift;
-  for (; e <= last && e < b->nextents; e++)
-    if (!(__atomic_load_n(&b->done[e / 64], __ATOMIC_RELAXED) >> (e % 64) & 1u))
-      return false;
-  return true;
-}
-
-/* Slot i's key equals k's. A long key whose chunk this process has not
- * seen backed is not compared: its index goes to *unseen, for find() to
- * back it and look again. */
-static bool key_equal(const tg__table *t, uint64_t i, const kref *k,
-                      uint64_t *unseen) {
-  const uint64_t *w = t->slots[i].key;
-  if (k->len > TG__INLINE_KEY) {
-    uint64_t ci = tg__load_relaxed(&w[0]);
-    if (ci >= t->g.nchunks)
-      return false;
-    if (!chunk_seen(t, ci)) {
-      *unseen = ci;
-      return false;
-    }
-    w = t->chunks + ci * CHUNK_WORDS;
-  }
-  for (size_t j = 0; j < k->nw; j++)
-    if (tg__load_relaxed(&w[j]) != k->w[j])
-      return false;
-  return true;
-}
-
-/* The lookup proper (see find). */
-static bool find_leaf(const tg__table *t, const kref *k, uint64_t *idx,
-                      uint64_t *ctrl, uint64_t *unseen) {
-  uint64_t n = t->g.nslots, i = home(t, k->hash);
-  /* the slot's address is known from the hash: start fetching it now, so
-   * its miss overlaps the ctrl word's instead of following it */
-  __builtin_prefetch(&t->slots[i]);
-  for (uint64_t probes = 0; probes < n; probes++) {
-    uint64_t c = tg__load_acquire(&t->ctrl[i]);
-    unsigned st = ctrl_status(c);
-    if (st == EMPTY)
-      return false;
-    if (st == LIVE && ctrl_tag(c) == k->tag && ctrl_len(c) == k->len &&
-        key_equal(t, i, k, unseen)) {
-      tg__fence_acquire();
-      if (tg__load_acquire(&t->ctrl[i]) == c) {
-        *idx = i;
-        *ctrl = c;
-        return true;
-      }
-      continue; /* the slot changed while we compared: look again */
-    }
-    i = next(t, i);
-  }
-  return false;
-}
-
-/* Lock-free lookup. On success *idx is the slot and *ctrl the ctrl word that
- * was valid before and after the key comparison. A long key whose chunk
- * this process has not touched yet is backed first (on a full file system
- * it cannot be: such an index is no key's, and is skipped). */
-static inline bool find(const tg__table *t, const kref *k, uint64_t *idx,
-                        uint64_t *ctrl) {
-  for (;;) {
-    uint64_t unseen = UINT64_MAX;
-    bool found = find_leaf(t, k, idx, ctrl, &unseen);
-    if (found || unseen == UINT64_MAX || !chunk_words(t, unseen))
-      return found;
-  }
-}
-
 /* ---- state encodings ---- */
-
-static bool is_window(tg_algorithm alg) {
-  return alg == TG_FIXED_WINDOW || alg == TG_FIXED_WINDOW_PER_KEY;
-}
-
-static bool gen_ok(tg_algorithm alg, uint64_t w0, uint64_t w1, uint32_t g) {
-  if (is_window(alg))
-    return (w0 >> WIN_GEN_SHIFT) == (g & WIN_GEN_MASK);
-  return w1 == g;
-}
 
 static tg__state decode(tg_algorithm alg, uint64_t w0, uint64_t w1) {
   tg__state st = {w0, 0};
@@ -215,67 +65,7 @@ static void encode(tg_algorithm alg, const tg__state *st, uint32_t g,
   }
 }
 
-/* A consistent view of a slot's pair. Buckets and logs keep the generation in
- * w1, which only grows, so two plain loads around w0 suffice and a reader
- * never writes. Window pairs change in both words, so their snapshot is taken
- * with a CAS of the value onto itself. */
-static void read_pair(tg_algorithm alg, tg__pair *p, uint64_t *w0,
-                      uint64_t *w1) {
-  if (!is_window(alg)) {
-    tg__load_pair(p, 1, w0, w1);
-    return;
-  }
-  *w0 = tg__load_relaxed(&p->w[0]);
-  *w1 = tg__load_relaxed(&p->w[1]);
-  while (!tg__cas128(p, w0, w1, *w0, *w1))
-    ;
-}
-
 /* ---- log blocks and their locks ---- */
-
-/* Block idx, its header backed; NULL when idx is out of range or that
- * memory cannot be backed (a block in use always is: that index is
- * corrupt). Its entries are backed as the log grows (entries_backed), so
- * that a log's memory follows its entries, as in anonymous memory. */
-static tg__log_block *block(const tg__table *t, uint64_t idx) {
-  if (idx >= t->g.nlogs)
-    return NULL;
-  uint64_t off = t->g.log_off + idx * t->g.log_block_bytes;
-  if (!tg__backed(t->bk, off, sizeof(tg__log_block)))
-    return NULL;
-  return (tg__log_block *)(void *)(t->base + off);
-}
-
-/* Backs the first `count` entries of block b's ring. */
-static bool entries_backed(const tg__table *t, const tg__log_block *b,
-                           uint64_t count) {
-  if (!t->bk)
-    return true;
-  uint64_t off = (uint64_t)((const unsigned char *)b - t->base);
-  return tg__backed(t->bk, off + sizeof *b, count * sizeof(tg__entry));
-}
-
-/* A block's log as the steps see it, head and n clamped to the ring (a
- * corrupt segment must not send them out of it). Block lock held. */
-static tg__log log_view(const tg__table *t, tg__log_block *b) {
-  tg__log lg = {b->e, b->head, b->n, t->g.log_entries, b->sum};
-  if (lg.head >= lg.cap)
-    lg.head = 0;
-  if (lg.n > lg.cap)
-    lg.n = lg.cap;
-  return lg;
-}
-
-/* Writes a view back. Entries were written in place first; head goes before
- * n, so a process dying in between exposes stale slots past the tail (which
- * repair drops), never hides live ones. Block lock held. */
-static void log_store(tg__log_block *b, const tg__log *lg) {
-  if (lg->n > 0) /* so an emptied log still knows when it expired */
-    tg__store_release(&b->last_us, tg__log_at(lg, lg->n - 1)->t_us);
-  tg__store32_release(&b->head, lg->head);
-  tg__store32_release(&b->n, lg->n);
-  tg__store_release(&b->sum, lg->sum);
-}
 
 /* When the log stops mattering, us: its newest entry plus the period, or,
  * for a log emptied by pruning, its last entry's; 0 for a log that never
@@ -284,45 +74,6 @@ static uint64_t log_expiry(const tg__table *t, tg__log_block *b) {
   tg__log lg = log_view(t, b);
   uint64_t last = lg.n ? tg__log_at(&lg, lg.n - 1)->t_us : b->last_us;
   return last ? last + b->period_us : 0;
-}
-
-/* Empties the log, forgetting its last entry too. Block lock held. */
-static void log_clear(tg__log_block *b) {
-  tg__log empty = {NULL, 0, 0, 0, 0};
-  log_store(b, &empty);
-  tg__store_release(&b->last_us, 0);
-}
-
-/* Repairs a log whose last writer died in the middle of a step. A step
- * never moves entries: it writes an appended or merged entry in place, then
- * head, n and sum (log_store). What a death can leave is an appended entry n
- * does not cover (lost with the call that died: the caller never got its
- * answer), a head advanced with n not yet shrunk (stale slots past the
- * tail, all older than the newest live entry), or a stale sum: repair keeps
- * each entry newer than the last kept and recomputes the sum. */
-static bool log_backed(const tg__table *t, tg__log_block *b);
-
-static void repair_log(const tg__table *t, tg__log_block *b) {
-  if (!log_backed(t, b)) { /* entries never written: nothing to keep */
-    log_clear(b);
-    return;
-  }
-  tg__log lg = log_view(t, b);
-  tg__log_repair(&lg);
-  log_store(b, &lg);
-}
-
-/* Backs every entry a step on b may read or write: the ring is filled from
- * its start, so the entries up to the one after the last in use are all it
- * ever wrote, plus the one it may append. Block lock held. False: a log no
- * legitimate writer left (its entries were never backed) on a full file
- * system; the caller treats it as such. */
-static bool log_backed(const tg__table *t, tg__log_block *b) {
-  if (!t->bk)
-    return true;
-  tg__log lg = log_view(t, b);
-  uint64_t used = (uint64_t)lg.head + lg.n + 1;
-  return entries_backed(t, b, used < lg.cap ? used : lg.cap);
 }
 
 static int lock_block(const tg__table *t, tg__log_block *b, tg__wait *wt) {
@@ -342,10 +93,6 @@ static int try_block(const tg__table *t, tg__log_block *b) {
   return rc;
 }
 
-static void unlock_block(const tg__table *t, tg__log_block *b) {
-  tg__lock_release(&b->lock, t->g.shared);
-}
-
 /* ---- arenas (all under the table lock) ---- */
 
 /* The free lists keep index + 1 (0 ends them). Every link read from the
@@ -356,7 +103,7 @@ static void unlock_block(const tg__table *t, tg__log_block *b) {
 
 /* Returns chunk index + 1, or 0 with *rc = TG_EFULL (none left) or
  * TG_ENOMEM (the next one cannot be backed). */
-static uint64_t chunk_alloc(tg__table *t, int *rc) {
+static uint64_t chunk_alloc_locked(tg__table *t, int *rc) {
   tg__table_hdr *h = t->h;
   if (h->chunk_free > t->g.nchunks)
     h->chunk_free = 0;
@@ -381,7 +128,7 @@ static uint64_t chunk_alloc(tg__table *t, int *rc) {
   return 0;
 }
 
-static void chunk_release(tg__table *t, uint64_t idx) {
+static void chunk_release_locked(tg__table *t, uint64_t idx) {
   uint64_t *w = chunk_words(t, idx);
   if (!w)
     return;
@@ -389,8 +136,8 @@ static void chunk_release(tg__table *t, uint64_t idx) {
   t->h->chunk_free = idx + 1;
 }
 
-/* Returns block index + 1, or 0 with *rc as chunk_alloc's. */
-static uint64_t block_alloc(tg__table *t, int *rc) {
+/* Returns block index + 1, or 0 with *rc as chunk_alloc_locked's. */
+static uint64_t block_alloc_locked(tg__table *t, int *rc) {
   tg__table_hdr *h = t->h;
   if (h->log_free > t->g.nlogs)
     h->log_free = 0;
@@ -415,7 +162,7 @@ static uint64_t block_alloc(tg__table *t, int *rc) {
   return 0;
 }
 
-static void block_release(tg__table *t, uint64_t idx) {
+static void block_release_locked(tg__table *t, uint64_t idx) {
   tg__log_block *b = block(t, idx);
   if (!b)
     return;
@@ -475,8 +222,9 @@ static const tg__call *absent_call(tg__table *t, const tg__call *c,
 }
 
 /* A TOMB followed by an EMPTY can become EMPTY (no LIVE key beyond it probed
- * through it), and so can the TOMBs before it. The generation is kept. */
-static void tombs_to_empty(tg__table *t, uint64_t i) {
+ * through it), and so can the TOMBs before it. The generation is kept.
+ * Table lock held, as for every structural change. */
+static void tombs_to_empty_locked(tg__table *t, uint64_t i) {
   if (ctrl_status(tg__load_relaxed(&t->ctrl[next(t, i)])) != EMPTY)
     return;
   for (uint64_t n = 0; n < t->g.nslots; n++) {
@@ -493,43 +241,43 @@ static void tombs_to_empty(tg__table *t, uint64_t i) {
  * block freed, so a process dying in between leaks at most those (never a
  * double free), and one dying before the ctrl store leaves a LIVE slot with a
  * newer state that settle() finishes. Table lock held. */
-static void finish_reclaim(tg__table *t, uint64_t i, uint64_t c) {
+static void finish_reclaim_locked(tg__table *t, uint64_t i, uint64_t c) {
   tg__table_hdr *h = t->h;
   tg__store_release(&t->ctrl[i], ctrl_make(TOMB, 0, 0, ctrl_gen(c) + 1));
   if (ctrl_len(c) > TG__INLINE_KEY)
-    chunk_release(t, tg__load_relaxed(&t->slots[i].key[0]));
+    chunk_release_locked(t, tg__load_relaxed(&t->slots[i].key[0]));
   if (t->g.algorithm == TG_SLIDING_WINDOW) {
     uint64_t bi = tg__load_relaxed(&t->slots[i].st.w[0]);
     if (bi >= 1 && bi <= t->g.nlogs)
-      block_release(t, bi - 1);
+      block_release_locked(t, bi - 1);
   }
   if (tg__load_relaxed(&h->live) > 0)
     tg__fetch_sub(&h->live, 1);
-  tombs_to_empty(t, i);
+  tombs_to_empty_locked(t, i);
 }
 
 /* Slot i holds ctrl c: if its state has moved to another generation, that is
  * a reclaim left half done (in this process only while the reclaimer holds
  * the lock we now hold, so: by a process that died), and we finish it.
  * Table lock held. Returns true if it was finished. */
-static bool settle_slot(tg__table *t, uint64_t i, uint64_t c) {
+static bool settle_slot_locked(tg__table *t, uint64_t i, uint64_t c) {
   tg_algorithm alg = (tg_algorithm)t->g.algorithm;
   uint64_t w0, w1;
   read_pair(alg, &t->slots[i].st, &w0, &w1);
   if (gen_ok(alg, w0, w1, ctrl_gen(c)))
     return false;
-  finish_reclaim(t, i, c);
+  finish_reclaim_locked(t, i, c);
   return true;
 }
 
 /* After a process died holding the table lock: finish every reclaim left
  * half done and recount the LIVE slots (an insert or reclaim may have died
  * between its ctrl store and the count). */
-static void repair_table(tg__table *t) {
+static void repair_table_locked(tg__table *t) {
   uint64_t live = 0;
   for (uint64_t i = 0; i < t->g.nslots; i++) {
     uint64_t c = tg__load_acquire(&t->ctrl[i]);
-    if (ctrl_status(c) == LIVE && !settle_slot(t, i, c))
+    if (ctrl_status(c) == LIVE && !settle_slot_locked(t, i, c))
       live++;
   }
   tg__store_release(&t->h->live, live);
@@ -539,7 +287,7 @@ static int lock_table(tg__table *t, tg__wait *wt) {
   bool died;
   int rc = tg__lock_take(&t->h->lock, t->g.shared, wt, &died);
   if (rc == TG_OK && died)
-    repair_table(t);
+    repair_table_locked(t);
   return rc;
 }
 
@@ -560,9 +308,9 @@ static bool decayed(uint64_t now_us, uint64_t expiry, uint64_t older_than_us) {
  * lost, and a key's next call starts afresh at its own now). Table lock
  * held; never waits (a log in use is left alone). Returns true if the slot
  * was freed. */
-static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
-                    uint64_t w1, uint64_t now_us, uint64_t older_than_us,
-                    bool evict) {
+static bool reclaim_locked(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
+                           uint64_t w1, uint64_t now_us, uint64_t older_than_us,
+                           bool evict) {
   tg_algorithm alg = (tg_algorithm)t->g.algorithm;
   if (tg__load_acquire(&t->ctrl[i]) != c)
     return false;
@@ -600,7 +348,7 @@ static bool reclaim(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
     if (!tg__cas128(p, &w0, &w1, n0, n1))
       return false; /* hit since inspection: the key survives */
   }
-  finish_reclaim(t, i, c);
+  finish_reclaim_locked(t, i, c);
   return true;
 }
 
@@ -651,8 +399,8 @@ enum need { NEED_SLOT, NEED_CHUNK, NEED_BLOCK };
  * if none of those freed what the caller needs, evicts the live key
  * closest to fresh (earliest expiry) among those inspected that would.
  * Table lock held; never waits. */
-static void reclaim_some(tg__table *t, uint64_t now_us, enum need need,
-                         bool evict) {
+static void reclaim_some_locked(tg__table *t, uint64_t now_us, enum need need,
+                                bool evict) {
   tg__table_hdr *h = t->h;
   uint64_t i = h->cursor % t->g.nslots;
   uint64_t scan = t->g.nslots;
@@ -668,7 +416,7 @@ static void reclaim_some(tg__table *t, uint64_t now_us, enum need need,
       continue;
     bool useful = need != NEED_CHUNK || ctrl_len(c) > TG__INLINE_KEY;
     if (decayed(now_us, expiry, 0)) {
-      if (reclaim(t, i, c, it.w0, it.w1, now_us, 0, false))
+      if (reclaim_locked(t, i, c, it.w0, it.w1, now_us, 0, false))
         freed = freed || useful;
     } else if (evict && useful && (!have || expiry < best_expiry)) {
       have = true;
@@ -681,7 +429,8 @@ static void reclaim_some(tg__table *t, uint64_t now_us, enum need need,
   }
   h->cursor = i;
   if (evict && !freed && have)
-    (void)reclaim(t, best_slot, best_ctrl, best_w0, best_w1, now_us, 0, true);
+    (void)reclaim_locked(t, best_slot, best_ctrl, best_w0, best_w1, now_us, 0,
+                         true);
 }
 
 /* ---- insert ---- */
@@ -689,12 +438,13 @@ static void reclaim_some(tg__table *t, uint64_t now_us, enum need need,
 /* Takes a chunk (long key) or a log block, reclaiming (or evicting) a few
  * scans at a time when none is free. On failure *rc says why (TG_EFULL,
  * TG_ENOMEM). Table lock held. */
-static uint64_t alloc_or_reclaim(tg__table *t,
-                                 uint64_t (*alloc)(tg__table *, int *),
-                                 enum need need, uint64_t now_us, int *rc) {
+static uint64_t alloc_or_reclaim_locked(tg__table *t,
+                                        uint64_t (*alloc)(tg__table *, int *),
+                                        enum need need, uint64_t now_us,
+                                        int *rc) {
   uint64_t x = alloc(t, rc);
   for (int pass = 0; !x && pass < 4; pass++) {
-    reclaim_some(t, now_us, need, t->g.evict);
+    reclaim_some_locked(t, now_us, need, t->g.evict);
     x = alloc(t, rc);
   }
   return x;
@@ -705,11 +455,11 @@ static uint64_t alloc_or_reclaim(tg__table *t,
  * old key just before its reclaim (it lets go at once, seeing the key
  * gone), or by a process stopped right there. Such a block is set aside and
  * another taken, never waited for. Table lock held. */
-static uint64_t take_block(tg__table *t, uint64_t now_us, int *rc) {
+static uint64_t take_block_locked(tg__table *t, uint64_t now_us, int *rc) {
   uint64_t aside[4], bi = 0;
   unsigned na = 0;
   while (na < 4) {
-    bi = alloc_or_reclaim(t, block_alloc, NEED_BLOCK, now_us, rc);
+    bi = alloc_or_reclaim_locked(t, block_alloc_locked, NEED_BLOCK, now_us, rc);
     if (!bi)
       break;
     tg__log_block *b = block(t, bi - 1);
@@ -721,7 +471,7 @@ static uint64_t take_block(tg__table *t, uint64_t now_us, int *rc) {
   if (!bi && na == 4)
     *rc = TG_EBUSY;
   while (na > 0)
-    block_release(t, aside[--na] - 1);
+    block_release_locked(t, aside[--na] - 1);
   return bi;
 }
 
@@ -743,23 +493,24 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
   if (rc != TG_OK)
     return rc;
   uint64_t i, ctl, chunk = 0, bi = 0;
-  if (find(t, k, &i, &ctl) && !settle_slot(t, i, ctl))
+  if (find(t, k, &i, &ctl) && !settle_slot_locked(t, i, ctl))
     goto out; /* someone else created it meanwhile */
   /* one bounded scan; an eviction can lose its CAS to a racing decision,
    * so evicting tries a few more */
   for (int pass = 0; tg__load_relaxed(&h->live) >= t->g.capacity &&
                      pass < (t->g.evict ? 4 : 1);
        pass++)
-    reclaim_some(t, c->now_us, NEED_SLOT, t->g.evict);
+    reclaim_some_locked(t, c->now_us, NEED_SLOT, t->g.evict);
   rc = TG_EFULL;
   if (tg__load_relaxed(&h->live) >= t->g.capacity)
     goto out;
   /* arenas before the slot: a reclaim may turn TOMBs into EMPTYs, and the
    * slot must be the first free one on the key's probe path */
   if (k->len > TG__INLINE_KEY &&
-      !(chunk = alloc_or_reclaim(t, chunk_alloc, NEED_CHUNK, c->now_us, &rc)))
+      !(chunk = alloc_or_reclaim_locked(t, chunk_alloc_locked, NEED_CHUNK,
+                                        c->now_us, &rc)))
     goto out;
-  if (sliding && !(bi = take_block(t, c->now_us, &rc)))
+  if (sliding && !(bi = take_block_locked(t, c->now_us, &rc)))
     goto fail;
   if (sliding && !entries_backed(t, block(t, bi - 1), init_log->n)) {
     rc = TG_ENOMEM;
@@ -778,7 +529,7 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
   uint32_t g = ctrl_gen(cc);
   tg__slot *s = &t->slots[i];
   if (chunk) {
-    uint64_t *w = chunk_words(t, chunk - 1); /* backed by chunk_alloc */
+    uint64_t *w = chunk_words(t, chunk - 1); /* backed by chunk_alloc_locked */
     for (size_t j = 0; j < k->nw; j++)
       tg__store_relaxed(&w[j], k->w[j]);
     tg__store_relaxed(&s->key[0], chunk - 1);
@@ -788,7 +539,7 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
   }
   uint64_t w0, w1;
   if (sliding) {
-    tg__log_block *b = block(t, bi - 1); /* locked by take_block */
+    tg__log_block *b = block(t, bi - 1); /* locked by take_block_locked */
     tg__log lg = log_view(t, b);
     lg.head = 0;
     lg.n = 0;
@@ -815,27 +566,27 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
   goto out;
 fail:
   if (chunk)
-    chunk_release(t, chunk - 1);
+    chunk_release_locked(t, chunk - 1);
   if (bi) {
     tg__log_block *b = block(t, bi - 1);
     if (b)
       unlock_block(t, b);
-    block_release(t, bi - 1);
+    block_release_locked(t, bi - 1);
   }
 out:
   unlock_table(t);
   return rc;
 }
 
-/* Finishes a reclaim of the key left half done (see settle_slot); in this
- * process, simply waits for the reclaimer holding the lock. */
+/* Finishes a reclaim of the key left half done (see settle_slot_locked); in
+ * this process, simply waits for the reclaimer holding the lock. */
 static int settle(tg__table *t, const kref *k, tg__wait *wt) {
   int rc = lock_table(t, wt);
   if (rc != TG_OK)
     return rc;
   uint64_t i, c;
   if (find(t, k, &i, &c))
-    settle_slot(t, i, c);
+    settle_slot_locked(t, i, c);
   unlock_table(t);
   return TG_OK;
 }
@@ -1320,7 +1071,7 @@ static int drop_corrupt(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
     return rc;
   if (tg__load_acquire(&t->ctrl[i]) == c &&
       tg__cas128(&t->slots[i].st, &w0, &w1, w0, ctrl_gen(c) + 1))
-    finish_reclaim(t, i, c);
+    finish_reclaim_locked(t, i, c);
   unlock_table(t);
   return TG_OK;
 }
@@ -1415,8 +1166,8 @@ static int flush(tg__table *t, tg__clean_item *items, size_t n, uint64_t now_us,
   if (rc != TG_OK)
     return rc;
   for (size_t j = 0; j < n; j++)
-    *removed += reclaim(t, items[j].slot, items[j].ctrl, items[j].w0,
-                        items[j].w1, now_us, older_than_us, false);
+    *removed += reclaim_locked(t, items[j].slot, items[j].ctrl, items[j].w0,
+                               items[j].w1, now_us, older_than_us, false);
   unlock_table(t);
   return TG_OK;
 }
@@ -1467,313 +1218,4 @@ int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
   free(items);
   tg__lock_release(&h->clean_lock, t->g.shared);
   return rc;
-}
-
-/* ---- layout ---- */
-
-typedef struct layout {
-  uint64_t nslots, nchunks, nlogs, block_bytes;
-  uint64_t ctrl_off, slot_off, chunk_off, log_off, total;
-} layout;
-
-static uint64_t round64(uint64_t x) { return (x + 63) & ~UINT64_C(63); }
-
-static bool plan(const tg__table_params *p, layout *l) {
-  if (p->capacity == 0 || p->capacity > (UINT64_C(1) << 40) ||
-      p->long_keys > p->capacity || p->log_entries == 0 ||
-      p->log_entries > (1u << 24) ||
-      (unsigned)p->algorithm >= TG_ALGORITHM_COUNT)
-    return false;
-  l->nslots = p->capacity + tg__div_ceil(p->capacity, TG__LOAD_NUM);
-  l->nchunks = p->long_keys;
-  l->nlogs = p->algorithm == TG_SLIDING_WINDOW ? p->capacity : 0;
-  l->block_bytes = round64(sizeof(tg__log_block) +
-                           (uint64_t)p->log_entries * sizeof(tg__entry));
-  uint64_t off = round64(sizeof(tg__table_hdr)), sz;
-  l->ctrl_off = off;
-  off = round64(off + l->nslots * 8);
-  l->slot_off = off;
-  off = round64(off + l->nslots * sizeof(tg__slot));
-  l->chunk_off = off;
-  if (!tg__mul(l->nchunks, TG_KEY_MAX, &sz) || !tg__add(off, sz, &off))
-    return false;
-  l->log_off = off;
-  if (!tg__mul(l->nlogs, l->block_bytes, &sz) || !tg__add(off, sz, &off))
-    return false;
-  l->total = off;
-  return off <= SIZE_MAX;
-}
-
-size_t tg__table_bytes(const tg__table_params *p) {
-  layout l;
-  return plan(p, &l) ? (size_t)l.total : 0;
-}
-
-size_t tg__table_core_bytes(const tg__table_params *p) {
-  layout l;
-  return plan(p, &l) ? (size_t)l.chunk_off : 0;
-}
-
-static void attach_view(tg__table *t, void *mem, const tg__table_params *p) {
-  t->base = mem;
-  t->h = mem;
-  /* the geometry is read once, after validation, and never again from the
-   * region: another process could rewrite the shared header at any time */
-  t->g.nslots = t->h->nslots;
-  t->g.nchunks = t->h->nchunks;
-  t->g.nlogs = t->h->nlogs;
-  t->g.capacity = t->h->capacity;
-  t->g.log_entries = t->h->log_entries;
-  t->g.log_block_bytes = t->h->log_block_bytes;
-  t->g.algorithm = t->h->algorithm;
-  t->g.shared = t->h->shared;
-  t->g.chunk_off = t->h->chunk_off;
-  t->g.log_off = t->h->log_off;
-  t->g.lock_timeout_ms = p->lock_timeout_ms;
-  t->g.evict = p->evict;
-  t->ctrl = (uint64_t *)(void *)(t->base + t->h->ctrl_off);
-  t->slots = (tg__slot *)(void *)(t->base + t->h->slot_off);
-  t->chunks = (uint64_t *)(void *)(t->base + t->g.chunk_off);
-  t->logs = t->base + t->g.log_off;
-  t->bk = NULL;
-}
-
-int tg__table_init(tg__table *t, void *mem, const tg__table_params *p) {
-  layout l;
-  if (!plan(p, &l))
-    return TG_EINVAL;
-  tg__table_hdr *h = mem;
-  h->version = TG__TABLE_VERSION;
-  h->hdr_bytes = (uint32_t)sizeof *h;
-  h->algorithm = (uint32_t)p->algorithm;
-  h->slot_bytes = (uint32_t)sizeof(tg__slot);
-  h->log_entries = p->log_entries;
-  h->log_block_bytes = (uint32_t)l.block_bytes;
-  h->shared = p->shared;
-  h->capacity = p->capacity;
-  h->nslots = l.nslots;
-  h->nchunks = l.nchunks;
-  h->nlogs = l.nlogs;
-  h->ctrl_off = l.ctrl_off;
-  h->slot_off = l.slot_off;
-  h->chunk_off = l.chunk_off;
-  h->log_off = l.log_off;
-  h->total_bytes = l.total;
-  h->pidns = p->shared ? tg__lock_pidns() : 0;
-  if (tg__siphash_random_key(h->sip) != 0)
-    return TG_ESTORE;
-  /* the magic goes last: a segment whose creator died part way through is
-   * recognisable by its missing magic */
-  tg__store_release(&h->magic, TG__TABLE_MAGIC);
-  attach_view(t, mem, p);
-  return TG_OK;
-}
-
-int tg__table_check_header(const tg__table_hdr *h, size_t size,
-                           const tg__table_params *p, const char **why) {
-  const char *unused;
-  if (!why)
-    why = &unused;
-  *why = "not a tollgate table";
-  if (size < sizeof *h || tg__load_acquire(&h->magic) != TG__TABLE_MAGIC)
-    return TG_ECORRUPT;
-  if (h->version != TG__TABLE_VERSION) {
-    *why = "a table of another format version (another tollgate release)";
-    return TG_EMISMATCH;
-  }
-  *why = "a corrupt table header";
-  if (h->hdr_bytes != sizeof *h || h->slot_bytes != sizeof(tg__slot) ||
-      h->shared != 1 || h->algorithm >= TG_ALGORITHM_COUNT)
-    return TG_ECORRUPT;
-  /* the layout must be exactly the one its own parameters give */
-  tg__table_params hp = {(tg_algorithm)h->algorithm,
-                         h->capacity,
-                         h->nchunks,
-                         h->log_entries,
-                         true,
-                         0,
-                         false};
-  layout l;
-  if (!plan(&hp, &l) || l.nslots != h->nslots || l.nlogs != h->nlogs ||
-      l.block_bytes != h->log_block_bytes || l.ctrl_off != h->ctrl_off ||
-      l.slot_off != h->slot_off || l.chunk_off != h->chunk_off ||
-      l.log_off != h->log_off || l.total != h->total_bytes || l.total != size)
-    return TG_ECORRUPT;
-  if (h->pidns != tg__lock_pidns()) {
-    *why = "created in another PID namespace (its lock owners are pids)";
-    return TG_EMISMATCH;
-  }
-  if (hp.algorithm != p->algorithm || hp.capacity != p->capacity ||
-      hp.long_keys != p->long_keys || hp.log_entries != p->log_entries) {
-    *why = "created with another algorithm, capacity, long_keys or "
-           "sliding_max_entries";
-    return TG_EMISMATCH;
-  }
-  *why = "";
-  return TG_OK;
-}
-
-int tg__table_attach(tg__table *t, void *mem, size_t size,
-                     const tg__table_params *p) {
-  int rc = tg__table_check_header(mem, size, p, NULL);
-  if (rc == TG_OK)
-    attach_view(t, mem, p);
-  return rc;
-}
-
-/* ---- validation ---- */
-
-static int check_fail(tg__table_check *r, const char *what, uint64_t i) {
-  if (r->errors++ == 0)
-    (void)snprintf(r->first_error, sizeof r->first_error, "%s (slot %llu)",
-                   what, (unsigned long long)i);
-  return 0;
-}
-
-/* True if slot i is reachable from home without crossing an EMPTY. */
-static bool reachable(const tg__table *t, uint64_t home_i, uint64_t i) {
-  for (uint64_t j = home_i; j != i; j = next(t, j))
-    if (ctrl_status(tg__load_relaxed(&t->ctrl[j])) == EMPTY)
-      return false;
-  return true;
-}
-
-int tg__table_validate(const tg__table *t, tg__table_check *r) {
-  const tg__table_hdr *h = t->h;
-  tg_algorithm alg = (tg_algorithm)t->g.algorithm;
-  memset(r, 0, sizeof *r);
-  /* which chunks and blocks LIVE keys use, and which the free lists hold */
-  unsigned char *chunk_use = calloc(t->g.nchunks + 1, 1);
-  unsigned char *block_use = calloc(t->g.nlogs + 1, 1);
-  uint64_t *hashes = calloc(t->g.nslots + 1, sizeof *hashes);
-  if (!chunk_use || !block_use || !hashes) {
-    free(chunk_use);
-    free(block_use);
-    free(hashes);
-    return TG_ENOMEM;
-  }
-  for (uint64_t i = 0; i < t->g.nslots; i++) {
-    uint64_t c = tg__load_acquire(&t->ctrl[i]);
-    unsigned st = ctrl_status(c);
-    if (st == 3) {
-      check_fail(r, "bad ctrl status", i);
-      continue;
-    }
-    if (st != LIVE)
-      continue;
-    r->live_slots++;
-    size_t len = ctrl_len(c);
-    if (len == 0 || len > TG_KEY_MAX) {
-      check_fail(r, "bad key length", i);
-      continue;
-    }
-    const uint64_t *w = key_words(t, i, len);
-    if (!w) {
-      check_fail(r, "long key chunk out of range", i);
-      continue;
-    }
-    if (len > TG__INLINE_KEY) {
-      uint64_t ci = tg__load_relaxed(&t->slots[i].key[0]);
-      if (chunk_use[ci]++)
-        check_fail(r, "chunk used twice", i);
-    }
-    kref k;
-    unsigned char bytes[TG_KEY_MAX];
-    for (size_t j = 0; j < (len + 7) / 8; j++) {
-      uint64_t v = tg__load_relaxed(&w[j]);
-      memcpy(bytes + 8 * j, &v, len - 8 * j < 8 ? len - 8 * j : 8);
-    }
-    kref_init(t, &k, bytes, len);
-    if (k.tag != ctrl_tag(c))
-      check_fail(r, "hash tag does not match key", i);
-    else if (!reachable(t, home(t, k.hash), i))
-      check_fail(r, "key not reachable from its home slot", i);
-    hashes[r->live_slots - 1] = k.hash ^ i; /* duplicates checked below */
-    uint64_t w0, w1;
-    read_pair(alg, &t->slots[i].st, &w0, &w1);
-    if (!gen_ok(alg, w0, w1, ctrl_gen(c))) {
-      r->pending++; /* a reclaim left half done: settle() finishes it */
-      continue;
-    }
-    if (alg == TG_SLIDING_WINDOW) {
-      tg__log_block *b = w0 >= 1 ? block(t, w0 - 1) : NULL;
-      if (!b) {
-        check_fail(r, "log block out of range", i);
-        continue;
-      }
-      if (block_use[w0 - 1]++)
-        check_fail(r, "log block used twice", i);
-      bool died;
-      if (tg__lock_try(&b->lock, t->g.shared, &died) != TG_OK) {
-        r->busy++; /* a live process is in a step: not checked */
-        continue;
-      }
-      if (died) { /* left mid-step: repair, as a lock would */
-        repair_log(t, b);
-        r->pending++;
-      }
-      if (!log_backed(t, b)) {
-        check_fail(r, "log entries never backed", i);
-        unlock_block(t, b);
-        continue;
-      }
-      tg__log lg = {b->e, b->head, b->n, t->g.log_entries, b->sum};
-      if (!tg__log_plausible(&lg))
-        check_fail(r, "log not a sorted ring with its sum", i);
-      unlock_block(t, b);
-    }
-  }
-  /* one key, one slot: find each LIVE key from its home and expect itself */
-  for (uint64_t i = 0; i < t->g.nslots; i++) {
-    uint64_t c = tg__load_acquire(&t->ctrl[i]), found, fc;
-    size_t len = ctrl_len(c);
-    if (ctrl_status(c) != LIVE || len == 0 || len > TG_KEY_MAX)
-      continue;
-    const uint64_t *w = key_words(t, i, len);
-    if (!w)
-      continue;
-    unsigned char bytes[TG_KEY_MAX];
-    for (size_t j = 0; j < (len + 7) / 8; j++) {
-      uint64_t v = tg__load_relaxed(&w[j]);
-      memcpy(bytes + 8 * j, &v, len - 8 * j < 8 ? len - 8 * j : 8);
-    }
-    kref k;
-    kref_init(t, &k, bytes, len);
-    if (find(t, &k, &found, &fc) && found != i)
-      check_fail(r, "key held by two slots", i);
-  }
-  /* free lists: in range, acyclic, disjoint from what LIVE keys use */
-  uint64_t steps = 0;
-  for (uint64_t f = h->chunk_free; f; steps++) {
-    const uint64_t *w = f <= t->g.nchunks ? chunk_words(t, f - 1) : NULL;
-    if (!w || steps > t->g.nchunks) {
-      check_fail(r, "chunk free list corrupt", f);
-      break;
-    }
-    if (chunk_use[f - 1]++)
-      check_fail(r, "chunk both free and used", f);
-    f = tg__load_relaxed(&w[0]);
-  }
-  steps = 0;
-  for (uint64_t f = h->log_free; f; steps++) {
-    const tg__log_block *b = f <= t->g.nlogs ? block(t, f - 1) : NULL;
-    if (!b || steps > t->g.nlogs) {
-      check_fail(r, "log free list corrupt", f);
-      break;
-    }
-    if (block_use[f - 1]++)
-      check_fail(r, "log block both free and used", f);
-    f = b->next_free;
-  }
-  for (uint64_t i = 0; i < h->chunk_bump && i < t->g.nchunks; i++)
-    r->leaked += chunk_use[i] == 0;
-  for (uint64_t i = 0; i < h->log_bump && i < t->g.nlogs; i++)
-    r->leaked += block_use[i] == 0;
-  r->live_counter = tg__load_relaxed(&h->live);
-  if (r->live_slots > t->g.capacity)
-    check_fail(r, "more LIVE keys than capacity", r->live_slots);
-  free(chunk_use);
-  free(block_use);
-  free(hashes);
-  return TG_OK;
 }

@@ -1,0 +1,295 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * table_impl.h - the table's private helpers that more than one of its files
+ * needs: the ctrl word, state and log block encodings, the key lookup. The
+ * hot path (table.c) and the structural check (table_validate.c) must read
+ * the region the same way, so the reading is written once, here. Everything
+ * is static, so that each file gets its own copy and the hot path never
+ * calls across files; static inline, except for the five helpers marked
+ * unused (chunk_words, read_pair, block, repair_log, log_backed), which the
+ * compiler kept out of line (at most of their calls) before the split: an
+ * inline keyword would be a hint that changes those choices, and the hot
+ * path's code with them. Included only by src/store/table*.c: the table's
+ * interface is table.h.
+ */
+#ifndef TG_TABLE_IMPL_H
+#define TG_TABLE_IMPL_H
+
+#include "table.h"
+
+#include "../siphash.h"
+
+#include <string.h>
+
+enum { EMPTY = 0, LIVE = 1, TOMB = 2 };
+
+#define CHUNK_WORDS (TG_KEY_MAX / 8)
+#define WIN_GEN_SHIFT 54
+#define WIN_END_MASK ((UINT64_C(1) << WIN_GEN_SHIFT) - 1)
+#define WIN_GEN_MASK UINT64_C(0x3ff)
+
+/* ---- ctrl words ---- */
+
+static inline unsigned ctrl_status(uint64_t c) { return (unsigned)(c & 3u); }
+static inline size_t ctrl_len(uint64_t c) {
+  return (size_t)((c >> 2) & 0x1ffu);
+}
+static inline uint64_t ctrl_tag(uint64_t c) { return (c >> 16) & 0xffffu; }
+static inline uint32_t ctrl_gen(uint64_t c) { return (uint32_t)(c >> 32); }
+static inline uint64_t ctrl_make(unsigned status, size_t len, uint64_t tag,
+                                 uint32_t gen) {
+  return (uint64_t)gen << 32 | (tag & 0xffffu) << 16 | (uint64_t)len << 2 |
+         status;
+}
+
+/* ---- keys ---- */
+
+/* A caller's key as the table compares it: hashed once, copied into zero
+ * padded words so comparisons are word by word. */
+typedef struct kref {
+  uint64_t hash;
+  uint64_t tag;
+  size_t len;
+  size_t nw; /* words that hold the key */
+  uint64_t w[CHUNK_WORDS];
+} kref;
+
+static inline void kref_init(const tg__table *t, kref *k, const void *key,
+                             size_t len) {
+  k->hash = tg__siphash(t->h->sip, key, len);
+  k->tag = k->hash >> 48;
+  k->len = len;
+  k->nw = (len + 7) / 8;
+  k->w[k->nw - 1] = 0;
+  memcpy(k->w, key, len);
+}
+
+static inline uint64_t home(const tg__table *t, uint64_t hash) {
+  return (uint64_t)(((tg__u128)hash * t->g.nslots) >> 64);
+}
+
+static inline uint64_t next(const tg__table *t, uint64_t i) {
+  return i + 1 == t->g.nslots ? 0 : i + 1;
+}
+
+/* Long-key chunk ci's words, backed; NULL when ci is out of range or its
+ * memory cannot be backed (a chunk in use always is: that index is
+ * corrupt). */
+static __attribute__((unused)) uint64_t *chunk_words(const tg__table *t,
+                                                     uint64_t ci) {
+  if (ci >= t->g.nchunks ||
+      !tg__backed(t->bk, t->g.chunk_off + ci * TG_KEY_MAX, TG_KEY_MAX))
+    return NULL;
+  return t->chunks + ci * CHUNK_WORDS;
+}
+
+/* The words holding slot i's key, or NULL if a chunk index is corrupt. */
+static inline const uint64_t *key_words(const tg__table *t, uint64_t i,
+                                        size_t len) {
+  const tg__slot *s = &t->slots[i];
+  if (len <= TG__INLINE_KEY)
+    return s->key;
+  return chunk_words(t, tg__load_relaxed(&s->key[0]));
+}
+
+/* Whether this process has seen every extent of chunk ci backed: a bit
+ * test, no call, so that the lookup stays a leaf function. */
+static inline bool chunk_seen(const tg__table *t, uint64_t ci) {
+  const tg__backing *b = t->bk;
+  if (!b)
+    return true;
+  uint64_t off = t->g.chunk_off + ci * TG_KEY_MAX;
+  uint64_t e = (off - b->ext_base) >> b->shift,
+           last = (off + TG_KEY_MAX - 1 - b->ext_base) >> b->shift;
+  for (; e <= last && e < b->nextents; e++)
+    if (!(__atomic_load_n(&b->done[e / 64], __ATOMIC_RELAXED) >> (e % 64) & 1u))
+      return false;
+  return true;
+}
+
+/* Slot i's key equals k's. A long key whose chunk this process has not
+ * seen backed is not compared: its index goes to *unseen, for find() to
+ * back it and look again. */
+static inline bool key_equal(const tg__table *t, uint64_t i, const kref *k,
+                             uint64_t *unseen) {
+  const uint64_t *w = t->slots[i].key;
+  if (k->len > TG__INLINE_KEY) {
+    uint64_t ci = tg__load_relaxed(&w[0]);
+    if (ci >= t->g.nchunks)
+      return false;
+    if (!chunk_seen(t, ci)) {
+      *unseen = ci;
+      return false;
+    }
+    w = t->chunks + ci * CHUNK_WORDS;
+  }
+  for (size_t j = 0; j < k->nw; j++)
+    if (tg__load_relaxed(&w[j]) != k->w[j])
+      return false;
+  return true;
+}
+
+/* The lookup proper (see find). */
+static inline bool find_leaf(const tg__table *t, const kref *k, uint64_t *idx,
+                             uint64_t *ctrl, uint64_t *unseen) {
+  uint64_t n = t->g.nslots, i = home(t, k->hash);
+  /* the slot's address is known from the hash: start fetching it now, so
+   * its miss overlaps the ctrl word's instead of following it */
+  __builtin_prefetch(&t->slots[i]);
+  for (uint64_t probes = 0; probes < n; probes++) {
+    uint64_t c = tg__load_acquire(&t->ctrl[i]);
+    unsigned st = ctrl_status(c);
+    if (st == EMPTY)
+      return false;
+    if (st == LIVE && ctrl_tag(c) == k->tag && ctrl_len(c) == k->len &&
+        key_equal(t, i, k, unseen)) {
+      tg__fence_acquire();
+      if (tg__load_acquire(&t->ctrl[i]) == c) {
+        *idx = i;
+        *ctrl = c;
+        return true;
+      }
+      continue; /* the slot changed while we compared: look again */
+    }
+    i = next(t, i);
+  }
+  return false;
+}
+
+/* Lock-free lookup. On success *idx is the slot and *ctrl the ctrl word that
+ * was valid before and after the key comparison. A long key whose chunk
+ * this process has not touched yet is backed first (on a full file system
+ * it cannot be: such an index is no key's, and is skipped). */
+static inline bool find(const tg__table *t, const kref *k, uint64_t *idx,
+                        uint64_t *ctrl) {
+  for (;;) {
+    uint64_t unseen = UINT64_MAX;
+    bool found = find_leaf(t, k, idx, ctrl, &unseen);
+    if (found || unseen == UINT64_MAX || !chunk_words(t, unseen))
+      return found;
+  }
+}
+
+/* ---- state encodings ---- */
+
+static inline bool is_window(tg_algorithm alg) {
+  return alg == TG_FIXED_WINDOW || alg == TG_FIXED_WINDOW_PER_KEY;
+}
+
+static inline bool gen_ok(tg_algorithm alg, uint64_t w0, uint64_t w1,
+                          uint32_t g) {
+  if (is_window(alg))
+    return (w0 >> WIN_GEN_SHIFT) == (g & WIN_GEN_MASK);
+  return w1 == g;
+}
+
+/* A consistent view of a slot's pair. Buckets and logs keep the generation in
+ * w1, which only grows, so two plain loads around w0 suffice and a reader
+ * never writes. Window pairs change in both words, so their snapshot is taken
+ * with a CAS of the value onto itself. */
+static __attribute__((unused)) void read_pair(tg_algorithm alg, tg__pair *p,
+                                              uint64_t *w0, uint64_t *w1) {
+  if (!is_window(alg)) {
+    tg__load_pair(p, 1, w0, w1);
+    return;
+  }
+  *w0 = tg__load_relaxed(&p->w[0]);
+  *w1 = tg__load_relaxed(&p->w[1]);
+  while (!tg__cas128(p, w0, w1, *w0, *w1))
+    ;
+}
+
+/* ---- log blocks and their locks ---- */
+
+/* Block idx, its header backed; NULL when idx is out of range or that
+ * memory cannot be backed (a block in use always is: that index is
+ * corrupt). Its entries are backed as the log grows (entries_backed), so
+ * that a log's memory follows its entries, as in anonymous memory. */
+static __attribute__((unused)) tg__log_block *block(const tg__table *t,
+                                                    uint64_t idx) {
+  if (idx >= t->g.nlogs)
+    return NULL;
+  uint64_t off = t->g.log_off + idx * t->g.log_block_bytes;
+  if (!tg__backed(t->bk, off, sizeof(tg__log_block)))
+    return NULL;
+  return (tg__log_block *)(void *)(t->base + off);
+}
+
+/* Backs the first `count` entries of block b's ring. */
+static inline bool entries_backed(const tg__table *t, const tg__log_block *b,
+                                  uint64_t count) {
+  if (!t->bk)
+    return true;
+  uint64_t off = (uint64_t)((const unsigned char *)b - t->base);
+  return tg__backed(t->bk, off + sizeof *b, count * sizeof(tg__entry));
+}
+
+/* A block's log as the steps see it, head and n clamped to the ring (a
+ * corrupt segment must not send them out of it). Block lock held. */
+static inline tg__log log_view(const tg__table *t, tg__log_block *b) {
+  tg__log lg = {b->e, b->head, b->n, t->g.log_entries, b->sum};
+  if (lg.head >= lg.cap)
+    lg.head = 0;
+  if (lg.n > lg.cap)
+    lg.n = lg.cap;
+  return lg;
+}
+
+/* Writes a view back. Entries were written in place first; head goes before
+ * n, so a process dying in between exposes stale slots past the tail (which
+ * repair drops), never hides live ones. Block lock held. */
+static inline void log_store(tg__log_block *b, const tg__log *lg) {
+  if (lg->n > 0) /* so an emptied log still knows when it expired */
+    tg__store_release(&b->last_us, tg__log_at(lg, lg->n - 1)->t_us);
+  tg__store32_release(&b->head, lg->head);
+  tg__store32_release(&b->n, lg->n);
+  tg__store_release(&b->sum, lg->sum);
+}
+
+/* Empties the log, forgetting its last entry too. Block lock held. */
+static inline void log_clear(tg__log_block *b) {
+  tg__log empty = {NULL, 0, 0, 0, 0};
+  log_store(b, &empty);
+  tg__store_release(&b->last_us, 0);
+}
+
+/* Repairs a log whose last writer died in the middle of a step. A step
+ * never moves entries: it writes an appended or merged entry in place, then
+ * head, n and sum (log_store). What a death can leave is an appended entry n
+ * does not cover (lost with the call that died: the caller never got its
+ * answer), a head advanced with n not yet shrunk (stale slots past the
+ * tail, all older than the newest live entry), or a stale sum: repair keeps
+ * each entry newer than the last kept and recomputes the sum. */
+static __attribute__((unused)) bool log_backed(const tg__table *t,
+                                               tg__log_block *b);
+
+static __attribute__((unused)) void repair_log(const tg__table *t,
+                                               tg__log_block *b) {
+  if (!log_backed(t, b)) { /* entries never written: nothing to keep */
+    log_clear(b);
+    return;
+  }
+  tg__log lg = log_view(t, b);
+  tg__log_repair(&lg);
+  log_store(b, &lg);
+}
+
+/* Backs every entry a step on b may read or write: the ring is filled from
+ * its start, so the entries up to the one after the last in use are all it
+ * ever wrote, plus the one it may append. Block lock held. False: a log no
+ * legitimate writer left (its entries were never backed) on a full file
+ * system; the caller treats it as such. */
+static __attribute__((unused)) bool log_backed(const tg__table *t,
+                                               tg__log_block *b) {
+  if (!t->bk)
+    return true;
+  tg__log lg = log_view(t, b);
+  uint64_t used = (uint64_t)lg.head + lg.n + 1;
+  return entries_backed(t, b, used < lg.cap ? used : lg.cap);
+}
+
+static inline void unlock_block(const tg__table *t, tg__log_block *b) {
+  tg__lock_release(&b->lock, t->g.shared);
+}
+
+#endif
