@@ -973,11 +973,16 @@ static void teardown(server *s) {
     conn_close(s, s->conns, false);
   close_listeners(s);
   signal_fd = -1;
+  /* Shutting down already: another SIGTERM (a supervisor or script that
+   * repeats it) must not turn a clean stop into death by signal, so it is
+   * ignored until exit; a second Ctrl-C still stops at once, as a user who
+   * presses it twice expects. */
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
-  sa.sa_handler = SIG_DFL;
+  sa.sa_handler = SIG_IGN;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, NULL);
+  sa.sa_handler = SIG_DFL;
   sigaction(SIGINT, &sa, NULL);
   if (s->sig.fd >= 0)
     close(s->sig.fd);

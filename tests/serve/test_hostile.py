@@ -259,6 +259,23 @@ class Timeouts(unittest.TestCase):
             self.assertIn(data, (b"", b"+PONG\r\n"))
             s.close()
 
+    def test_sigterm_repeated_during_shutdown(self):
+        # a supervisor that repeats SIGTERM until the process is gone: the
+        # repeats that land while the server winds down must not turn its
+        # clean stop into death by signal (status -15)
+        server = Server(TOLLGATE)
+        socks = [server.connect() for _ in range(50)]
+        server.proc.send_signal(signal.SIGTERM)
+        while server.proc.poll() is None:
+            try:
+                server.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                break
+            time.sleep(0.0002)
+        self.assertEqual(server.stop(), 0)
+        for s in socks:
+            s.close()
+
 if __name__ == "__main__":
     TOLLGATE = sys.argv.pop(1)
     unittest.main(verbosity=2)
