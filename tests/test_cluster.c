@@ -858,6 +858,25 @@ static bool answers_again(void *ctx) {
          !r.degraded;
 }
 
+/* The failover has settled for these limiters: 20 answers in a row from
+ * each, none degraded (a node that had not yet learnt of the promotion may
+ * still hand out an old map for a moment after the first good answer). */
+typedef struct settle_ctx {
+  tg_limiter *lim[2];
+  const char *key;
+} settle_ctx;
+
+static bool settled(void *ctx) {
+  settle_ctx *sc = ctx;
+  for (int i = 0; i < 20; i++)
+    for (int l = 0; l < 2; l++) {
+      promo p = {sc->lim[l], sc->key};
+      if (!answers_again(&p))
+        return false;
+    }
+  return true;
+}
+
 typedef struct hammer {
   tg_limiter *lim;
   char (*keys)[16];
@@ -943,6 +962,8 @@ static void master_killed_then_promoted(void **state) {
   for (int k = 0; k < 10; k++)
     snprintf(keys[k], sizeof keys[k], "victim}%d", k);
   tg_limiter *fresh = limiter(TG_FIXED_WINDOW, prefix, TG_POLICY_ERROR, 2);
+  settle_ctx sc = {{lim, fresh}, "victim"};
+  assert_true(wait_for(settled, &sc, 60000));
   hammer h[3];
   pthread_t th[3];
   for (int i = 0; i < 3; i++) {
