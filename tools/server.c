@@ -108,15 +108,19 @@ typedef struct server {
 
 /* ---- signals ---- */
 
-static volatile sig_atomic_t signal_fd = -1;
-static volatile sig_atomic_t last_signal;
+/* Lock-free atomics, which a handler may use: a signal may land on any
+ * thread (a limiter's cleaning thread too), so two handlers can run at
+ * once, and teardown changes signal_fd while one may be running. */
+static int signal_fd = -1;
+static int last_signal;
 
 static void on_signal(int sig) {
   int saved = errno;
-  last_signal = sig;
-  if (signal_fd >= 0) {
+  __atomic_store_n(&last_signal, sig, __ATOMIC_RELAXED);
+  int fd = __atomic_load_n(&signal_fd, __ATOMIC_ACQUIRE);
+  if (fd >= 0) {
     char b = 1;
-    ssize_t r = write(signal_fd, &b, 1);
+    ssize_t r = write(fd, &b, 1);
     (void)r; /* a full pipe already says "wake up" */
   }
   errno = saved;
@@ -947,7 +951,7 @@ static int setup(server *s) {
   s->sig_write_fd = p[1];
   if (watch(s, &s->sig, EPOLLIN, EPOLL_CTL_ADD) != 0)
     return -1;
-  signal_fd = p[1];
+  __atomic_store_n(&signal_fd, p[1], __ATOMIC_RELEASE);
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
@@ -972,7 +976,7 @@ static void teardown(server *s) {
   while (s->conns)
     conn_close(s, s->conns, false);
   close_listeners(s);
-  signal_fd = -1;
+  __atomic_store_n(&signal_fd, -1, __ATOMIC_RELEASE);
   /* Shutting down already: another SIGTERM (a supervisor or script that
    * repeats it) must not turn a clean stop into death by signal, so it is
    * ignored until exit; a second Ctrl-C still stops at once, as a user who
@@ -1051,7 +1055,7 @@ int server_run(const server_config *cfg, cmd_ctx *ctx) {
         conn_close(&s, s.conns, false);
     } else if (signalled) {
       fprintf(stderr, "tollgate serve: signal %d, shutting down\n",
-              (int)last_signal);
+              __atomic_load_n(&last_signal, __ATOMIC_RELAXED));
       begin_shutdown(&s);
     }
     if (s.now_ms >= next_sweep) {
