@@ -68,7 +68,7 @@ static const tg_quota quotas[8] = {
     {5, 1000, 8},   {1, 1, 0},        {1000, 60000, 0}, {3, 100, 1},
     {10, 1000, 10}, {2, 86400000, 0}, {7, 5000, 20},    {100, 1, 0}};
 
-static const size_t key_lens[] = {1, 7, 8, 31, 32, 33, 100, 256};
+static const size_t key_lens[] = {1, 7, 8, 23, 24, 25, 100, 256};
 
 static size_t key_bytes(unsigned idx, unsigned char *buf) {
   size_t len = key_lens[idx % (sizeof key_lens / sizeof key_lens[0])];

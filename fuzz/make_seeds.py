@@ -9,8 +9,11 @@ operations. The input format is documented at the top of fuzz_table.c; the
 offsets below are those of its table (capacity 16, 4 long keys, 4 log
 entries, fixed SipHash key), where keys 0-7 land in these slots:
 
-    key   0  1  2  3  4  5  6  7     (lengths 1 7 8 31 32 33 100 256)
-    slot  8 18 10  5  0 12  1  6     (keys 5-7 use chunks 0-2)
+    key   0  1  2  3  4  5  6  7     (lengths 1 7 8 23 24 25 100 256)
+    slot  8 18 10  9 12  1  0  5     (keys 5-7 use chunks 0-2)
+
+A slot is 48 bytes: the state pair (w0, w1) at 0, the ctrl word at 16,
+the key words from 24.
 
 Run it from anywhere; it rewrites only the seed-* files (regression inputs
 the fuzzer found are kept beside them under their own names).
@@ -22,8 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "corpus", "table")
 
 # region layout (see fuzz_table.c; sliding tables add the log blocks), of
-# table format version 2
-CTRL, SLOT, CHUNK, LOG = 256, 448, 1408, 2432
+# table format version 3: CTRL is slot 0's ctrl word
+SLOT, CTRL, CHUNK, LOG = 256, 272, 1216, 2240
 BLOCK = 128  # bytes per log block: lock 0, n 8, head 12, sum 16,
 #              period 24, next_free 32, last_us 40, entries 48
 HDR = {"magic": 0, "version": 8, "hdr_bytes": 12, "algorithm": 16,
@@ -33,7 +36,7 @@ HDR = {"magic": 0, "version": 8, "hdr_bytes": 12, "algorithm": 16,
        "live": 136, "chunk_bump": 144, "chunk_free": 152, "log_bump": 160,
        "log_free": 168, "cursor": 176, "horizon": 184, "reach": 192,
        "lock": 200, "clean_lock": 208}
-KEY_SLOT = [8, 18, 10, 5, 0, 12, 1, 6]
+KEY_SLOT = [8, 18, 10, 9, 12, 1, 0, 5]
 FIXED, PER_KEY, SLIDING, TOKEN, LEAKY = range(5)
 HIT, INC, GET, SET, EXPIRES, RESET, CLEAN, POKE = range(8)
 
@@ -84,7 +87,7 @@ def main():
         # of range it is regress-reset-hang-sliding-block-index)
         w0 = (SLOT + 48 * s, 0x01) if a == SLIDING else (SLOT + 48 * s + 7, 0x40)
         seeds[f"{n}-clean"] = seed(a)
-        seeds[f"{n}-ctrl-gen"] = seed(a, [(CTRL + 8 * s + 4, 0x01)])
+        seeds[f"{n}-ctrl-gen"] = seed(a, [(CTRL + 48 * s + 4, 0x01)])
         seeds[f"{n}-slot-w0"] = seed(a, [w0])
         seeds[f"{n}-slot-w1"] = seed(a, [(SLOT + 48 * s + 8, 0x01)])
         if not full:
@@ -107,14 +110,14 @@ def main():
             seeds[f"{n}-hdr-{lk}-pid-4000000"] = seed(
                 a, [(HDR[lk], 0x00), (HDR[lk] + 1, 0x09), (HDR[lk] + 2, 0x3d)])
         # ctrl words: status, length (bits 2-10), tag; an EMPTY made LIVE
-        seeds[f"{n}-ctrl-status"] = seed(a, [(CTRL + 8 * s, 0x03)])
-        seeds[f"{n}-ctrl-len"] = seed(a, [(CTRL + 8 * s + 1, 0x01)])
-        seeds[f"{n}-ctrl-tag"] = seed(a, [(CTRL + 8 * s + 2, 0x01)])
-        seeds[f"{n}-ctrl-empty-live"] = seed(a, [(CTRL + 8 * 3, 0x81)])
+        seeds[f"{n}-ctrl-status"] = seed(a, [(CTRL + 48 * s, 0x03)])
+        seeds[f"{n}-ctrl-len"] = seed(a, [(CTRL + 48 * s + 1, 0x01)])
+        seeds[f"{n}-ctrl-tag"] = seed(a, [(CTRL + 48 * s + 2, 0x01)])
+        seeds[f"{n}-ctrl-empty-live"] = seed(a, [(CTRL + 48 * 3, 0x81)])
         # slot key words; long keys: the chunk index and the chunk's bytes
-        seeds[f"{n}-slot-key"] = seed(a, [(SLOT + 48 * s + 16, 0x01)])
+        seeds[f"{n}-slot-key"] = seed(a, [(SLOT + 48 * s + 24, 0x01)])
         seeds[f"{n}-slot-chunk-index"] = seed(
-            a, [(SLOT + 48 * KEY_SLOT[6] + 16, 0x07)])
+            a, [(SLOT + 48 * KEY_SLOT[6] + 24, 0x07)])
         seeds[f"{n}-chunk-byte"] = seed(a, [(CHUNK + 256 + 5, 0x01)])
         seeds[f"{n}-chunk-free"] = seed(
             a, [(HDR["chunk_free"], 0x02), (CHUNK + 2 * 256, 0x05)])
@@ -149,7 +152,7 @@ def main():
     # corruption between operations, as a concurrent writer would do it
     mid = b""
     for k in range(8):
-        mid += op(HIT, k) + poke(CTRL + 8 * KEY_SLOT[k], 1 << (k % 8))
+        mid += op(HIT, k) + poke(CTRL + 48 * KEY_SLOT[k], 1 << (k % 8))
         mid += op(GET, k) + poke(SLOT + 48 * KEY_SLOT[k] + k, 0x11)
         mid += op(HIT, k + 8) + op(EXPIRES, k)
     for a, n in ((FIXED, "fixed"), (SLIDING, "sliding"), (TOKEN, "token")):

@@ -274,7 +274,7 @@ static void zone_config(const tg_ngx_zone *z, tg_config *cfg) {
   tg_config_init(cfg);
   cfg->algorithm = z->algorithm;
   cfg->capacity = z->capacity;
-  /* keys of more than 32 bytes take a 256-byte chunk each, counted in the
+  /* keys of more than 24 bytes take a 256-byte chunk each, counted in the
    * zone's size: a quarter of the keys may be that long ($binary_remote_addr
    * never is) */
   cfg->long_keys = z->capacity / 4 ? z->capacity / 4 : 1;

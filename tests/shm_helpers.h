@@ -176,7 +176,7 @@ static inline unsigned block_locks(const seg *s, bool *died) {
   unsigned held = 0;
   for (uint64_t i = 0; i < h->nslots; i++) {
     uint64_t w0 = s->t.slots[i].st.w[0];
-    if ((s->t.ctrl[i] & 3u) == 1u && w0 >= 1 && w0 <= h->nlogs &&
+    if ((s->t.slots[i].ctrl & 3u) == 1u && w0 >= 1 && w0 <= h->nlogs &&
         h->algorithm == TG_SLIDING_WINDOW)
       held += !lock_free(&block_at(s, w0 - 1)->lock);
   }
@@ -193,7 +193,7 @@ static inline void dump_table(const seg *s, uint64_t now) {
               h->live, h->capacity, h->nslots, (int64_t)(h->horizon_us - now),
               h->log_bump, h->log_free, h->nlogs, h->chunk_bump, h->chunk_free);
   for (uint64_t i = 0; i < h->nslots; i++) {
-    uint64_t c = s->t.ctrl[i];
+    uint64_t c = s->t.slots[i].ctrl;
     if ((c & 3u) != 1u)
       continue;
     uint64_t w0 = s->t.slots[i].st.w[0], w1 = s->t.slots[i].st.w[1];

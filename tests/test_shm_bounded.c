@@ -124,7 +124,7 @@ static void seg_unmap(seg *s) { munmap(s->mem, s->size); }
 /* The slot holding key, by looking for it. */
 static uint64_t slot_of(const seg *s, const char *key) {
   for (uint64_t i = 0; i < s->t.g.nslots; i++) {
-    uint64_t c = s->t.ctrl[i];
+    uint64_t c = s->t.slots[i].ctrl;
     if ((c & 3u) == 1u && ((c >> 2) & 0x1ffu) == strlen(key) &&
         memcmp(s->t.slots[i].key, key, strlen(key)) == 0)
       return i;

@@ -121,7 +121,7 @@ static int log_other(unsigned idx, void *arg) {
 /* The one LIVE key's log block. */
 static tg__log_block *only_block(const seg *s) {
   for (uint64_t i = 0; i < s->t.h->nslots; i++)
-    if ((s->t.ctrl[i] & 3u) == 1u) {
+    if ((s->t.slots[i].ctrl & 3u) == 1u) {
       uint64_t bi = s->t.slots[i].st.w[0];
       if (bi >= 1 && bi <= s->t.h->nlogs)
         return (tg__log_block *)(void *)(s->t.logs +

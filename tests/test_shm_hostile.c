@@ -198,7 +198,7 @@ static void seg_destroy(seg *s) {
 
 /* Region offsets from the pristine header. */
 static size_t ctrl_at(const seg *s, uint64_t i) {
-  return (size_t)(s->pristine.ctrl_off + i * 8);
+  return (size_t)(s->pristine.ctrl_off + i * sizeof(tg__slot));
 }
 static size_t slot_at(const seg *s, uint64_t i) {
   return (size_t)(s->pristine.slot_off + i * sizeof(tg__slot));
@@ -1137,12 +1137,12 @@ static void gen_storms(const seg *s, cases *cs) {
     size_t lo, hi;
   } regions[] = {
       {"header counters", offsetof(tg__table_hdr, live), sizeof(tg__table_hdr)},
-      {"ctrl", (size_t)p->ctrl_off, (size_t)(p->ctrl_off + p->nslots * 8)},
+      /* the ctrl words live in the slots: "slots" storms reach them */
       {"slots", (size_t)p->slot_off,
        (size_t)(p->slot_off + p->nslots * sizeof(tg__slot))},
       {"chunks", (size_t)p->chunk_off, (size_t)p->log_off},
       {"logs", (size_t)p->log_off, (size_t)p->total_bytes},
-      {"body", (size_t)p->ctrl_off, (size_t)p->total_bytes},
+      {"body", (size_t)p->slot_off, (size_t)p->total_bytes},
   };
   unsigned nreg = sizeof regions / sizeof regions[0], total = storms();
   for (unsigned k = 0; k < total; k++) {

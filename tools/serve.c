@@ -133,9 +133,9 @@ static void usage(FILE *f) {
       f,
       "the store:\n"
       "  --capacity N            keys per algorithm (default 65536). Each of\n"
-      "                          the 5 tables reserves 64 bytes a key, plus "
+      "                          the 5 tables reserves 55 bytes a key, plus "
       "256\n"
-      "                          of address space for keys over 32 bytes; the\n"
+      "                          of address space for keys over 24 bytes; the\n"
       "                          sliding_window one also 80 + 16 x\n"
       "                          sliding-max-entries of address space a key.\n"
       "                          Address space is backed only as used. At the\n"

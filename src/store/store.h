@@ -59,7 +59,8 @@ typedef struct tg__store_ops {
   void (*destroy)(tg__store *s);
   /* Executes n validated calls in order, as exec would one by one, filling
    * o[i] and rcs[i] (NULL: the limiter loops over exec). For stores where
-   * doing them together saves round trips. */
+   * doing them together saves round trips, or (the table) overlaps the
+   * keys' cache misses. */
   void (*exec_batch)(tg__store *s, const tg__call *calls, size_t n,
                      tg__outcome *o, int *rcs);
   /* Which stores may decide a policy together, and which share state

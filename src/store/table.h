@@ -6,14 +6,16 @@
  * Everything lives in one region addressed by offsets from its start, never by
  * pointers, so unrelated processes can map it at different addresses:
  *
- *   [header][ctrl words: nslots x 8 B][slots: nslots x 48 B]
- *   [long-key chunks: nkeys x 256 B][sliding-log blocks: nlogs x block]
+ *   [header][slots: nslots x 48 B][long-key chunks: nkeys x 256 B]
+ *   [sliding-log blocks: nlogs x block]
  *
- * A slot's ctrl word says whether it is EMPTY, LIVE or a TOMB, and carries the
- * key length, 16 bits of the key's hash and a 32-bit generation. The slot
- * holds the key's 16-byte state and its key (inline up to 32 bytes, else the
- * index of a 256-byte chunk). The generation is repeated inside the state, so
- * once a slot is reclaimed for another key, a CAS prepared against the old
+ * A slot holds its ctrl word, the key's 16-byte state and the key (inline
+ * up to 24 bytes, else the index of a 256-byte chunk): a decision on an
+ * existing key touches that slot and nothing else of the table. The ctrl
+ * word says whether the slot is EMPTY, LIVE or a TOMB, and carries the key
+ * length, 16 bits of the key's hash and a 32-bit generation. The generation
+ * is repeated inside the state, so once a slot is reclaimed for another
+ * key, a CAS prepared against the old
  * key's state can never succeed: no ABA.
  *
  * Concurrency contract:
@@ -49,20 +51,28 @@
 
 #define TG__TABLE_MAGIC UINT64_C(0x31454c4241544754) /* "TGTABLE1" */
 /* 2: tollgate's own locks instead of pthread mutexes, the PID namespace,
- * the reclaimed states' reach. The magic and the version keep their
+ * the reclaimed states' reach. 3: the ctrl word inside the 48-byte slot,
+ * keys inline up to 24 bytes (was: a ctrl array beside 48-byte slots with
+ * 32-byte keys). The magic and the version keep their
  * offsets in every version, so an old segment is recognised and refused
  * (TG_EMISMATCH), never misread. */
-#define TG__TABLE_VERSION 2u
+#define TG__TABLE_VERSION 3u
 /* Keys up to this many bytes live in the slot; longer ones in a chunk. */
-#define TG__INLINE_KEY 32u
+#define TG__INLINE_KEY 24u
 /* Most slots the table lets be LIVE, as a fraction of all slots: 7/8 keeps
  * linear-probing clusters short and the table at 64 bytes per key. */
 #define TG__LOAD_NUM 7u
 #define TG__LOAD_DEN 8u
 
+/* A slot holds everything a decision on an existing key touches: 48 bytes,
+ * so a lookup reads one cache line, or two adjacent ones that it fetches
+ * together (slot_off is 64-aligned; slots 4k+1 and 4k+2 straddle a line).
+ * st comes first: at offset 0 of a 48-byte slot it is 16-byte aligned, as
+ * the 16-byte CAS needs. */
 typedef struct tg__slot {
   tg__pair st;     /* state + generation, see table.c for the encodings */
-  uint64_t key[4]; /* inline key, zero padded; or key[0] = chunk index */
+  uint64_t ctrl;   /* status, key length, hash tag, generation (table.c) */
+  uint64_t key[3]; /* inline key, zero padded; or key[0] = chunk index */
 } tg__slot;
 
 /* One sliding log: its lock, the ring's head, count and cost sum, the
@@ -97,8 +107,10 @@ typedef struct tg__table_hdr {
   uint64_t nchunks;  /* long-key chunks */
   uint64_t nlogs;    /* sliding-log blocks (0 unless sliding) */
   uint64_t sip[2];   /* SipHash key, random per table */
-  uint64_t ctrl_off, slot_off, chunk_off, log_off; /* offsets from the start */
-  uint64_t total_bytes;            /* size of the whole region */
+  uint64_t ctrl_off; /* slot 0's ctrl word; slot i's is slot_bytes further
+                        per slot (the ctrl word lives in the slot) */
+  uint64_t slot_off, chunk_off, log_off; /* offsets from the start */
+  uint64_t total_bytes;                  /* size of the whole region */
   uint64_t pidns;                  /* the creator's PID namespace (inode of
                                       /proc/self/ns/pid; 0 in-process): lock
                                       owners are pids, which mean nothing in
@@ -195,7 +207,6 @@ typedef struct tg__table {
   tg__geom g; /* never re-read from the region: indices are bounded by it */
   tg__table_hdr *h;
   unsigned char *base;
-  uint64_t *ctrl;
   tg__slot *slots;
   uint64_t *chunks; /* nchunks x 32 words */
   unsigned char *logs;
@@ -232,6 +243,14 @@ int tg__table_attach(tg__table *t, void *mem, size_t size,
  * when the arena memory it needs cannot be backed; TG_EBUSY when a lock it
  * needs stays held past lock_timeout_ms. */
 int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o);
+
+/* tg__table_exec of n calls, in order, answers in outs[i] and rcs[i]: the
+ * same answers as n calls of it, with the keys of a group hashed and their
+ * slots fetched before the group's first decision (memory-level
+ * parallelism: a batch of keys not in cache waits about one miss per
+ * group, not one per key). */
+void tg__table_exec_batch(tg__table *t, const tg__call *calls, size_t n,
+                          tg__outcome *outs, int *rcs);
 
 /* tg__table_exec for the operations of policies and reservations (CHECK
  * and after: c->tok set), without the dispatch. */

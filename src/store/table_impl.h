@@ -30,6 +30,11 @@ enum { EMPTY = 0, LIVE = 1, TOMB = 2 };
 
 /* ---- ctrl words ---- */
 
+/* Slot i's ctrl word. */
+static inline uint64_t *ctrl_at(const tg__table *t, uint64_t i) {
+  return &t->slots[i].ctrl;
+}
+
 static inline unsigned ctrl_status(uint64_t c) { return (unsigned)(c & 3u); }
 static inline size_t ctrl_len(uint64_t c) {
   return (size_t)((c >> 2) & 0x1ffu);
@@ -129,22 +134,29 @@ static inline bool key_equal(const tg__table *t, uint64_t i, const kref *k,
   return true;
 }
 
+/* Starts fetching slot i (both cache lines of one that straddles two). */
+static inline void tg__slot_prefetch(const tg__table *t, uint64_t i) {
+  const char *s = (const char *)&t->slots[i];
+  __builtin_prefetch(s);
+  __builtin_prefetch(s + sizeof(tg__slot) - 1);
+}
+
 /* The lookup proper (see find). */
 static inline bool find_leaf(const tg__table *t, const kref *k, uint64_t *idx,
                              uint64_t *ctrl, uint64_t *unseen) {
   uint64_t n = t->g.nslots, i = home(t, k->hash);
-  /* the slot's address is known from the hash: start fetching it now, so
-   * its miss overlaps the ctrl word's instead of following it */
-  __builtin_prefetch(&t->slots[i]);
+  /* the slot's address is known from the hash: fetch both lines it may
+   * span at once, so a straddling slot costs one miss's wait, not two */
+  tg__slot_prefetch(t, i);
   for (uint64_t probes = 0; probes < n; probes++) {
-    uint64_t c = tg__load_acquire(&t->ctrl[i]);
+    uint64_t c = tg__load_acquire(ctrl_at(t, i));
     unsigned st = ctrl_status(c);
     if (st == EMPTY)
       return false;
     if (st == LIVE && ctrl_tag(c) == k->tag && ctrl_len(c) == k->len &&
         key_equal(t, i, k, unseen)) {
       tg__fence_acquire();
-      if (tg__load_acquire(&t->ctrl[i]) == c) {
+      if (tg__load_acquire(ctrl_at(t, i)) == c) {
         *idx = i;
         *ctrl = c;
         return true;

@@ -9,6 +9,8 @@
 
 #include "../siphash.h"
 
+#include <stddef.h>
+
 /* ---- layout ---- */
 
 typedef struct layout {
@@ -30,9 +32,8 @@ static bool plan(const tg__table_params *p, layout *l) {
   l->block_bytes = round64(sizeof(tg__log_block) +
                            (uint64_t)p->log_entries * sizeof(tg__entry));
   uint64_t off = round64(sizeof(tg__table_hdr)), sz;
-  l->ctrl_off = off;
-  off = round64(off + l->nslots * 8);
   l->slot_off = off;
+  l->ctrl_off = off + offsetof(tg__slot, ctrl);
   off = round64(off + l->nslots * sizeof(tg__slot));
   l->chunk_off = off;
   if (!tg__mul(l->nchunks, TG_KEY_MAX, &sz) || !tg__add(off, sz, &off))
@@ -71,7 +72,6 @@ static void attach_view(tg__table *t, void *mem, const tg__table_params *p) {
   t->g.log_off = t->h->log_off;
   t->g.lock_timeout_ms = p->lock_timeout_ms;
   t->g.evict = p->evict;
-  t->ctrl = (uint64_t *)(void *)(t->base + t->h->ctrl_off);
   t->slots = (tg__slot *)(void *)(t->base + t->h->slot_off);
   t->chunks = (uint64_t *)(void *)(t->base + t->g.chunk_off);
   t->logs = t->base + t->g.log_off;

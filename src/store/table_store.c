@@ -31,6 +31,11 @@ static int mem_exec(tg__store *s, const tg__call *c, tg__outcome *o) {
   return tg__table_exec(&((memory *)s)->t, c, o);
 }
 
+static void mem_exec_batch(tg__store *s, const tg__call *calls, size_t n,
+                           tg__outcome *outs, int *rcs) {
+  tg__table_exec_batch(&((memory *)s)->t, calls, n, outs, rcs);
+}
+
 static int mem_reset(tg__store *s, const void *key, size_t key_len) {
   return tg__table_reset(&((memory *)s)->t, key, key_len);
 }
@@ -91,6 +96,7 @@ static int mem_exec_each(tg__store *const *stores, tg__call *calls, size_t n,
 
 static const tg__store_ops memory_ops = {
     .exec = mem_exec,
+    .exec_batch = mem_exec_batch,
     .reset = mem_reset,
     .key_count = mem_key_count,
     .clean = mem_clean,

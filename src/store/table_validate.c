@@ -23,7 +23,7 @@ static int check_fail(tg__table_check *r, const char *what, uint64_t i) {
 /* True if slot i is reachable from home without crossing an EMPTY. */
 static bool reachable(const tg__table *t, uint64_t home_i, uint64_t i) {
   for (uint64_t j = home_i; j != i; j = next(t, j))
-    if (ctrl_status(tg__load_relaxed(&t->ctrl[j])) == EMPTY)
+    if (ctrl_status(tg__load_relaxed(ctrl_at(t, j))) == EMPTY)
       return false;
   return true;
 }
@@ -43,7 +43,7 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
     return TG_ENOMEM;
   }
   for (uint64_t i = 0; i < t->g.nslots; i++) {
-    uint64_t c = tg__load_acquire(&t->ctrl[i]);
+    uint64_t c = tg__load_acquire(ctrl_at(t, i));
     unsigned st = ctrl_status(c);
     if (st == 3) {
       check_fail(r, "bad ctrl status", i);
@@ -115,7 +115,7 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
   }
   /* one key, one slot: find each LIVE key from its home and expect itself */
   for (uint64_t i = 0; i < t->g.nslots; i++) {
-    uint64_t c = tg__load_acquire(&t->ctrl[i]), found, fc;
+    uint64_t c = tg__load_acquire(ctrl_at(t, i)), found, fc;
     size_t len = ctrl_len(c);
     if (ctrl_status(c) != LIVE || len == 0 || len > TG_KEY_MAX)
       continue;

@@ -74,8 +74,12 @@ trap 'rm -f /dev/shm/tgcli-$$*; tg_cleanup' EXIT
 printf 'not a table' >"/dev/shm${shm}-garbage"
 : >"/dev/shm${shm}-empty"
 head -c 4096 /dev/urandom >"/dev/shm${shm}-random"
-python3 -c 'import sys; open(sys.argv[1], "wb").write(b"TGTABLE1" + b"\x02\0\0\0" + b"\x07" * 600)' \
+python3 -c 'import sys; open(sys.argv[1], "wb").write(b"TGTABLE1" + b"\x03\0\0\0" + b"\x07" * 600)' \
   "/dev/shm${shm}-badheader"
+# a table of format version 2 (tollgate before the ctrl word moved into the
+# slot): recognised, and named by its version
+python3 -c 'import sys; open(sys.argv[1], "wb").write(b"TGTABLE1" + b"\x02\0\0\0" + b"\x07" * 600)' \
+  "/dev/shm${shm}-oldversion"
 start_server --shm "$shm"
 exec 3<>"/dev/tcp/127.0.0.1/$PORT"
 printf 'TG.HIT a token_bucket 10 1000\r\nTG.HIT b token_bucket 10 1000\r\nPING\r\n' >&3
@@ -99,6 +103,8 @@ check "shm ls: other files skipped" \
   eq "$(grep -c -e "${shm}-garbage" -e "${shm}-empty" -e "${shm}-random" <<<"$ls_out")" "0"
 check "shm ls: a damaged table is listed as such" \
   has "$ls_out" "^${shm}-badheader  *?  .*corrupt header$"
+check "shm ls: a table of an older format is named by its version" \
+  has "$ls_out" "^${shm}-oldversion  .*format version 2$"
 check "shm ls: only reads (the segment is unchanged)" eq "$after" "$before"
 check "shm rm: refuses what is not a tollgate table" \
   eq "$(status "$TOLLGATE" shm rm "${shm}-garbage")" "1"
