@@ -499,6 +499,10 @@ int tg_hit(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
 /* A batch: every item validated as tg_hit would, those the deny cache
  * answers answered, the others handed to the store together (in order),
  * each answer written like tg_hit's. */
+/* Items a batch keeps on the stack (about 9 KB); a larger batch
+ * allocates its arrays, so a store that pipelines still sees it whole. */
+#define BATCH_STACK 32u
+
 static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
                      size_t n) {
   if (!lim || (!items && n > 0))
@@ -506,13 +510,26 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
   if (n == 0)
     return TG_OK;
   const tg__store_ops *ops = lim->store->ops;
-  tg__call *calls = ops->exec_batch ? malloc(n * sizeof *calls) : NULL;
-  tg__outcome *outs = ops->exec_batch ? malloc(n * sizeof *outs) : NULL;
-  int *rcs = ops->exec_batch ? malloc(n * sizeof *rcs) : NULL;
-  size_t *pos = ops->exec_batch ? malloc(n * sizeof *pos) : NULL;
-  uint64_t *when = ops->exec_batch ? malloc(n * sizeof *when) : NULL;
+  tg__call s_calls[BATCH_STACK];
+  tg__outcome s_outs[BATCH_STACK];
+  int s_rcs[BATCH_STACK];
+  size_t s_pos[BATCH_STACK];
+  uint64_t s_when[BATCH_STACK];
+  tg__call *calls = s_calls;
+  tg__outcome *outs = s_outs;
+  int *rcs = s_rcs;
+  size_t *pos = s_pos;
+  uint64_t *when = s_when;
+  bool heap = ops->exec_batch && n > BATCH_STACK;
+  if (heap) {
+    calls = malloc(n * sizeof *calls);
+    outs = malloc(n * sizeof *outs);
+    rcs = malloc(n * sizeof *rcs);
+    pos = malloc(n * sizeof *pos);
+    when = malloc(n * sizeof *when);
+  }
   size_t m = 0;
-  bool together = calls && outs && rcs && pos && when;
+  bool together = ops->exec_batch && calls && outs && rcs && pos && when;
   for (size_t i = 0; i < n; i++) {
     tg_batch_item *it = &items[i];
     if (!together) {
@@ -540,11 +557,13 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
                                       &outs[j], &it->result);
     }
   }
-  free(calls);
-  free(outs);
-  free(rcs);
-  free(pos);
-  free(when);
+  if (heap) {
+    free(calls);
+    free(outs);
+    free(rcs);
+    free(pos);
+    free(when);
+  }
   return TG_OK;
 }
 

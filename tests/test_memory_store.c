@@ -281,7 +281,7 @@ typedef struct keybuf {
  * state. */
 static void long_and_binary_keys(void **state) {
   (void)state;
-  static keybuf keys[700];
+  static keybuf keys[800];
   size_t n = 0;
   for (size_t len = 1; len <= TG_KEY_MAX; len++) {
     memset(keys[n].b, 0, len); /* all NUL: differ only by length */
@@ -289,7 +289,7 @@ static void long_and_binary_keys(void **state) {
     memset(keys[n].b, 'k', len);
     keys[n++].len = len;
   }
-  static const size_t dup_lens[] = {31, 32, 33, 40, 64, 255, 256};
+  static const size_t dup_lens[] = {23, 24, 25, 31, 32, 33, 40, 64, 255, 256};
   for (size_t d = 0; d < sizeof dup_lens / sizeof dup_lens[0]; d++)
     for (unsigned v = 0; v < 20; v++) {
       size_t len = dup_lens[d];
@@ -368,13 +368,13 @@ static void near_duplicates_never_alias(void **state) {
   }
 }
 
-/* long_keys bounds the keys longer than 32 bytes held at once: one more is
+/* long_keys bounds the keys longer than 24 bytes held at once: one more is
  * TG_EFULL (with the policy's answer) while short keys still fit; a reset
  * long key gives its room back. */
 static void long_keys_exhausted(void **state) {
   (void)state;
   const tg_quota q = {.limit = 5, .period_ms = 60000};
-  unsigned char l1[33], l2[100], l3[256];
+  unsigned char l1[25], l2[100], l3[256];
   memset(l1, 1, sizeof l1);
   memset(l2, 2, sizeof l2);
   memset(l3, 3, sizeof l3);
@@ -389,10 +389,10 @@ static void long_keys_exhausted(void **state) {
   assert_true(r.degraded);
   assert_false(r.allowed);
   assert_int_equal(r.retry_after_ms, 60000);
-  /* a 32-byte key is inline: it still fits, as do five more short keys */
-  unsigned char s32[32];
-  memset(s32, 3, sizeof s32);
-  hit(lim, T0, s32, sizeof s32, &q, 1);
+  /* a 24-byte key is inline: it still fits, as do five more short keys */
+  unsigned char s24[24];
+  memset(s24, 3, sizeof s24);
+  hit(lim, T0, s24, sizeof s24, &q, 1);
   for (int i = 0; i < 5; i++) {
     char k[2] = {(char)('a' + i), 0};
     hit(lim, T0, k, 1, &q, 1);
@@ -1175,6 +1175,65 @@ static void denied_bucket_decisions_write_nothing(void **state) {
   current = NULL;
 }
 
+/* tg_hit_batch on the table: the keys of each group of 16 are hashed and
+ * their slots fetched before the group is decided, and a batch of more
+ * than 32 items allocates its arrays. Neither may change an answer: 100
+ * items (groups of 16 and a partial one, past the stack's 32), with
+ * repeats of one key inside a group and across groups, long keys, a new
+ * key created inside a batch and met again later in it, and invalid items
+ * in between, answer as the same calls one by one on a twin limiter, for
+ * every algorithm, over several batches at advancing times. */
+static void batch_answers_as_single_calls(void **state) {
+  (void)state;
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    opts o = {.alg = (tg_algorithm)a, .capacity = 512};
+    tg_limiter *lb = make(&o), *ls = make(&o);
+    const tg_quota q = {.limit = 5, .period_ms = 1000, .burst = 3};
+    const tg_quota bad = {.limit = 0, .period_ms = 1000};
+    static char keys[100][40];
+    tg_batch_item it[100];
+    uint64_t rng = 0x1234567u + (uint64_t)a;
+    for (int round = 0; round < 20; round++) {
+      uint64_t now = T0 + (uint64_t)round * MS(150);
+      for (int i = 0; i < 100; i++) {
+        rng = rng * 6364136223846793005u + 1442695040888963407u;
+        unsigned k = (unsigned)(rng >> 33) % 40u; /* 40 keys: many repeats */
+        size_t len = k % 3 == 0 ? 33 : 8;         /* every third key long */
+        memset(keys[i], 'b', sizeof keys[i]);
+        keys[i][0] = (char)('A' + k);
+        it[i] = (tg_batch_item){keys[i], len, &q, 1 + (rng >> 60) % 2, -1, {0}};
+        if (i % 23 == 7)
+          it[i].q = &bad; /* invalid: TG_EQUOTA, decided by nobody */
+        if (i % 31 == 11)
+          it[i].key_len = 0; /* invalid: TG_EINVAL */
+      }
+      assert_int_equal(tg_hit_batch_at(lb, now, it, 100), TG_OK);
+      for (int i = 0; i < 100; i++) {
+        tg_result r;
+        int rc = tg_hit_at(ls, now, it[i].key, it[i].key_len, it[i].q,
+                           it[i].cost, &r);
+        const tg_result *b = &it[i].result;
+        bool same = r.allowed == b->allowed && r.degraded == b->degraded &&
+                    r.shadow_denied == b->shadow_denied &&
+                    r.count == b->count && r.remaining == b->remaining &&
+                    r.retry_after_ms == b->retry_after_ms &&
+                    r.reset_after_ms == b->reset_after_ms;
+        if (rc != it[i].status || !same)
+          print_error("%s round %d item %d: batch %d/%d/%" PRIu64
+                      " single %d/%d/%" PRIu64 "\n",
+                      tg_algorithm_name((tg_algorithm)a), round, i,
+                      it[i].status, it[i].result.allowed,
+                      it[i].result.remaining, rc, r.allowed, r.remaining);
+        assert_int_equal(rc, it[i].status);
+        assert_true(same);
+      }
+    }
+    assert_int_equal(tg_key_count(lb), tg_key_count(ls));
+    tg_limiter_destroy(lb);
+    tg_limiter_destroy(ls);
+  }
+}
+
 int main(void) {
   /* a deadlock (e.g. in before_clean) fails the run instead of hanging it */
   alarm(300);
@@ -1184,6 +1243,7 @@ int main(void) {
       cmocka_unit_test_teardown(long_and_binary_keys, report_current),
       cmocka_unit_test_teardown(near_duplicates_never_alias, report_current),
       cmocka_unit_test_teardown(long_keys_exhausted, report_current),
+      cmocka_unit_test(batch_answers_as_single_calls),
       cmocka_unit_test_teardown(long_keys_reclaim_decayed, report_current),
       cmocka_unit_test_teardown(reset_frees_slot, report_current),
       cmocka_unit_test_teardown(clean_removes_exactly_the_old, report_current),
