@@ -606,8 +606,8 @@ static bool blank_stays(const tg__call *c, uint64_t w0, uint64_t w1,
 /* Windows and buckets: one CAS per decision. A bucket reads its pair without
  * writing and publishes only a changed state, so a denied decision writes
  * nothing; a window snapshot is validated by the CAS itself. */
-static int exec_state(tg__table *t, const kref *k, const tg__call *c,
-                      tg__outcome *o) {
+static inline __attribute__((always_inline)) int
+exec_state(tg__table *t, const kref *k, const tg__call *c, tg__outcome *o) {
   tg__wait wait = tg__wait_bound(t->g.lock_timeout_ms), *wt = &wait;
   bool win = is_window(c->alg);
   tg__call tmp; /* c with its time clamped to the horizon, when needed */
@@ -1052,8 +1052,8 @@ int tg__table_rule(tg__table *t, const tg__call *c, tg__outcome *o) {
   return exec_rule(t, c, o);
 }
 
-static int exec_key(tg__table *t, const kref *k, const tg__call *c,
-                    tg__outcome *o) {
+static inline __attribute__((always_inline)) int
+exec_key(tg__table *t, const kref *k, const tg__call *c, tg__outcome *o) {
   if (c->alg == TG_SLIDING_WINDOW)
     return exec_log(t, k, c, o);
   return exec_state(t, k, c, o);
