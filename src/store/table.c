@@ -76,6 +76,18 @@ static uint64_t log_expiry(const tg__table *t, tg__log_block *b) {
   return last ? last + b->period_us : 0;
 }
 
+/* Starts fetching a log block's first lines together: the header (lock,
+ * head, n, sum) and the entries after it, which a short log lives in.
+ * Otherwise the lock's miss and then each entry line's would be waited
+ * for in turn. Only lines the block owns; a prefetch never faults, so a
+ * line of a segment not backed yet is simply not fetched. */
+static void block_prefetch(const tg__table *t, const tg__log_block *b) {
+  const char *p = (const char *)b;
+  uint32_t bytes = t->g.log_block_bytes < 256 ? t->g.log_block_bytes : 256;
+  for (uint32_t off = 0; off < bytes; off += 64)
+    __builtin_prefetch(p + off, 1);
+}
+
 static int lock_block(const tg__table *t, tg__log_block *b, tg__wait *wt) {
   bool died;
   int rc = tg__lock_take(&b->lock, t->g.shared, wt, &died);
@@ -693,6 +705,7 @@ static int exec_log(tg__table *t, const kref *k, const tg__call *c,
     tg__log_block *b = w0 >= 1 ? block(t, w0 - 1) : NULL;
     if (!b)
       return TG_ECORRUPT;
+    block_prefetch(t, b);
     if ((rc = lock_block(t, b, wt)) != TG_OK)
       return rc;
     if (tg__load_acquire(&p->w[1]) != g) {
