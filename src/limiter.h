@@ -40,6 +40,43 @@ struct tg_limiter {
   tg__deny_cache *deny; /* deny_cache_entries > 0; owned */
 };
 
+/* The last bucket quota the calling thread prepared, and its preparation:
+ * a bucket's quota costs a division (the emission interval) to prepare,
+ * and a program passes the same few quotas again and again. One entry per
+ * thread, so nothing is shared; the zero entry names no bucket. */
+typedef struct tg__quota_memo {
+  tg_quota q;
+  tg_algorithm alg;
+  tg__quota p;
+} tg__quota_memo;
+extern _Thread_local tg__quota_memo tg__memo TG__TLS_FAST;
+
+/* tg__call_check with the memo: the same checks in the same order and the
+ * same prepared quota, a bucket quota equal to the last one copied instead
+ * of prepared again. */
+static inline int tg__limiter_check(tg_algorithm alg, tg__op op, size_t key_len,
+                                    const tg_quota *q, tg__quota *prepared) {
+  if (alg != TG_TOKEN_BUCKET && alg != TG_LEAKY_BUCKET)
+    return tg__call_check(alg, op, key_len, q, prepared);
+  if (key_len == 0 || key_len > TG_KEY_MAX)
+    return TG_EKEY;
+  if (!tg__op_supported(alg, op))
+    return TG_ENOTSUP;
+  tg__quota_memo *m = &tg__memo;
+  if (m->alg == alg && m->q.limit == q->limit &&
+      m->q.period_ms == q->period_ms && m->q.burst == q->burst) {
+    *prepared = m->p;
+    return TG_OK;
+  }
+  int rc = tg__quota_prepare(prepared, q, alg);
+  if (rc == TG_OK) {
+    m->q = *q;
+    m->alg = alg;
+    m->p = *prepared;
+  }
+  return rc;
+}
+
 /* Everything every operation checks, in the order the header documents,
  * and the call built from it. now is NULL to read the limiter's clock
  * (once), or, for a store with its own clock, to let the store read it.
@@ -50,7 +87,7 @@ static inline int tg__limiter_prepare(const tg_limiter *lim, tg__op op,
                                       uint64_t arg, tg__call *c) {
   if (!lim || !key || !q)
     return TG_EINVAL;
-  int rc = tg__call_check(lim->cfg.algorithm, op, key_len, q, &c->q);
+  int rc = tg__limiter_check(lim->cfg.algorithm, op, key_len, q, &c->q);
   if (rc != TG_OK)
     return rc;
   c->store_time = !now && lim->store_time;

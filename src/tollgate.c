@@ -84,6 +84,8 @@ void tg_redis_config_init(tg_redis_config *rc) {
   rc->cluster_nodes = NULL;
 }
 
+_Thread_local tg__quota_memo tg__memo TG__TLS_FAST;
+
 int tg_redis_available(void) { return tg__redis_built(); }
 
 /* Checks *cfg; on failure says which field in tg_last_error. */
@@ -457,9 +459,9 @@ void tg__limiter_invalid(tg_limiter *lim, int rc, const void *key,
     tg__limiter_done(lim, rc, out, lim->shadow, key, key_len, q, cost, false);
 }
 
-static int hit(tg_limiter *lim, const uint64_t *now, const void *key,
-               size_t key_len, const tg_quota *q, uint64_t cost,
-               tg_result *out) {
+static inline __attribute__((always_inline)) int
+hit(tg_limiter *lim, const uint64_t *now, const void *key, size_t key_len,
+    const tg_quota *q, uint64_t cost, tg_result *out) {
   if (!out)
     return TG_EINVAL;
   tg__call c;
