@@ -299,9 +299,9 @@ typedef enum tg_full {
   TG_FULL_EVICT = 1
 } tg_full;
 
-/* Defined with their stores and callbacks below: "Custom store", "Redis
- * store", "Cleanup" (tg_expired), "Counters and the decision hook"
- * (tg_decision). */
+/* Declared here because tg_config and its callbacks point to them; each is
+ * defined in the section that explains it: "Custom store", "Redis store",
+ * "Cleanup" (tg_expired), "Counters and the decision hook" (tg_decision). */
 typedef struct tg_custom_store tg_custom_store;
 typedef struct tg_redis_config tg_redis_config;
 typedef struct tg_expired tg_expired;
@@ -896,11 +896,11 @@ TG_EXTERN int tg_limiter_stats(const tg_limiter *lim, tg_stats *out,
  * further; a cleaning pass reclaims them all). The scan is bounded so that
  * a stream of new keys cannot make each refusal cost O(capacity), but it is
  * still work under the table lock (BENCHMARKS.md has its cost): give
- * capacity room above the keys live at once.
- * With tg_config.on_full = TG_FULL_EVICT a new key that finds no decayed key
- * there evicts a live one instead of being refused (see tg_full). A key
- * emptied by tg_reset is reclaimed like any fresh key, but not handed to
- * before_clean (it has nothing to report). */
+ * capacity room above the keys live at once. With tg_config.on_full =
+ * TG_FULL_EVICT a new key that finds no decayed key there evicts a live one
+ * instead of being refused (see tg_full). A key emptied by tg_reset is
+ * reclaimed like any fresh key, but not handed to before_clean (it has
+ * nothing to report). */
 
 /* One expired entry handed to before_clean (tg_before_clean_fn, under
  * "Limiter configuration"). The key bytes are valid only for the duration
