@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # Runs `tollgate_bench --quick` (BENCH is its path) and fails unless it exits
 # 0 and prints result lines. Timing is never checked: CI machines are noisy.
 execute_process(COMMAND ${BENCH} --quick RESULT_VARIABLE rc

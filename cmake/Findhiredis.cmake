@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # Findhiredis.cmake - finds hiredis (Debian: libhiredis-dev) and gives it as
 # the imported target hiredis::hiredis, the name hiredis's own CMake package
 # uses, so a project that already found hiredis that way keeps its target.

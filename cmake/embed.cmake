@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # embed.cmake - writes a C file holding a text file's bytes as a
 # NUL-terminated array, so the library carries its Redis script.
 # Run as: cmake -DIN=redis.lua -DOUT=redis_script.c -DNAME=tg__redis_script

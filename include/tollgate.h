@@ -9,9 +9,9 @@
  * Conventions used throughout:
  *   - Every function that can fail returns int: 0 (TG_OK) or a negative TG_E*
  *     code. tg_strerror() and tg_err_name() describe a code.
- *   - Time: "now" is microseconds since the Unix epoch (uint64_t). Durations in
- *     quotas and results are milliseconds. Field names carry the unit (_ms,
- * _us).
+ *   - Time: "now" is microseconds since the Unix epoch (uint64_t). Durations
+ *     in quotas and results are milliseconds. Field names carry the unit
+ *     (_ms, _us, _ns).
  *   - Keys are byte strings (pointer + length, 1..TG_KEY_MAX bytes, any bytes,
  *     NUL included). tollgate copies what it keeps; the caller keeps ownership.
  *   - Handles are opaque; tg_limiter_destroy(NULL) is a harmless no-op.
@@ -28,6 +28,14 @@
  *   int rc = tg_hit(lim, "user:42", 7, &q, 1, &r);
  *   if (rc == 0 && !r.allowed) reply_429(r.retry_after_ms);
  *   tg_limiter_destroy(lim);
+ *
+ * The sections, in order: version; status codes; limits; algorithms; quota;
+ * result; limiter configuration (with the types of its fields: clock,
+ * failure policy, full table, callbacks); the limiter; operations; batches;
+ * what extends a decision (policies, reservations, shadow mode, counters and
+ * the decision hook); cleanup; the stores (custom, shared memory, a table in
+ * the caller's memory, Redis, surviving a store outage); the non-blocking
+ * Redis API; HTTP headers. Each is headed by a "---- Name ----" line.
  */
 #ifndef TOLLGATE_H
 #define TOLLGATE_H
@@ -40,7 +48,7 @@
 extern "C" {
 #endif
 
-/* ---- Export macro -------------------------------------------------------
+/* ---- Export macro ---------------------------------------------------------
  * The library is built with -fvisibility=hidden; only TG_EXTERN symbols are
  * exported from the shared object. Static builds define TG_STATIC (the CMake
  * target does it for consumers of the static library). */
@@ -58,7 +66,7 @@ extern "C" {
 #define TG_EXTERN
 #endif
 
-/* ---- Version -------------------------------------------------------------
+/* ---- Version --------------------------------------------------------------
  * This block is the single source of truth: CMake parses these three lines. */
 #define TG_VERSION_MAJOR 0
 #define TG_VERSION_MINOR 1
@@ -71,27 +79,6 @@ extern "C" {
 TG_EXTERN unsigned tg_version(void);
 /* The same as a static string "MAJOR.MINOR.PATCH". */
 TG_EXTERN const char *tg_version_string(void);
-
-/* ---- Limits ---------------------------------------------------------------
- */
-
-/* Longest key accepted, in bytes. Longer (or empty) keys are TG_EKEY. */
-#define TG_KEY_MAX 256
-/* Longest period accepted, in ms (about 31.7 years). Longer is TG_EQUOTA. */
-#define TG_PERIOD_MAX_MS UINT64_C(1000000000000)
-/* Latest "now" accepted, in us since the epoch (about the year 2262): beyond
- * it nanosecond arithmetic would not fit 64 bits. Later is TG_ETIME. */
-#define TG_NOW_MAX_US UINT64_C(9000000000000000)
-/* Largest bucket tolerance burst * T, in ns (see the algorithms below). */
-#define TG_TOLERANCE_MAX_NS UINT64_C(4000000000000000000)
-/* Most keys one table holds (tg_config.capacity). More is TG_EINVAL. */
-#define TG_CAPACITY_MAX (UINT64_C(1) << 40)
-/* Most entries one sliding-window key keeps (tg_config.sliding_max_entries).
- * More is TG_EINVAL. */
-#define TG_SLIDING_ENTRIES_MAX (UINT32_C(1) << 24)
-/* retry_after_ms value meaning "this call can never be allowed", e.g. a cost
- * greater than the limit (windows) or the burst (buckets). */
-#define TG_NEVER UINT64_MAX
 
 /* ---- Status codes ---------------------------------------------------------
  * One table generates the enum, tg_strerror() and tg_err_name(), so they
@@ -140,14 +127,35 @@ TG_EXTERN const char *tg_err_name(int err);
  * was made. Never NULL. */
 TG_EXTERN const char *tg_last_error(void);
 
+/* ---- Limits ------------------------------------------------------------ */
+
+/* Longest key accepted, in bytes. Longer (or empty) keys are TG_EKEY. */
+#define TG_KEY_MAX 256
+/* Longest period accepted, in ms (about 31.7 years). Longer is TG_EQUOTA. */
+#define TG_PERIOD_MAX_MS UINT64_C(1000000000000)
+/* Latest "now" accepted, in us since the epoch (about the year 2262): beyond
+ * it nanosecond arithmetic would not fit 64 bits. Later is TG_ETIME. */
+#define TG_NOW_MAX_US UINT64_C(9000000000000000)
+/* Largest bucket tolerance burst * T, in ns (see the algorithms below). */
+#define TG_TOLERANCE_MAX_NS UINT64_C(4000000000000000000)
+/* Most keys one table holds (tg_config.capacity). More is TG_EINVAL. */
+#define TG_CAPACITY_MAX (UINT64_C(1) << 40)
+/* Most entries one sliding-window key keeps (tg_config.sliding_max_entries).
+ * More is TG_EINVAL. */
+#define TG_SLIDING_ENTRIES_MAX (UINT32_C(1) << 24)
+/* retry_after_ms value meaning "this call can never be allowed", e.g. a cost
+ * greater than the limit (windows) or the burst (buckets). */
+#define TG_NEVER UINT64_MAX
+
 /* ---- Algorithms -----------------------------------------------------------
  * All five give the same answers on every store. The summary each caller
  * needs (README.md has the table):
  *
  * TG_FIXED_WINDOW: windows aligned to the Unix epoch, window = floor(now_ms /
  *   period_ms). A call adds its cost to the window's count and is allowed when
- *   count <= limit. A DENIED CALL IS STILL COUNTED (like Hammer and the Redis
- *   INCR pattern). retry_after_ms = end of window - now.
+ *   count <= limit. A DENIED CALL IS STILL COUNTED, so a client that keeps
+ *   calling stays denied until the window ends. retry_after_ms = end of
+ *   window - now.
  * TG_FIXED_WINDOW_PER_KEY: a window opens at the key's first hit and ends at
  *   that moment + period_ms; it is active while end > now. Hits inside do not
  *   move the end; the first hit after it opens a fresh window. Denied calls are
@@ -191,141 +199,690 @@ TG_EXTERN const char *tg_algorithm_name(tg_algorithm alg);
  * "limit per period_ms", plus burst for the buckets. Passed with every call:
  * a key should always be used with the same quota (a different quota on the
  * same key reinterprets its state, which is well defined but rarely useful).
- *
- * Hammer's bucket call hit(key, rate_per_s, capacity, cost) is
- *   {.limit = rate_per_s, .period_ms = 1000, .burst = capacity};
- * its window call hit(key, scale_ms, limit, increment) is
- *   {.limit = limit, .period_ms = scale_ms}. */
+ * E.g. 55 per second with bursts of 100: {.limit = 55, .period_ms = 1000,
+ * .burst = 100}. */
 typedef struct tg_quota {
-  uint64_t limit;     /* events (cost units) per period; must be >= 1 */
-  uint64_t period_ms; /* ms, 1..TG_PERIOD_MAX_MS */
-  uint64_t burst;     /* bucket capacity in cost units; 0 means "= limit".
-                         Ignored by the three window algorithms. */
+  /* Events (cost units) per period; must be >= 1. */
+  uint64_t limit;
+  /* The period, ms, 1..TG_PERIOD_MAX_MS. */
+  uint64_t period_ms;
+  /* Bucket capacity in cost units; 0 means "= limit". Ignored by the three
+   * window algorithms. */
+  uint64_t burst;
 } tg_quota;
 
 /* ---- Result ---------------------------------------------------------------
- */
+ * What a decision answers: the verdict, and the numbers an HTTP 429 response
+ * (or a RateLimit header, see "HTTP headers") needs. */
 typedef struct tg_result {
-  bool allowed;            /* the call was admitted (and its cost consumed) */
-  bool degraded;           /* the answer came from the failure policy, not the
-                              store: see tg_config.on_failure */
-  bool shadow_denied;      /* shadow mode (tg_config.shadow, TG_RULES_SHADOW)
-                              let through a call the limit would have denied:
-                              allowed is then true and the other fields are
-                              the real answer's (retry_after_ms included) */
-  uint64_t count;          /* per algorithm: windows: count in the window (after
-                              adding cost when it was counted); sliding: sum of
-                              live costs; token bucket: whole tokens left;
-                              leaky bucket: level, rounded up */
-  uint64_t remaining;      /* how many cost-1 calls would still be allowed now,
-                              after this call */
-  uint64_t retry_after_ms; /* 0 when allowed; otherwise the exact wait in ms,
-                              rounded up, after which the same call would be
-                              allowed (if nothing else happens meanwhile);
-                              TG_NEVER when it never can */
-  uint64_t reset_after_ms; /* ms until the key is back to a fresh state (empty
-                              window or log, full token bucket, empty leaky
-                              bucket), rounded up; 0 if it is fresh now */
+  /* The call was admitted (and its cost consumed). */
+  bool allowed;
+  /* The answer came from the failure policy, not the store: see
+   * tg_config.on_failure. */
+  bool degraded;
+  /* Shadow mode (tg_config.shadow, TG_RULES_SHADOW) let through a call the
+   * limit would have denied: allowed is then true and the other fields are
+   * the real answer's (retry_after_ms included). */
+  bool shadow_denied;
+  /* Per algorithm: windows: count in the window (after adding cost when it
+   * was counted); sliding: sum of live costs; token bucket: whole tokens
+   * left; leaky bucket: level, rounded up. */
+  uint64_t count;
+  /* How many cost-1 calls would still be allowed now, after this call. */
+  uint64_t remaining;
+  /* 0 when allowed; otherwise the exact wait in ms, rounded up, after which
+   * the same call would be allowed (if nothing else happens meanwhile);
+   * TG_NEVER when it never can. */
+  uint64_t retry_after_ms;
+  /* ms until the key is back to a fresh state (empty window or log, full
+   * token bucket, empty leaky bucket), rounded up; 0 if it is fresh now. */
+  uint64_t reset_after_ms;
 } tg_result;
 
-/* ---- Clock ----------------------------------------------------------------
- * Returns microseconds since the Unix epoch. Called at most once per
- * operation, from the calling thread; must be thread-safe if the limiter is
- * shared. Tests inject their own to drive time by hand. */
+/* ---- Limiter configuration ------------------------------------------------
+ * A limiter is made from a tg_config: its algorithm, its clock, its failure
+ * policy, its store (the built-in memory table unless one of custom_store,
+ * shm_name, region or redis is set) and that store's settings. The types of
+ * its fields come first; tg_config and tg_config_init end the section. */
+
+/* The clock: returns microseconds since the Unix epoch. Called at most once
+ * per operation, from the calling thread; must be thread-safe if the
+ * limiter is shared. Tests inject their own to drive time by hand. */
 typedef uint64_t (*tg_clock_fn)(void *ctx);
 
 /* CLOCK_REALTIME in us (the default). ctx is ignored. */
 TG_EXTERN uint64_t tg_clock_realtime(void *ctx);
-/* CLOCK_REALTIME_COARSE in us: a few ns instead of ~25 ns per read, at the
+/* CLOCK_REALTIME_COARSE in us: cheaper to read than CLOCK_REALTIME, at the
  * price of the kernel tick's resolution (1-4 ms). ctx is ignored. */
 TG_EXTERN uint64_t tg_clock_coarse(void *ctx);
 
-/* ---- Failure policy --------------------------------------------------------
- * What a decision answers when the store cannot decide: the memory table is
- * full even after reclaiming decayed keys (TG_EFULL), a custom store's key is
- * locked (TG_EBUSY) or fails (TG_ESTORE, TG_ECORRUPT), memory runs out
- * (TG_ENOMEM), the Redis server cannot be reached (TG_ECONNECT), does not
- * answer in time (TG_ETIMEDOUT) or answers with an error (TG_ESTORE: OOM,
- * BUSY, READONLY, a failed AUTH...). The function still returns that code;
- * the policy only decides what is written into the result, which then has
- * degraded = true. A store failure is never disguised as a plain denial.
- * (A shared segment whose file system is full answers TG_ENOMEM for the
- * new key that needed memory, through this policy, never with a signal.)
- * TG_POLICY_FALLBACK decides instead, locally: see "Surviving a store
- * outage" below. */
+/* The failure policy: what a decision answers when the store cannot decide:
+ * the memory table is full even after reclaiming decayed keys (TG_EFULL), a
+ * custom store's key is locked (TG_EBUSY) or fails (TG_ESTORE, TG_ECORRUPT),
+ * a shared-memory lock stays held (TG_EBUSY), memory runs out (TG_ENOMEM),
+ * the Redis server cannot be reached (TG_ECONNECT), does not answer in time
+ * (TG_ETIMEDOUT) or answers with an error (TG_ESTORE: OOM, BUSY, READONLY,
+ * a failed AUTH...). The function still returns that code; the policy only
+ * decides what is written into the result, which then has degraded = true.
+ * A store failure is never disguised as a plain denial. (A shared segment
+ * whose file system is full answers TG_ENOMEM for the new key that needed
+ * memory, through this policy, never with a signal.) TG_POLICY_FALLBACK
+ * decides instead, locally: see "Surviving a store outage". */
 typedef enum tg_policy {
-  TG_POLICY_FAIL_OPEN = 0,   /* result: allowed (the default, as glimit and
-                                most Redis limiters do: a broken limiter
-                                should not take the service down) */
-  TG_POLICY_FAIL_CLOSED = 1, /* result: not allowed, retry_after_ms = period */
-  TG_POLICY_ERROR = 2,       /* result: not allowed, retry_after_ms TG_NEVER:
-                                the caller must look at the return code */
-  TG_POLICY_FALLBACK = 3     /* result: decided by a local memory store under
-                                the quota divided by tg_config.fallback_share
-                                (see "Surviving a store outage") */
+  /* Result: allowed (the default: a broken limiter should not take the
+   * service down). */
+  TG_POLICY_FAIL_OPEN = 0,
+  /* Result: not allowed, retry_after_ms = period. */
+  TG_POLICY_FAIL_CLOSED = 1,
+  /* Result: not allowed, retry_after_ms TG_NEVER: the caller must look at
+   * the return code. */
+  TG_POLICY_ERROR = 2,
+  /* Result: decided by a local memory store under the quota divided by
+   * tg_config.fallback_share (see "Surviving a store outage"). */
+  TG_POLICY_FALLBACK = 3
 } tg_policy;
 
-/* ---- Surviving a store outage ----------------------------------------------
- * Two ways for a limiter on a remote store (Redis, or a custom store) to
- * lean on it less. Both are off by default, and both apply to decisions
- * (tg_hit, tg_hit_batch and the non-blocking API): tg_inc, tg_get, tg_set,
- * tg_expires_at and tg_reset always ask the store, and so do policies
- * (tg_hit_rules) and reservations (tg_reserve, tg_cancel). A failed policy
- * or reservation on a limiter with TG_POLICY_FALLBACK is answered as with
- * TG_POLICY_FAIL_OPEN (allowed, degraded): the fallback decides single
- * calls only. Deny-cache answers and fallback decisions are counted like
- * the store's (tg_stats, shadow mode and the hook apply to them too).
- *
- * TG_POLICY_FALLBACK. While the store fails (any code a failure policy
- * answers), a decision is made in a memory store of the limiter's own, as
- * if this host alone had the quota divided by tg_config.fallback_share:
- * limit / share and, for the buckets, burst / share, rounded down (a share
- * below one call admits nothing: not allowed, retry_after_ms = period). Set
- * the share to the number of hosts that share the store, and together they
- * admit at most the quota while it is out. The result is marked degraded
- * and the function still returns the store's code. Every call tries the
- * store first (the Redis store's "Failing fast" makes that free while it is
- * down), so exact decisions resume by themselves once it answers. The local
- * store keeps what it counted, so a key met in an earlier outage starts
- * the next one where it was (stricter, never looser); it is sized by
- * capacity, long_keys and sliding_max_entries (reserved at tg_limiter_new,
- * as the memory store's), uses the limiter's clock for calls on the
- * store's clock, and when it is full answers as TG_POLICY_FAIL_OPEN.
- *
- * The deny cache (tg_config.deny_cache_entries). Once the store has denied
- * a call, later calls on that key which the store would deny too are
- * answered here, without a round trip, until 1 ms before the denial's
- * retry time (which is known rounded up to the ms):
- *   - a fixed window (either kind): every call, whatever its cost, until
- *     the window ends: the denied call was counted, so the window stays
- *     over its limit until then;
- *   - a sliding window or a bucket: calls of the denied cost or more, until
- *     the time that cost would fit if nothing else happened (other callers
- *     only make it later); a smaller cost may fit sooner: the store decides.
- * A denial is reused only under the same quota (a call under another quota
- * drops it: that quota may change the state the denial was true of) and in
- * the same timeline: calls on the store's clock count on this host's
- * monotonic clock from the moment the denied call was sent, which is never
- * after the server decided; the _at calls count in their own now. So it
- * never denies a call the store, asked at that moment, would allow, with
- * one exception it cannot see: a tg_reset or tg_set of the key by another
- * limiter, or the key deleted in the store by other means (this limiter's
- * own tg_reset and tg_set forget it). The answer: allowed false,
- * degraded false, count and remaining those of the denial, retry_after_ms
- * the time left (the store's wait or 1 ms less right after the denial;
- * never more than the store's, which other calls may have pushed out;
- * TG_NEVER for a cost no wait admits), reset_after_ms the denial's less the
- * time since. A fixed window's denials answered here are not added to its
- * stored count: no decision under the key's quota changes (the window
- * refuses everything until it ends anyway), but tg_get shows the lower
- * count. Degraded answers are never cached. Memory: about 380 bytes per
- * entry (keys are kept whole, never matched by hash alone), in sets of 4;
- * a new denial takes an expired entry of its set, else the one that ends
- * first. Thread-safe (striped locks). tg_limiter_stats counts what it
- * answered (deny_cache_hits); against one key hammered at 100 times its
- * limit it spares 98.8% of the round trips. */
+/* What a new key does when the memory (or shm) table is full and the
+ * bounded scan of "Cleanup" finds no decayed key to reclaim. */
+typedef enum tg_full {
+  /* The call fails with TG_EFULL and the failure policy answers (the
+   * default): no key's count is ever lost, but new keys go unlimited
+   * (fail-open) or are denied (fail-closed) while the table is full. */
+  TG_FULL_REFUSE = 0,
+  /* The live key closest to fresh (whose state would decay soonest) among
+   * those the scan inspected is evicted, and the new key takes its place.
+   * The evicted key's count is forgotten: its next call starts from a fresh
+   * state, so within one period it may be admitted up to a full limit
+   * again, on top of what it had used. Each limit stays exact for keys that
+   * are not evicted. An eviction never moves the reclaim horizon (see
+   * "Operations"), and a sliding log held by another call is not evicted. */
+  TG_FULL_EVICT = 1
+} tg_full;
 
-/* ---- Cleanup ---------------------------------------------------------------
+/* Declared here because tg_config and its callbacks point to them; each is
+ * defined in the section that explains it: "Custom store", "Redis store",
+ * "Cleanup" (tg_expired), "Counters and the decision hook" (tg_decision). */
+typedef struct tg_custom_store tg_custom_store;
+typedef struct tg_redis_config tg_redis_config;
+typedef struct tg_expired tg_expired;
+typedef struct tg_decision tg_decision;
+
+/* Called by a cleaning pass with up to 64 entries at a time, only when
+ * something expired, before they are deleted; from the cleaning thread (or
+ * the tg_clean caller), never while a tollgate lock is held, so it may call
+ * tollgate itself. Its return value is ignored for deletion: deletion goes on
+ * even if it reports failure (non-zero). An entry hit again between this
+ * call and its deletion is not deleted (the cleaner deletes only the state
+ * it inspected). */
+typedef int (*tg_before_clean_fn)(tg_algorithm alg, const tg_expired *entries,
+                                  size_t n, void *ctx);
+
+/* The decision hook: called from the deciding thread, after the decision,
+ * outside every tollgate lock (it may call tollgate). Must be thread-safe if
+ * the limiter is shared. See "Counters and the decision hook". */
+typedef void (*tg_decision_fn)(const tg_decision *d, void *ctx);
+
+typedef struct tg_config {
+  /* Default TG_FIXED_WINDOW. */
+  tg_algorithm algorithm;
+  /* Default tg_clock_realtime; clock_ctx is passed to it, owned by the
+   * caller. */
+  tg_clock_fn clock;
+  void *clock_ctx;
+  /* Default TG_POLICY_FAIL_OPEN. */
+  tg_policy on_failure;
+  /* TG_SLIDING_WINDOW only: most log entries kept per key (default 1024,
+   * 1..TG_SLIDING_ENTRIES_MAX). Entries of the same microsecond are merged.
+   * When a new entry would exceed the cap it is merged into the newest
+   * entry, which takes the later time: memory stays bounded and the limit
+   * is never exceeded, at the price of keeping some cost a little longer
+   * than its true age (answers become conservative, never permissive). */
+  uint32_t sliding_max_entries;
+  /* Memory store: most keys held at once (default 65536, at most
+   * TG_CAPACITY_MAX). The table takes about 64 bytes per key, reserved up
+   * front; a sliding window table also reserves, as address space backed
+   * only once used, 48 + 16 * sliding_max_entries bytes per key, rounded up
+   * to 64 (TG_ENOMEM if the address space cannot hold it). */
+  uint64_t capacity;
+  /* Memory store: most keys longer than 32 bytes held at once; 0 (the
+   * default) means "as many as capacity". 256 bytes each, backed by the
+   * kernel only once used. */
+  uint64_t long_keys;
+  /* Memory store: background cleaning period (default 60000); 0 runs no
+   * thread: call tg_clean() yourself. */
+  uint64_t clean_period_ms;
+  /* How long a key may stay after its state became fresh (default 86400000,
+   * 24 h). */
+  uint64_t key_older_than_ms;
+  /* May be NULL (the default); before_clean_ctx is passed to it. */
+  tg_before_clean_fn before_clean;
+  void *before_clean_ctx;
+  /* NULL (default): the built-in memory store. Else the caller's store (see
+   * "Custom store"); the struct is copied and must stay valid as long as the
+   * limiter, as must its ctx. */
+  const tg_custom_store *custom_store;
+  /* NULL (default): the table lives in this process. Else the name of a
+   * POSIX shared-memory segment ("/tollgate-api", see shm_open(3)) that
+   * holds it ("/" then 1..254 bytes without "/"), so that unrelated
+   * processes naming it share one limit: created with this config's
+   * algorithm, capacity, long_keys and sliding_max_entries if absent,
+   * attached if present (see "Shared memory" for what a segment guarantees
+   * and the codes tg_limiter_new answers). The string is only read during
+   * tg_limiter_new. Cannot be combined with custom_store. */
+  const char *shm_name;
+  /* Permissions of a segment this limiter creates (default 0600: only the
+   * same user may attach), and the most an existing one may allow. */
+  unsigned shm_mode;
+  /* Shared memory: the longest one operation waits, in all, for locks other
+   * processes hold (the table's, a sliding log's, the segment's creation
+   * lock in tg_limiter_new), in ms, default 2000, at most 3600000; then it
+   * answers TG_EBUSY. 0 means never wait (a lock whose holder has died is
+   * still taken over). */
+  uint32_t lock_timeout_ms;
+  /* Memory and shm stores: what a new key does in a full table, default
+   * TG_FULL_REFUSE. Each limiter's own choice, even on one segment. */
+  tg_full on_full;
+  /* NULL (default): not Redis. Else the Redis store with these settings
+   * (copied, strings included, during tg_limiter_new). Cannot be combined
+   * with custom_store or shm_name. */
+  const tg_redis_config *redis;
+  /* false (default). true: shadow (dry-run) mode: every decision is made
+   * and recorded as usual (state, counters, hook), but the answer is always
+   * allowed; shadow_denied says when the real answer was a denial. See
+   * "Shadow mode". */
+  bool shadow;
+  /* NULL (default): no hook. Else called after decisions, with
+   * on_decision_ctx: see "Counters and the decision hook". */
+  tg_decision_fn on_decision;
+  void *on_decision_ctx;
+  /* 0 or 1 (default 1): every decision the hook considers; N: one in N of
+   * them, counted per thread. */
+  uint32_t on_decision_every;
+  /* false (default). true: the hook considers only denials, shadow denials
+   * and failures. */
+  bool on_decision_denied_only;
+  /* NULL (default). Else memory the caller provides for the table, shared
+   * by the processes that map it (a MAP_SHARED anonymous mapping made before
+   * fork(), nginx's shared zones): see "A table in the caller's memory".
+   * 64-byte aligned. Cannot be combined with custom_store, shm_name or
+   * redis. */
+  void *region;
+  /* The region's size, at least tg_region_bytes(cfg). */
+  size_t region_bytes;
+  /* TG_POLICY_FALLBACK: the number of hosts sharing the store's limits;
+   * while the store fails, each decides alone under limit / fallback_share
+   * (and burst / fallback_share), rounded down. Default 1, 1..65536. */
+  uint32_t fallback_share;
+  /* 0 (default): no deny cache. Else the entries of the local deny cache
+   * (rounded up to a power of two, at least 4; at most 2^24), about 380
+   * bytes each: see "Surviving a store outage". */
+  uint64_t deny_cache_entries;
+} tg_config;
+
+/* Fills *cfg with the defaults documented beside each field. Always use it
+ * before setting fields, so new fields get their defaults. */
+TG_EXTERN void tg_config_init(tg_config *cfg);
+
+/* ---- Limiter --------------------------------------------------------------
+ * The limiter handle. Its state lives in the built-in memory store (a
+ * concurrent hash table of fixed capacity owned by the limiter) unless a
+ * shared-memory segment, a region of the caller's memory, a Redis server or
+ * a custom store is configured.
+ *
+ * THREAD SAFETY: every operation may be called from any number of threads at
+ * once on the same limiter. With the memory store, decisions on existing keys
+ * are lock-free (one 16-byte compare-and-swap; a sliding log takes a per-key
+ * lock); creating and reclaiming keys take a table lock. With the Redis
+ * store, each call holds one pooled connection (on a Cluster, one pooled
+ * set of per-node connections) for its round trip. With a
+ * custom store, thread safety is that of its callbacks. tg_limiter_new and
+ * tg_limiter_destroy must not race with other calls on the same limiter. */
+typedef struct tg_limiter tg_limiter;
+
+/* Creates a limiter from *cfg (copied; NULL means all defaults) and stores it
+ * in *out; starts the cleaning thread if clean_period_ms > 0 (memory and shm
+ * stores). Returns TG_EINVAL for a bad algorithm, policy, on_full,
+ * sliding_max_entries, capacity, long_keys, fallback_share or
+ * deny_cache_entries, a custom store without its three callbacks, more than
+ * one of custom_store, shm_name, redis and region, a region not 64-byte
+ * aligned or, to be initialised, below tg_region_bytes(cfg), or a bad
+ * tg_redis_config (pool_size, port, prefix, a username without a password,
+ * cluster_nodes that do not parse or come with unix_path or a db other than
+ * 0); TG_ENOTSUP for redis in a build without hiredis; TG_ENOMEM or
+ * TG_ESTORE if memory or the thread cannot be had (for a shared segment: its
+ * file system cannot hold the table's header, ctrl words and slots); for a
+ * shared segment also TG_EPERM, TG_EMISMATCH, TG_ECORRUPT and TG_EBUSY
+ * (another process kept the segment's creation lock for lock_timeout_ms;
+ * "Shared memory" says when each applies). *out is then NULL and
+ * tg_last_error() says why. A Redis limiter does not connect here: see "Redis
+ * store" below. */
+TG_EXTERN int tg_limiter_new(tg_limiter **out, const tg_config *cfg);
+/* Stops the cleaning thread (waiting for a pass in progress), frees the
+ * limiter and all key state it owns. NULL is a harmless no-op. */
+TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
+
+/* ---- Operations -----------------------------------------------------------
+ * Every operation validates its input first: lim, key and the output pointer
+ * must be non-NULL (TG_EINVAL), 1 <= key_len <= TG_KEY_MAX (TG_EKEY), the
+ * quota valid (TG_EQUOTA). Invalid input never changes any state.
+ *
+ * Each operation comes twice: reading the limiter's clock, and with an
+ * explicit now_us ("_at"), for callers that read the time once per event-loop
+ * turn and pass it down, and for replaying history. Time never moves a key's
+ * stored state backwards: if now is earlier than what the key has seen, the
+ * elapsed time is taken as 0. Concretely: a fixed window keeps counting in
+ * the later window it has seen (retry_after_ms may then exceed the period);
+ * a bucket measures its fill from the later time, so it can look fuller
+ * than its burst and deny even a peek until time catches up; a sliding log
+ * has already dropped entries that expired by the later time. Once the
+ * memory (or shm) store has reclaimed a key, any key it does not hold,
+ * reclaimed or never seen, is evaluated no earlier than the latest moment at
+ * which a reclaimed state expired (the reclaim horizon), so a clock stepping
+ * back cannot revive a reclaimed count as fresh; but never further past the
+ * call's now than the longest period (a bucket's: burst * T) of any key the
+ * table has held, at most TG_PERIOD_MAX_MS: after a clock jump forward and
+ * back, new keys run on the real time. A horizon beyond now +
+ * TG_PERIOD_MAX_MS (or TG_NOW_MAX_US) is corrupt and is cleared, not obeyed.
+ * The Redis store keeps a state until its TTL, counted on the server's
+ * clock.
+ *
+ * Supported operations per algorithm (others are TG_ENOTSUP):
+ *
+ *   op          FIXED  PER_KEY  SLIDING  TOKEN  LEAKY
+ *   hit          yes    yes      yes      yes    yes
+ *   inc          yes    yes      -        -      -
+ *   get          yes    yes      yes      yes    yes
+ *   set          yes    yes      -        yes    yes
+ *   expires_at   yes    yes      yes      yes    yes
+ *   reset        yes    yes      yes      yes    yes
+ */
+
+/* Decides one call of `cost` units and, when allowed (or for the windows,
+ * always), consumes it. cost 0 is a peek: it reports the same fields without
+ * changing anything. A peek's `allowed` answers "may a call of cost 0 pass",
+ * which is true unless the key is already over its limit (a fixed window that
+ * counted denied calls); to know whether a real call would pass, read
+ * `remaining`. TG_EOVERFLOW if a window count would pass 2^64 - 1. On success
+ * returns 0 and fills *out. On error *out is still written: for a store
+ * failure with the answer of tg_config.on_failure and degraded = true, for
+ * invalid input as "not allowed, retry TG_NEVER". */
+TG_EXTERN int tg_hit(tg_limiter *lim, const void *key, size_t key_len,
+                     const tg_quota *q, uint64_t cost, tg_result *out);
+TG_EXTERN int tg_hit_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                        size_t key_len, const tg_quota *q, uint64_t cost,
+                        tg_result *out);
+
+/* Windows only: adds cost to the key's count without checking the limit (for
+ * work that happened anyway) and stores the new count in *count_out (may be
+ * NULL). A per-key window that has ended is reopened at now. TG_EOVERFLOW if
+ * the count would pass 2^64 - 1. */
+TG_EXTERN int tg_inc(tg_limiter *lim, const void *key, size_t key_len,
+                     const tg_quota *q, uint64_t cost, uint64_t *count_out);
+TG_EXTERN int tg_inc_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                        size_t key_len, const tg_quota *q, uint64_t cost,
+                        uint64_t *count_out);
+
+/* Reads the key's value now without changing it: windows: count in the current
+ * window (0 once the window index changes or a per-key window has ended);
+ * sliding: sum of live costs; token bucket: whole tokens available (an unknown
+ * key is full: burst); leaky bucket: level rounded up (unknown key: 0). */
+TG_EXTERN int tg_get(tg_limiter *lim, const void *key, size_t key_len,
+                     const tg_quota *q, uint64_t *value_out);
+TG_EXTERN int tg_get_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                        size_t key_len, const tg_quota *q, uint64_t *value_out);
+
+/* Sets the key's value: fixed window: the current window's count; per-key
+ * window: re-anchors the window to [now, now + period) with that count; token
+ * bucket: tokens available now; leaky bucket: level now. For the buckets the
+ * value must be <= burst (TG_ERANGE otherwise). */
+TG_EXTERN int tg_set(tg_limiter *lim, const void *key, size_t key_len,
+                     const tg_quota *q, uint64_t value);
+TG_EXTERN int tg_set_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                        size_t key_len, const tg_quota *q, uint64_t value);
+
+/* Stores in *at_ms the absolute time, in ms since the epoch (rounded up), at
+ * which the key is back to a fresh state: end of the current window (if the
+ * key has a count in it, or for a per-key window, while it is active); expiry
+ * of the newest sliding-log entry; when a token bucket is full again; when a
+ * leaky bucket is empty. 0 when the key is fresh already. */
+TG_EXTERN int tg_expires_at(tg_limiter *lim, const void *key, size_t key_len,
+                            const tg_quota *q, uint64_t *at_ms);
+TG_EXTERN int tg_expires_at_at(tg_limiter *lim, uint64_t now_us,
+                               const void *key, size_t key_len,
+                               const tg_quota *q, uint64_t *at_ms);
+
+/* Deletes the key's state (it becomes fresh). Deleting an unknown key is not
+ * an error. The next call on the key behaves exactly as on a key never seen,
+ * at that call's own now (the reclaim horizon does not apply to it). The
+ * memory and shm stores keep the emptied key in its slot until a cleaning
+ * pass or a full table reclaims it (so it still counts in tg_key_count);
+ * resetting takes no table lock, and for a sliding log only that log's
+ * (TG_EBUSY after lock_timeout_ms). */
+TG_EXTERN int tg_reset(tg_limiter *lim, const void *key, size_t key_len);
+
+/* Number of keys the memory store currently holds (fresh keys, reset ones
+ * included, are counted until they are reclaimed); 0 for a custom or Redis
+ * store (they cannot tell). */
+TG_EXTERN size_t tg_key_count(const tg_limiter *lim);
+
+/* Bytes of memory the store has reserved for key state (the whole table,
+ * including its virtual reservation for long keys and logs); 0 for a custom
+ * or Redis store. */
+TG_EXTERN size_t tg_store_bytes(const tg_limiter *lim);
+
+/* ---- Batches --------------------------------------------------------------
+ * Many decisions in one call: the same answers as calling tg_hit on each item
+ * in order, but the Redis store sends them all in one pipelined round trip
+ * (other stores simply loop). The batch is not atomic as a whole: each item
+ * is its own decision. Items may name the same key; later items see earlier
+ * ones. */
+typedef struct tg_batch_item {
+  const void *key;   /* in: key bytes */
+  size_t key_len;    /* in */
+  const tg_quota *q; /* in */
+  uint64_t cost;     /* in */
+  int status;        /* out: what tg_hit would have returned */
+  tg_result result;  /* out: what tg_hit would have written */
+} tg_batch_item;
+
+/* Decides items[0..n) and fills each status and result. Returns 0 when every
+ * item was decided (look at each status: like tg_hit, a store failure fills
+ * the result from the failure policy), TG_EINVAL when lim is NULL or items
+ * is NULL with n > 0 (then nothing is written). */
+TG_EXTERN int tg_hit_batch(tg_limiter *lim, tg_batch_item *items, size_t n);
+TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
+                              tg_batch_item *items, size_t n);
+
+/* ---- Policies: several limits, one atomic decision ------------------------
+ * A policy is an ordered list of rules, each a limiter (which gives the
+ * algorithm and the store), a key, a quota and a cost: e.g. 5 per second
+ * and 6 per minute on "user:42", or a token bucket per user and a fixed
+ * window per day per tenant. tg_hit_rules decides the call on all of them
+ * at once:
+ *
+ *   - it is allowed only if every rule allows it, and then each rule
+ *     consumes its cost exactly as tg_hit would;
+ *   - if any rule denies it, NOTHING is consumed anywhere, windows included:
+ *     unlike tg_hit on a window, a denied policy call is not counted in any
+ *     window (that is what makes a combination predictable: 5/s + 6/min
+ *     admits exactly the calls both allow, and the minute is charged only
+ *     for those);
+ *   - the answer names the first rule that denied (denied_by) and the
+ *     largest retry_after_ms of the rules that denied: the wait after which
+ *     the whole policy passes, if nothing else happens (waiting never makes
+ *     a rule stricter).
+ *
+ * Rules may use different algorithms (one limiter each) and different keys.
+ * Every rule's limiter must use the same kind of store: memory and shared
+ * memory limiters mix freely; custom-store limiters must share one custom
+ * store (the same callbacks and ctx); Redis limiters must address the same
+ * server and database, or the same Redis Cluster (equal cluster_nodes
+ * strings), with key names in one Cluster slot (see below). Two
+ * rules may not name the same state (the same key on limiters that share a
+ * table or a custom store, or the same Redis key name). Anything else is
+ * TG_EINVAL and decides nothing.
+ *
+ * Concurrency. Memory and shm: no lock is added (a process that dies
+ * cannot leave a policy's lock held). A decision first checks every rule
+ * without writing; if one denies, it writes nothing. Otherwise it applies
+ * the rules in order, each with one compare-and-swap from the state its
+ * check saw (a sliding log under its own lock); a rule that changed in
+ * between is checked again, and if it now denies, the rules already applied
+ * are given back, in reverse order, and the call is denied. So concurrent
+ * callers may briefly see a rule's consumption that is then given back, and
+ * under contention a policy admits AT MOST what some serial order of the
+ * same calls would admit, never more; a denied policy call leaves no
+ * consumption behind. Giving back is exact for windows and sliding logs
+ * (the cost is subtracted where it was added). For the buckets it is exact
+ * unless calls on the same key with later times landed in between, which
+ * can only make the bucket stricter; with the _at function those later
+ * times must not exceed the policy's now for that to hold. Custom store:
+ * every rule's key is locked (lock_and_get) in one fixed order (by key
+ * bytes), all are decided, then each is stored (set_and_unlock) or
+ * unlocked: nothing is ever given back (see "Custom stores" below).
+ * Redis: one script call reads every rule's key (and the server's TIME),
+ * the rules are decided here by the same core, and a second script call
+ * writes every key that consumes, atomically, only if none of the keys
+ * changed since the read; otherwise it reads again (up to 64 times, with
+ * growing pauses, then TG_EBUSY: it wrote nothing). Two round trips per
+ * decision, nothing ever written that is given back, every number the core's.
+ *
+ * Redis Cluster and hash tags: the store names a key prefix ":{" key "}:"
+ * algorithm, so a name's Cluster slot is that of its key bytes up to the
+ * first "}" (the hash tag). A policy's names must all be in one slot, or it
+ * is TG_EINVAL (denied_by names the first rule out of place), on one server
+ * too (so a policy that works there works on a Cluster): give the keys
+ * of one policy a common beginning ended by "}", e.g. "acme}user:42" and
+ * "acme}tenant" (tag "acme"). The same key under two algorithms is two
+ * names in one slot.
+ *
+ * Failures: a store failure on any rule stops the decision; rules applied
+ * before it are given back (best effort: a failure while giving back leaves
+ * that consumption), the function returns the code, denied_by names the
+ * rule, and the answer (and every rule's result) is that rule's limiter's
+ * failure policy answer with degraded = true.
+ *
+ * Shadow mode: a rule whose limiter is in shadow mode (tg_config.shadow)
+ * is decided and recorded but does not deny the call: the call is decided
+ * on the other rules, and when they allow it every rule that allowed
+ * consumes (a shadow rule that denied consumes nothing); the answer is
+ * allowed with shadow_denied set. With TG_RULES_SHADOW the whole call is
+ * decided and recorded exactly as without it (a denied call consumes
+ * nothing) and answered allowed, shadow_denied saying it was denied.
+ *
+ * Custom stores: a policy holds all its keys' locks at once, taken in key
+ * order (bytes, then length). A store whose keys share locks (stripes, like
+ * examples/custom_store_map.c) must let the thread that holds a lock take
+ * it again for another key (a recursive lock), and must not block forever
+ * in lock_and_get: two policies may meet holding shared locks in opposite
+ * orders. A lock that answers TG_CUSTOM_BUSY makes the policy let go of
+ * every lock and try again, up to 6 times (50 us to 800 us apart), then
+ * answer TG_EBUSY. If set_and_unlock fails for one key after others were
+ * stored, those stay consumed (the call answers TG_ESTORE). */
+
+/* Most rules in one policy. */
+#define TG_RULES_MAX 16
+/* denied_by when no rule denied. */
+#define TG_RULE_NONE SIZE_MAX
+/* tg_hit_rules flags: the whole decision in shadow mode. */
+#define TG_RULES_SHADOW 1u
+
+typedef struct tg_rule {
+  /* In: the rule's limiter (algorithm, store, clock). */
+  tg_limiter *lim;
+  /* In: the key bytes, the quota and the cost this call has under this
+   * rule. */
+  const void *key;
+  size_t key_len;
+  const tg_quota *q;
+  uint64_t cost;
+  /* Out: 0, or why this rule failed (invalid input, or its store's
+   * failure). */
+  int status;
+  /* Out: this rule's own answer. Allowed call: what tg_hit would answer
+   * (the cost consumed). Denied call: allowed says whether this rule alone
+   * would allow it, retry_after_ms is its own wait, and count, remaining and
+   * reset_after_ms describe the key as the call left it (unchanged). */
+  tg_result result;
+} tg_rule;
+
+typedef struct tg_rules_result {
+  /* The policy's answer: allowed when every rule (but shadow ones) allowed;
+   * count of the tightest rule; remaining the least of the rules' (the
+   * cost-1 calls the whole policy would still allow); retry_after_ms the
+   * largest of the denying rules' (TG_NEVER if one never passes; 0 when
+   * allowed); reset_after_ms the largest; degraded, shadow_denied as for one
+   * rule. */
+  tg_result r;
+  /* Index of the first rule that denied (or failed); TG_RULE_NONE when none
+   * did. */
+  size_t denied_by;
+  /* Index of the rule with the fewest remaining (the first of equals): the
+   * one to report in a header. */
+  size_t tightest;
+} tg_rules_result;
+
+/* Decides one call on rules[0..n) (1 <= n <= TG_RULES_MAX) as described
+ * above, filling each rule's status and result and *out. now is read once,
+ * from rules[0].lim's clock (a Redis policy uses the server's TIME). Input
+ * is validated first, rule by rule, as tg_hit would (then the stores'
+ * compatibility): an invalid rule makes the function return its code with
+ * that rule's status set and denied_by naming it, and nothing changes.
+ * Returns 0 when the policy was decided (look at out->r.allowed), else a
+ * TG_E* code as described above. flags: 0 or TG_RULES_SHADOW. */
+TG_EXTERN int tg_hit_rules(tg_rule *rules, size_t n, unsigned flags,
+                           tg_rules_result *out);
+TG_EXTERN int tg_hit_rules_at(uint64_t now_us, tg_rule *rules, size_t n,
+                              unsigned flags, tg_rules_result *out);
+
+/* ---- Reservations: delay instead of reject --------------------------------
+ * For the two buckets (other algorithms: TG_ENOTSUP). tg_reserve takes the
+ * next slot now and says when the caller may go: it consumes the cost at
+ * once, queueing behind earlier reservations, and answers delay_ns, the
+ * wait before the work may run (0: at once). A reservation whose delay
+ * would exceed max_wait_ms is refused and consumes nothing. Reservations
+ * are spaced exactly as GCRA spaces calls: at rate limit per period_ms
+ * (emission interval T ns, see "Algorithms"), N reservations of cost 1
+ * made at the same moment on a bucket with burst b get delays 0 (b of
+ * them), then T, 2T, 3T... exactly, to the nanosecond. Later tg_hit calls
+ * on the key see the queued reservations' cost (they wait behind them).
+ *
+ * This is nginx limit_req's queue: with the rate r = limit per period_ms,
+ *   limit_req ... burst=B nodelay;  is a bucket of burst B + 1 and tg_hit
+ *                                   (excess calls pass at once, or 429);
+ *   limit_req ... burst=B;          is tg_reserve on a bucket of burst 1,
+ *                                   max_wait_ms = B * T (in ms): up to B
+ *                                   calls wait their turn, one per T;
+ *   limit_req ... burst=B delay=D;  is tg_reserve on a bucket of burst
+ *                                   D + 1, max_wait_ms = (B - D) * T: the
+ *                                   first D excess calls pass at once, the
+ *                                   next B - D wait.
+ *
+ * tg_cancel gives back a reservation that will not be used (the work was
+ * abandoned): the cost is returned, but only as far as no reservation made
+ * after it was scheduled behind it (their times are promised) and its time
+ * has not already passed; so cancelling never lets later calls closer than
+ * the rate allows. Cancelling twice, or a refused reservation, does
+ * nothing. Shadow mode: the reservation is made as usual, but the answer is
+ * always ok with delay 0, shadow_denied saying the real answer was a
+ * refusal or a delay. On Redis a reservation or a cancel reads the key and
+ * writes it back only if it did not change (two round trips; the server's
+ * TIME), as a policy does. */
+typedef struct tg_reservation {
+  /* Reserved: the cost is consumed; go after the delay. */
+  bool ok;
+  /* The exact wait, ns (0 when not ok), and the same rounded up to ms. */
+  uint64_t delay_ns;
+  uint64_t delay_ms;
+  /* allowed = ok; count, remaining (0 while reservations queue),
+   * reset_after_ms after the reservation; retry_after_ms when refused: the
+   * wait after which the same reservation would be accepted. */
+  tg_result result;
+  /* For tg_cancel: do not change. */
+  uint64_t private_[6];
+} tg_reservation;
+
+/* Reserves cost units of the key's bucket, waiting at most max_wait_ms (at
+ * most TG_PERIOD_MAX_MS, else TG_EINVAL). Validates like tg_hit; a cost
+ * above the burst is never accepted (ok false, retry TG_NEVER). On a store
+ * failure the failure policy decides ok (degraded = true, delay 0). */
+TG_EXTERN int tg_reserve(tg_limiter *lim, const void *key, size_t key_len,
+                         const tg_quota *q, uint64_t cost, uint64_t max_wait_ms,
+                         tg_reservation *out);
+TG_EXTERN int tg_reserve_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                            size_t key_len, const tg_quota *q, uint64_t cost,
+                            uint64_t max_wait_ms, tg_reservation *out);
+
+/* Gives back reservation *res made on this key with this quota (as
+ * described above). A reservation that was not ok, or was already
+ * cancelled, is a no-op; *res is marked cancelled. */
+TG_EXTERN int tg_cancel(tg_limiter *lim, const void *key, size_t key_len,
+                        const tg_quota *q, tg_reservation *res);
+TG_EXTERN int tg_cancel_at(tg_limiter *lim, uint64_t now_us, const void *key,
+                           size_t key_len, const tg_quota *q,
+                           tg_reservation *res);
+
+/* ---- Shadow mode ----------------------------------------------------------
+ * A limiter with tg_config.shadow = true (or a policy decided with
+ * TG_RULES_SHADOW) decides and records every call exactly as it would for
+ * real (state, counters, the hook), and answers allowed whatever the real
+ * answer, with result.shadow_denied = true when the real answer was a denial
+ * (the other fields keep the real numbers, so retry_after_ms may be
+ * non-zero). This is how a new limit is rolled out: watch shadow_denied (or
+ * the counter of the same name) before enforcing it. A store failure in shadow
+ * mode also answers allowed (shadow_denied when the failure policy would have
+ * denied); the function still returns the failure's code. */
+
+/* ---- Counters and the decision hook ---------------------------------------
+ * Every limiter counts its decisions (tg_hit, batch items, rules of a
+ * policy, reservations; a tg_nb its own), always: the counters are kept per
+ * thread (in cache-line sized shards), so counting costs a decision no shared
+ * write. tg_limiter_stats adds the shards up; counts taken while decisions run
+ * are each exact at some moment during the call, not one snapshot. A rule
+ * of a policy counts on its own limiter by its own verdict: allowed when it
+ * allowed and the call passed, denied when it denied; a rule that allowed
+ * a call another rule denied counts in neither.
+ *
+ * The hook (tg_config.on_decision) sees decisions after they are made: all
+ * of them, or one in on_decision_every (counted per thread, so the first
+ * decision of each thread is passed), of all decisions or of only denials,
+ * shadow denials and failures (on_decision_denied_only): enough to log
+ * refusals without logging every request. */
+
+/* One decision as the hook sees it. Everything is valid only during the
+ * call. */
+struct tg_decision {
+  const void *key; /* key bytes (not NUL-terminated) */
+  size_t key_len;
+  tg_algorithm algorithm;
+  const tg_quota *q;
+  uint64_t cost;
+  int status;              /* what the call returned (0 or a TG_E* code) */
+  const tg_result *result; /* what it answered */
+  bool in_rules;           /* a rule of tg_hit_rules: result is the rule's */
+};
+
+/* A limiter's counters. Fields are only ever appended. */
+typedef struct tg_stats {
+  /* Decisions answered allowed (shadow mode: by the real answer). */
+  uint64_t allowed;
+  /* Decisions the limit denied (not in shadow mode). */
+  uint64_t denied;
+  /* Shadow mode: let through, would have denied. */
+  uint64_t shadow_denied;
+  /* Answers the failure policy gave. */
+  uint64_t degraded;
+  /* Decisions that found the table full (TG_EFULL). */
+  uint64_t table_full;
+  /* Keys this limiter's cleaning passes (tg_clean, the thread) reclaimed. */
+  uint64_t reclaimed;
+  /* Decision calls that returned code c, at errors[-c] (errors[0] is
+   * unused): invalid input and store failures alike. */
+  uint64_t errors[32];
+  /* Decisions the deny cache answered without asking the store (see
+   * "Surviving a store outage"); also counted as denials. */
+  uint64_t deny_cache_hits;
+  /* Decisions TG_POLICY_FALLBACK made locally while the store failed; also
+   * counted in degraded and errors[]. */
+  uint64_t fallback_decisions;
+  /* Redis Cluster: MOVED and ASK redirections followed. */
+  uint64_t moved;
+  uint64_t ask;
+  /* Redis Cluster store and tg_nb: calls sent again because the server said
+   * they had not run (NOSCRIPT, the module unloaded) or a connection was
+   * lost before they were written in full. */
+  uint64_t resent;
+  /* Redis Cluster: slot maps fetched. */
+  uint64_t slot_refreshes;
+} tg_stats;
+
+/* Copies the limiter's counters into *out, at most size bytes of it (pass
+ * sizeof(tg_stats) as your program knows it: fields are only appended).
+ * TG_EINVAL for a NULL argument or size 0. Safe while other threads decide. */
+TG_EXTERN int tg_limiter_stats(const tg_limiter *lim, tg_stats *out,
+                               size_t size);
+
+/* ---- Cleanup --------------------------------------------------------------
  * The memory store reclaims keys whose state has decayed to "fresh" (an
  * ended window, a full token bucket, an empty leaky bucket or log): such a key
  * is indistinguishable from an unknown one, so reclaiming it changes no
@@ -338,53 +895,36 @@ typedef enum tg_policy {
  * TG_EFULL while decayed keys remain elsewhere (the next attempts scan
  * further; a cleaning pass reclaims them all). The scan is bounded so that
  * a stream of new keys cannot make each refusal cost O(capacity), but it is
- * still work under the table lock (about 36 us measured for a refusal in a
- * full 65536-key table): give capacity room above the keys live at once.
- * With tg_config.on_full = TG_FULL_EVICT a new key that finds no decayed key
- * there evicts a live one instead of being refused (see tg_full). A key
- * emptied by tg_reset is reclaimed like any fresh key, but not handed to
- * before_clean (it has nothing to report). */
+ * still work under the table lock (BENCHMARKS.md has its cost): give
+ * capacity room above the keys live at once. With tg_config.on_full =
+ * TG_FULL_EVICT a new key that finds no decayed key there evicts a live one
+ * instead of being refused (see tg_full). A key emptied by tg_reset is
+ * reclaimed like any fresh key, but not handed to before_clean (it has
+ * nothing to report). */
 
-/* What a new key does when the memory (or shm) table is full and the
- * bounded scan above finds no decayed key to reclaim. */
-typedef enum tg_full {
-  TG_FULL_REFUSE = 0, /* the call fails with TG_EFULL and the failure
-                         policy answers (the default): no key's count is
-                         ever lost, but new keys go unlimited (fail-open) or
-                         are denied (fail-closed) while the table is full */
-  TG_FULL_EVICT = 1   /* the live key closest to fresh (whose state would
-                         decay soonest) among those the scan inspected is
-                         evicted, and the new key takes its place. The
-                         evicted key's count is forgotten: its next call
-                         starts from a fresh state, so within one period it
-                         may be admitted up to a full limit again, on top of
-                         what it had used. Each limit stays exact for keys
-                         that are not evicted. An eviction never moves the
-                         reclaim horizon (see "Operations"), and a sliding
-                         log held by another call is not evicted */
-} tg_full;
-
-/* One expired entry handed to before_clean. The key bytes are valid only for
- * the duration of the call. */
-typedef struct tg_expired {
+/* One expired entry handed to before_clean (tg_before_clean_fn, under
+ * "Limiter configuration"). The key bytes are valid only for the duration
+ * of the call. */
+struct tg_expired {
   const void *key; /* key bytes (not NUL-terminated) */
   size_t key_len;
-  uint64_t value;         /* windows: the count of the ended window; sliding:
-                             the cost left in the log; buckets: 0 */
+  /* Windows: the count of the ended window; sliding: the cost left in the
+   * log; buckets: 0. */
+  uint64_t value;
   uint64_t expired_at_ms; /* when the state became fresh, ms since epoch */
-} tg_expired;
+};
 
-/* Called by a cleaning pass with up to 64 entries at a time, only when
- * something expired, before they are deleted; from the cleaning thread (or
- * the tg_clean caller), never while a tollgate lock is held, so it may call
- * tollgate itself. Its return value is ignored for deletion: deletion goes on
- * even if it reports failure (non-zero), as in Hammer. An entry hit again
- * between this call and its deletion is not deleted (the cleaner deletes only
- * the state it inspected). */
-typedef int (*tg_before_clean_fn)(tg_algorithm alg, const tg_expired *entries,
-                                  size_t n, void *ctx);
+/* Runs one cleaning pass now (memory store): keys whose state has been fresh
+ * for at least key_older_than_ms are handed to before_clean and reclaimed.
+ * *removed (may be NULL) receives how many were reclaimed. If another pass is
+ * running it returns 0 at once with nothing removed. TG_ENOTSUP for a custom
+ * or Redis store (they expire keys by their TTL). TG_EBUSY when a shared
+ * table's lock stayed held by another process for lock_timeout_ms (the pass
+ * stops; *removed counts what it reclaimed before). */
+TG_EXTERN int tg_clean(tg_limiter *lim, size_t *removed);
+TG_EXTERN int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed);
 
-/* ---- Custom store (glimit's Store) ----------------------------------------
+/* ---- Custom store ---------------------------------------------------------
  * Keep state wherever you like; tollgate does the arithmetic. Per call,
  * tollgate calls lock_and_get, computes, then exactly one of set_and_unlock
  * (the state changed, pruning a log included) or unlock (it did not), from
@@ -411,7 +951,7 @@ enum {
   TG_CUSTOM_ERROR = 3      /* failure: nothing is held */
 };
 
-typedef struct tg_custom_store {
+struct tg_custom_store {
   /* Locks the key and copies its state (at most cap bytes) into buf, setting
    * *len. A state longer than cap must not be cut short: set *len to its
    * full length (tollgate answers TG_ECORRUPT) or return TG_CUSTOM_ERROR.
@@ -427,13 +967,165 @@ typedef struct tg_custom_store {
   /* Releases the lock without changing the state. */
   void (*unlock)(void *ctx, const void *key, size_t key_len);
   void *ctx; /* passed to every callback; owned by the caller */
-} tg_custom_store;
+};
 
-/* ---- Redis store
- * ------------------------------------------------------------- Keeps every
- * key's state in a Redis server, so limiters on many hosts share one limit.
- * Available when the library was built with hiredis (see tg_redis_available());
- * otherwise a limiter configured with it is TG_ENOTSUP.
+/* ---- Shared memory --------------------------------------------------------
+ * A limiter with shm_name keeps its table in a named POSIX shared-memory
+ * segment (shm_open + mmap; on Linux, a file in the tmpfs /dev/shm) instead
+ * of private memory: every limiter on the host that names it shares one
+ * limit, whatever process it is in (pre-fork servers, worker pools,
+ * unrelated programs of the same user). There is no master process. The
+ * first limiter to open the name creates the segment with its algorithm,
+ * capacity, long_keys and sliding_max_entries; the others attach to it.
+ * Creation is serialised by a lock on the segment (flock), so processes
+ * starting together get one table. What a process can rely on, and against
+ * whom, follows.
+ *
+ * Opening. A segment this limiter creates gets exactly shm_mode (O_EXCL,
+ * whatever the umask); attaching does not change an existing one's mode. An
+ * existing segment is used only if it is a regular file owned by this
+ * process's effective user whose mode has no bits beyond shm_mode: anything
+ * else (a segment another user created first, a 0666 one, a FIFO or a link)
+ * is TG_EPERM and is left untouched, so nobody can plant one in advance and
+ * keep write access to our limits. TG_EMISMATCH: the segment was created
+ * with another algorithm, capacity, long_keys or sliding_max_entries (a
+ * long_keys of 0 counts as equal to capacity), by a tollgate with another
+ * table format (unlink it to start afresh), or in another PID namespace
+ * (below). The rest of the configuration (clock, failure policy, cleaning,
+ * lock_timeout_ms, on_full) belongs to each limiter and may differ.
+ * TG_ECORRUPT: the name holds something that is not a sound tollgate table
+ * (another program's segment, a file of the wrong size), left untouched.
+ * TG_EBUSY: another process has held the creation lock for
+ * lock_timeout_ms. TG_EINVAL: a name shm_open refuses (empty, "/" alone, a
+ * "/" after the first character, too long). tg_last_error() says which.
+ *
+ * Lifetime. The segment outlives the processes that use it (a restarted
+ * worker finds the counts its predecessor left) but not a reboot.
+ * tg_limiter_destroy only unmaps it. tg_shm_unlink removes the name:
+ * limiters already attached keep working, and sharing, until destroyed, and
+ * the memory goes with the last of them; a limiter opening the name
+ * afterwards creates a new, empty table. Nothing removes the name by itself
+ * (the tollgate program lists and removes segments: tollgate shm ls, rm).
+ *
+ * Memory, and a full file system (Docker's /dev/shm is 64 MiB, and any
+ * local user can fill /dev/shm). The whole table is sized at creation
+ * (tg_store_bytes tells how much). Its header, ctrl words and slots (about
+ * 64 bytes per key of capacity) are reserved then (posix_fallocate, on
+ * every attach too): a file system too small for them is TG_ENOMEM from
+ * tg_limiter_new. Long keys' chunks and sliding-log blocks are reserved a
+ * page at a time as they are first used (a log holding a few entries costs
+ * one page, however large sliding_max_entries), and a new key whose memory
+ * cannot be had is TG_ENOMEM through the failure policy (decayed keys are
+ * reclaimed first, and their memory reused). Never a SIGBUS: touching
+ * memory the file system cannot supply would raise one, and tollgate never
+ * does. Each limiter on a segment keeps its file descriptor open for this.
+ *
+ * Cleaning. Each limiter with clean_period_ms > 0 runs its own cleaning
+ * thread; a pass that finds another process's pass running returns at
+ * once. A key reclaimed in one process is gone for all of them.
+ *
+ * Crash safety. A decision on an existing window or bucket key is one
+ * 16-byte compare-and-swap on the key's state: a process killed at any
+ * instruction has either made its update or not, and holds no lock.
+ * Creating and reclaiming keys take the table's lock, and a sliding log
+ * takes its own. These are tollgate's own locks, never a C library's mutex
+ * state: one 64-bit word naming the holder (its pid and start time), taken
+ * with a compare-and-swap and slept on with a futex. When a process dies
+ * holding one (or exits, or its pid is reused by another process), the next
+ * process that needs it takes it over and repairs what it guards: the table
+ * finishes any reclaim the dead process left half done and recounts its
+ * keys, and a log drops the slots a half-written step exposed and
+ * recomputes its sum (the decision of the call that died may or may not
+ * stay counted; its caller never saw it). A long-key chunk or log block
+ * that was being handed out at that instant can be lost to the table. A
+ * process that dies while creating the segment leaves it without its magic
+ * number, and the next process to open the name initialises it again.
+ *
+ * Lock timeouts. A lock held by a live process is waited for, and one
+ * operation waits at most lock_timeout_ms (default 2 s) in all, however
+ * many locks and retries it needs (reset and cleaning included); then it
+ * returns TG_EBUSY and the failure policy answers. With 0 it never waits (a
+ * dead holder's lock is still taken over). No operation holds the table's
+ * lock while it waits for a log's, so a process stopped inside one key's
+ * log delays that key's callers only.
+ *
+ * Any bytes in the segment (a bug, a process killed half way, or a process
+ * that may write it): tollgate does not crash, abort or hang. Indices and
+ * counts are range-checked before use; every lock word is either a live
+ * holder, waited for within the bound, or taken over; state that makes no
+ * sense is TG_ECORRUPT for the calls that meet it. The reclaim horizon (see
+ * "Operations") cannot be kept years ahead: a key the table does not hold
+ * is evaluated no earlier than the latest expiry of a reclaimed state, but
+ * never further past the call's time than the longest period any key has
+ * had, and a value beyond what any valid clock could write is cleared.
+ * (The counts themselves are only as right as the writers.)
+ *
+ * Not guaranteed: a process that may write the segment (the same user, or
+ * a group that shm_mode 0660 lets in) can change any count, fill the table,
+ * or hold a lock so that operations answer TG_EBUSY after lock_timeout_ms;
+ * it can also truncate the file or punch holes in it, after which touching
+ * the lost pages raises SIGBUS (a file's size cannot be checked on every
+ * access). With the default shm_mode 0600 only the same user, who could
+ * ptrace the process anyway, can write it. Lock owners are process ids, so
+ * a segment created in another PID namespace is refused (TG_EMISMATCH):
+ * containers share a segment only if they share the PID namespace. A
+ * process that calls execve while one of its threads holds a tollgate lock
+ * still looks alive to the others (same pid, same start time): that lock is
+ * waited for, then TG_EBUSY, until the process exits. */
+
+/* Removes the name of a shared-memory segment: new limiters can no longer
+ * attach to it, while those attached keep working until destroyed (the
+ * memory is freed with the last one). Removing an absent name is not an
+ * error. TG_EINVAL for a malformed name. */
+TG_EXTERN int tg_shm_unlink(const char *name);
+
+/* ---- A table in the caller's memory ---------------------------------------
+ * For a server that allocates shared memory itself (nginx's shared zones, or
+ * a MAP_SHARED | MAP_ANONYMOUS mapping made before fork()): tg_config.region
+ * and region_bytes place the table there.
+ *
+ * tg_limiter_new initialises the region when it does not hold a tollgate
+ * table (its first 8 bytes are not a table's magic: whatever is there is
+ * overwritten, the first tg_region_bytes(cfg) bytes zeroed), and attaches
+ * when it holds one made with the same algorithm, capacity, long_keys and
+ * sliding_max_entries: then nothing in it changes, keys and counts are
+ * kept. A table made with other parameters (whatever region_bytes they
+ * would need), by another format version or in another PID namespace is
+ * TG_EMISMATCH, one whose header is not sound TG_ECORRUPT, and the region is
+ * left as it was. A region to initialise must have tg_region_bytes(cfg)
+ * bytes (TG_EINVAL otherwise). tg_limiter_destroy leaves
+ * the region alone (it is the caller's, and so is unmapping it). So a server
+ * that re-reads its configuration keeps the counts by creating a new limiter
+ * on the same region, and learns from TG_EMISMATCH that the parameters
+ * changed.
+ *
+ * The region is shared between processes with the guarantees of a shm
+ * segment ("Shared memory" above) against killed processes and any bytes:
+ * the locks are tollgate's own, owned by a pid and its start time, so a
+ * process killed at any instruction leaves no lock held for good, and every
+ * wait is bounded by lock_timeout_ms. A limiter may be created before fork()
+ * and used in the children (the table is addressed by offsets, and each
+ * child records its own identity in the locks it takes). Growth is bounded
+ * by the region: the table never allocates; a new key in a full table is
+ * TG_EFULL, answered by the failure policy (or evicts one, TG_FULL_EVICT).
+ * Every page of the region must be usable when touched: anonymous memory
+ * is; a file mapping on a file system that can fill up is not (use shm_name
+ * there, which reserves its pages).
+ *
+ * Not guarded: two tg_limiter_new calls initialising the same fresh region
+ * at once. Create the first limiter before others may attach, as a server's
+ * master process does before it forks its workers. */
+
+/* Bytes a region needs for *cfg's table (its algorithm, capacity, long_keys
+ * and sliding_max_entries): the least tg_config.region_bytes may be; 0 when
+ * cfg is NULL or those fields are out of range. */
+TG_EXTERN size_t tg_region_bytes(const tg_config *cfg);
+
+/* ---- Redis store ----------------------------------------------------------
+ * Keeps every key's state in a Redis server, so limiters on many hosts share
+ * one limit. Available when the library was built with hiredis (see
+ * tg_redis_available()); otherwise a limiter configured with it is
+ * TG_ENOTSUP.
  *
  * One round trip per decision: the arithmetic of each algorithm's state
  * change runs server-side in one Lua script (EVALSHA; the script is loaded
@@ -548,32 +1240,35 @@ typedef struct tg_custom_store {
  * call checks the process id and the child opens its own), so a limiter may
  * be created before forking workers, as long as no thread is inside a
  * tollgate call at the moment of the fork. */
-typedef struct tg_redis_config {
-  const char *host;              /* default "127.0.0.1"; unused when
-                                    unix_path is set */
-  int port;                      /* default 6379 */
-  const char *unix_path;         /* a unix socket instead of TCP; NULL
-                                    (default) for TCP */
-  const char *username;          /* ACL user for AUTH (Redis 6+); NULL
-                                    (default): AUTH with password alone */
-  const char *password;          /* NULL (default): no AUTH */
-  int db;                        /* SELECTed database, default 0 */
-  uint32_t connect_timeout_ms;   /* default 1000; 0: none (blocks) */
-  uint32_t command_timeout_ms;   /* default 1000; 0: none (blocks) */
-  uint32_t reconnect_backoff_ms; /* default 100: after a timeout or a failed
-                                    connect, calls fail fast for this long,
-                                    then one probes (see "Failing fast") */
-  uint32_t pool_size;            /* connections, default 4, 1..1024 (per
-                                    node with cluster_nodes) */
-  const char *key_prefix;        /* default "tg": 1..128 bytes, no "{" or "}" */
-  const char *cluster_nodes;     /* NULL (default): one server (host, port or
-                                    unix_path). Else a Redis Cluster, found
-                                    from these seed nodes: "host:port" (or
-                                    "[v6addr]:port") items separated by
-                                    commas, 1..64 of them; host, port and
-                                    unix_path are then unused and db must be
-                                    0. See "Redis Cluster" above. */
-} tg_redis_config;
+struct tg_redis_config {
+  /* Default "127.0.0.1" and 6379; unused when unix_path is set. */
+  const char *host;
+  int port;
+  /* A unix socket instead of TCP; NULL (default) for TCP. */
+  const char *unix_path;
+  /* ACL user for AUTH (Redis 6+); NULL (default): AUTH with password
+   * alone. */
+  const char *username;
+  /* NULL (default): no AUTH. */
+  const char *password;
+  /* SELECTed database, default 0. */
+  int db;
+  /* Default 1000 each; 0: none (blocks). */
+  uint32_t connect_timeout_ms;
+  uint32_t command_timeout_ms;
+  /* Default 100: after a timeout or a failed connect, calls fail fast for
+   * this long, then one probes (see "Failing fast"). */
+  uint32_t reconnect_backoff_ms;
+  /* Connections, default 4, 1..1024 (per node with cluster_nodes). */
+  uint32_t pool_size;
+  /* Default "tg": 1..128 bytes, no "{" or "}". */
+  const char *key_prefix;
+  /* NULL (default): one server (host, port or unix_path). Else a Redis
+   * Cluster, found from these seed nodes: "host:port" (or "[v6addr]:port")
+   * items separated by commas, 1..64 of them; host, port and unix_path are
+   * then unused and db must be 0. See "Redis Cluster" above. */
+  const char *cluster_nodes;
+};
 
 /* Fills *rc with the defaults documented beside each field. */
 TG_EXTERN void tg_redis_config_init(tg_redis_config *rc);
@@ -581,681 +1276,65 @@ TG_EXTERN void tg_redis_config_init(tg_redis_config *rc);
 /* 1 when this build of the library has the Redis store, else 0. */
 TG_EXTERN int tg_redis_available(void);
 
-/* ---- The decision hook (see "Counters and the decision hook") ----------- */
-
-/* One decision as the hook sees it. Everything is valid only during the
- * call. */
-typedef struct tg_decision {
-  const void *key; /* key bytes (not NUL-terminated) */
-  size_t key_len;
-  tg_algorithm algorithm;
-  const tg_quota *q;
-  uint64_t cost;
-  int status;              /* what the call returned (0 or a TG_E* code) */
-  const tg_result *result; /* what it answered */
-  bool in_rules;           /* a rule of tg_hit_rules: result is the rule's */
-} tg_decision;
-
-/* Called from the deciding thread, after the decision, outside every
- * tollgate lock (it may call tollgate). Must be thread-safe if the limiter
- * is shared. */
-typedef void (*tg_decision_fn)(const tg_decision *d, void *ctx);
-
-/* ---- Limiter configuration ------------------------------------------------
- */
-typedef struct tg_config {
-  tg_algorithm algorithm;       /* default TG_FIXED_WINDOW */
-  tg_clock_fn clock;            /* default tg_clock_realtime */
-  void *clock_ctx;              /* passed to clock; owned by the caller */
-  tg_policy on_failure;         /* default TG_POLICY_FAIL_OPEN */
-  uint32_t sliding_max_entries; /* TG_SLIDING_WINDOW only: most log entries
-                              kept per key (default 1024,
-                              1..TG_SLIDING_ENTRIES_MAX). Entries of
-                              the same microsecond are merged. When a new entry
-                              would exceed the cap it is merged into the
-                              newest entry, which takes the later time: memory
-                              stays bounded and the limit is never exceeded,
-                              at the price of keeping some cost a little
-                              longer than its true age (answers become
-                              conservative, never permissive). */
-  uint64_t capacity;            /* memory store: most keys held at once
-                                   (default 65536, at most TG_CAPACITY_MAX).
-                                   The table takes about 64 bytes per key,
-                                   reserved up front; a sliding window table
-                                   also reserves, as address space backed
-                                   only once used, 48 + 16 *
-                                   sliding_max_entries bytes per key, rounded
-                                   up to 64 (TG_ENOMEM if the address space
-                                   cannot hold it). */
-  uint64_t long_keys;           /* memory store: most keys longer than 32 bytes
-                                    held at once; 0 (the default) means "as many
-                                    as capacity". 256 bytes each, backed by the
-                                    kernel only once used. */
-  uint64_t clean_period_ms;     /* memory store: background cleaning period
-                                (default 60000); 0 runs no thread: call
-                                tg_clean() yourself */
-  uint64_t key_older_than_ms;   /* how long a key may stay after its state
-                                became fresh (default 86400000, 24 h) */
-  tg_before_clean_fn before_clean;     /* may be NULL (the default) */
-  void *before_clean_ctx;              /* passed to before_clean */
-  const tg_custom_store *custom_store; /* NULL (default): the built-in
-                              memory store. Else the caller's store; the
-                              struct is copied and must stay valid as long as
-                              the limiter, as must its ctx. */
-  const char *shm_name;         /* NULL (default): the table lives in this
-                                    process. Else the name of a POSIX shared-memory
-                                    segment ("/tollgate-api", see shm_open(3)) that
-                                    holds it ("/" then 1..254 bytes without "/"),
-                                    so that unrelated processes naming it
-                                    share one limit: created with this config's
-                                    algorithm, capacity, long_keys and
-                                    sliding_max_entries if absent, attached if
-                                    present (those must then be equal, else
-                                    TG_EMISMATCH, as is a segment of another
-                                    tollgate table version or created in
-                                    another PID namespace; one that is not a
-                                    sound tollgate table is TG_ECORRUPT; one
-                                    that is not a regular file owned by this
-                                    process's effective user, or whose mode
-                                    has bits beyond shm_mode, is TG_EPERM).
-                                    See "Shared memory" below for what a
-                                    segment guarantees. The string is
-                                    only read during tg_limiter_new. Cannot be
-                                    combined with custom_store. */
-  unsigned shm_mode;            /* permissions of a segment this limiter creates
-                                    (default 0600: only the same user may attach),
-                                    and the most an existing one may allow */
-  uint32_t lock_timeout_ms;     /* shared memory: the longest one operation
-                                    waits, in all, for locks other processes
-                                    hold (the table's, a sliding log's, the
-                                    segment's creation lock in
-                                    tg_limiter_new), in ms, default 2000, at
-                                    most 3600000; then it answers TG_EBUSY.
-                                    0 means never wait (a lock whose holder
-                                    has died is still taken over). */
-  tg_full on_full;              /* memory and shm stores: what a new key does
-                                    in a full table, default TG_FULL_REFUSE.
-                                    Each limiter's own choice, even on one
-                                    segment. */
-  const tg_redis_config *redis; /* NULL (default): not Redis. Else the
-                            Redis store with these settings (copied, strings
-                            included, during tg_limiter_new). Cannot be
-                            combined with custom_store or shm_name. */
-  bool shadow;                  /* false (default). true: shadow (dry-run)
-                                   mode: every decision is made and recorded
-                                   as usual (state, counters, hook), but the
-                                   answer is always allowed; shadow_denied
-                                   says when the real answer was a denial.
-                                   See "Shadow mode". */
-  tg_decision_fn on_decision;   /* NULL (default): no hook. Else called after
-                                   decisions, see "Counters and the decision
-                                   hook" */
-  void *on_decision_ctx;        /* passed to on_decision */
-  uint32_t on_decision_every;   /* 0 or 1 (default 1): every decision the
-                                   hook considers; N: one in N of them, counted
-                                   per thread */
-  bool on_decision_denied_only; /* false (default). true: the hook considers
-                                   only denials, shadow denials and failures */
-  void *region;                 /* NULL (default). Else memory the caller
-                                   provides for the table, shared by the
-                                   processes that map it (a MAP_SHARED
-                                   anonymous mapping made before fork(),
-                                   nginx's shared zones): see "A table in
-                                   the caller's memory". 64-byte aligned.
-                                   Cannot be combined with custom_store,
-                                   shm_name or redis. */
-  size_t region_bytes;          /* the region's size, at least
-                                   tg_region_bytes(cfg) */
-  uint32_t fallback_share;      /* TG_POLICY_FALLBACK: the number of hosts
-                                   sharing the store's limits; while the
-                                   store fails, each decides alone under
-                                   limit / fallback_share (and burst /
-                                   fallback_share), rounded down. Default 1,
-                                   1..65536. */
-  uint64_t deny_cache_entries;  /* 0 (default): no deny cache. Else the
-                                   entries of the local deny cache (rounded
-                                   up to a power of two, at least 4; at most
-                                   2^24), about 380 bytes each: see
-                                   "Surviving a store outage". */
-} tg_config;
-
-/* Fills *cfg with the defaults documented beside each field. Always use it
- * before setting fields, so new fields get their defaults. */
-TG_EXTERN void tg_config_init(tg_config *cfg);
-
-/* ---- Limiter ---------------------------------------------------------------
- * The limiter handle. Its state lives in the built-in memory store (a
- * concurrent hash table of fixed capacity owned by the limiter) unless a
- * shared-memory segment, a Redis server or a custom store is configured.
+/* ---- Surviving a store outage ---------------------------------------------
+ * Two ways for a limiter on a remote store (Redis, or a custom store) to
+ * lean on it less. Both are off by default, and both apply to decisions
+ * (tg_hit, tg_hit_batch and the non-blocking API): tg_inc, tg_get, tg_set,
+ * tg_expires_at and tg_reset always ask the store, and so do policies
+ * (tg_hit_rules) and reservations (tg_reserve, tg_cancel). A failed policy
+ * or reservation on a limiter with TG_POLICY_FALLBACK is answered as with
+ * TG_POLICY_FAIL_OPEN (allowed, degraded): the fallback decides single
+ * calls only. Deny-cache answers and fallback decisions are counted like
+ * the store's (tg_stats, shadow mode and the hook apply to them too).
  *
- * THREAD SAFETY: every operation may be called from any number of threads at
- * once on the same limiter. With the memory store, decisions on existing keys
- * are lock-free (one 16-byte compare-and-swap; a sliding log takes a per-key
- * lock); creating and reclaiming keys take a table lock. With the Redis
- * store, each call holds one pooled connection (on a Cluster, one pooled
- * set of per-node connections) for its round trip. With a
- * custom store, thread safety is that of its callbacks. tg_limiter_new and
- * tg_limiter_destroy must not race with other calls on the same limiter. */
-typedef struct tg_limiter tg_limiter;
-
-/* Creates a limiter from *cfg (copied; NULL means all defaults) and stores it
- * in *out; starts the cleaning thread if clean_period_ms > 0 (memory and shm
- * stores). Returns TG_EINVAL for a bad algorithm, policy, on_full,
- * sliding_max_entries, capacity, long_keys, fallback_share or
- * deny_cache_entries, a custom store without its three callbacks, more than
- * one of custom_store, shm_name, redis and region, a region not 64-byte
- * aligned or, to be initialised, below tg_region_bytes(cfg), or a bad
- * tg_redis_config (pool_size, port, prefix, a username without a password,
- * cluster_nodes that do not parse or come with unix_path or a db other than
- * 0); TG_ENOTSUP for redis in a build without hiredis; TG_ENOMEM or
- * TG_ESTORE if memory or the thread cannot be had (for a shared segment: its
- * file system cannot hold the table's header, ctrl words and slots); for a
- * shared segment also TG_EPERM, TG_EMISMATCH, TG_ECORRUPT (see shm_name)
- * and TG_EBUSY (another process kept the segment's creation lock for
- * lock_timeout_ms). *out is then NULL and tg_last_error() says why. A
- * Redis limiter does not connect here: see "Redis store" above. */
-TG_EXTERN int tg_limiter_new(tg_limiter **out, const tg_config *cfg);
-/* Stops the cleaning thread (waiting for a pass in progress), frees the
- * limiter and all key state it owns. NULL is a harmless no-op. */
-TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
-
-/* ---- Operations ------------------------------------------------------------
- * Every operation validates its input first: lim, key and the output pointer
- * must be non-NULL (TG_EINVAL), 1 <= key_len <= TG_KEY_MAX (TG_EKEY), the
- * quota valid (TG_EQUOTA). Invalid input never changes any state.
+ * TG_POLICY_FALLBACK. While the store fails (any code a failure policy
+ * answers), a decision is made in a memory store of the limiter's own, as
+ * if this host alone had the quota divided by tg_config.fallback_share:
+ * limit / share and, for the buckets, burst / share, rounded down (a share
+ * below one call admits nothing: not allowed, retry_after_ms = period). Set
+ * the share to the number of hosts that share the store, and together they
+ * admit at most the quota while it is out. The result is marked degraded
+ * and the function still returns the store's code. Every call tries the
+ * store first (the Redis store's "Failing fast" makes that free while it is
+ * down), so exact decisions resume by themselves once it answers. The local
+ * store keeps what it counted, so a key met in an earlier outage starts
+ * the next one where it was (stricter, never looser); it is sized by
+ * capacity, long_keys and sliding_max_entries (reserved at tg_limiter_new,
+ * as the memory store's), uses the limiter's clock for calls on the
+ * store's clock, and when it is full answers as TG_POLICY_FAIL_OPEN.
  *
- * Each operation comes twice: reading the limiter's clock, and with an
- * explicit now_us ("_at"), for callers that read the time once per event-loop
- * turn and pass it down, and for replaying history. Time never moves a key's
- * stored state backwards: if now is earlier than what the key has seen, the
- * elapsed time is taken as 0. Concretely: a fixed window keeps counting in
- * the later window it has seen (retry_after_ms may then exceed the period);
- * a bucket measures its fill from the later time, so it can look fuller
- * than its burst and deny even a peek until time catches up; a sliding log
- * has already dropped entries that expired by the later time. Once the
- * memory (or shm) store has reclaimed a key, any key it does not hold,
- * reclaimed or never seen, is evaluated no earlier than the latest moment at
- * which a reclaimed state expired (the reclaim horizon), so a clock stepping
- * back cannot revive a reclaimed count as fresh; but never further past the
- * call's now than the longest period (a bucket's: burst * T) of any key the
- * table has held, at most TG_PERIOD_MAX_MS: after a clock jump forward and
- * back, new keys run on the real time. A horizon beyond now +
- * TG_PERIOD_MAX_MS (or TG_NOW_MAX_US) is corrupt and is cleared, not obeyed.
- * The Redis store keeps a state until its TTL, counted on the server's
- * clock.
- *
- * Supported operations per algorithm (others are TG_ENOTSUP):
- *
- *   op          FIXED  PER_KEY  SLIDING  TOKEN  LEAKY
- *   hit          yes    yes      yes      yes    yes
- *   inc          yes    yes      -        -      -
- *   get          yes    yes      yes      yes    yes
- *   set          yes    yes      -        yes    yes
- *   expires_at   yes    yes      yes      yes    yes
- *   reset        yes    yes      yes      yes    yes
- */
-
-/* Decides one call of `cost` units and, when allowed (or for the windows,
- * always), consumes it. cost 0 is a peek: it reports the same fields without
- * changing anything. A peek's `allowed` answers "may a call of cost 0 pass",
- * which is true unless the key is already over its limit (a fixed window that
- * counted denied calls); to know whether a real call would pass, read
- * `remaining`. TG_EOVERFLOW if a window count would pass 2^64 - 1. On success
- * returns 0 and fills *out. On error *out is still written: for a store
- * failure with the answer of tg_config.on_failure and degraded = true, for
- * invalid input as "not allowed, retry TG_NEVER". */
-TG_EXTERN int tg_hit(tg_limiter *lim, const void *key, size_t key_len,
-                     const tg_quota *q, uint64_t cost, tg_result *out);
-TG_EXTERN int tg_hit_at(tg_limiter *lim, uint64_t now_us, const void *key,
-                        size_t key_len, const tg_quota *q, uint64_t cost,
-                        tg_result *out);
-
-/* ---- Batches ----------------------------------------------------------------
- * Many decisions in one call: the same answers as calling tg_hit on each item
- * in order, but the Redis store sends them all in one pipelined round trip
- * (other stores simply loop). The batch is not atomic as a whole: each item
- * is its own decision. Items may name the same key; later items see earlier
- * ones. */
-typedef struct tg_batch_item {
-  const void *key;   /* in: key bytes */
-  size_t key_len;    /* in */
-  const tg_quota *q; /* in */
-  uint64_t cost;     /* in */
-  int status;        /* out: what tg_hit would have returned */
-  tg_result result;  /* out: what tg_hit would have written */
-} tg_batch_item;
-
-/* Decides items[0..n) and fills each status and result. Returns 0 when every
- * item was decided (look at each status: like tg_hit, a store failure fills
- * the result from the failure policy), TG_EINVAL when lim is NULL or items
- * is NULL with n > 0 (then nothing is written). */
-TG_EXTERN int tg_hit_batch(tg_limiter *lim, tg_batch_item *items, size_t n);
-TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
-                              tg_batch_item *items, size_t n);
-
-/* ---- Policies: several limits, one atomic decision -------------------------
- * A policy is an ordered list of rules, each a limiter (which gives the
- * algorithm and the store), a key, a quota and a cost: e.g. 5 per second
- * and 6 per minute on "user:42", or a token bucket per user and a fixed
- * window per day per tenant. tg_hit_rules decides the call on all of them
- * at once:
- *
- *   - it is allowed only if every rule allows it, and then each rule
- *     consumes its cost exactly as tg_hit would;
- *   - if any rule denies it, NOTHING is consumed anywhere, windows included:
- *     unlike tg_hit on a window, a denied policy call is not counted in any
- *     window (that is what makes a combination predictable: 5/s + 6/min
- *     admits exactly the calls both allow, and the minute is charged only
- *     for those);
- *   - the answer names the first rule that denied (denied_by) and the
- *     largest retry_after_ms of the rules that denied: the wait after which
- *     the whole policy passes, if nothing else happens (waiting never makes
- *     a rule stricter).
- *
- * Rules may use different algorithms (one limiter each) and different keys.
- * Every rule's limiter must use the same kind of store: memory and shared
- * memory limiters mix freely; custom-store limiters must share one custom
- * store (the same callbacks and ctx); Redis limiters must address the same
- * server and database, or the same Redis Cluster (equal cluster_nodes
- * strings), with key names in one Cluster slot (see below). Two
- * rules may not name the same state (the same key on limiters that share a
- * table or a custom store, or the same Redis key name). Anything else is
- * TG_EINVAL and decides nothing.
- *
- * Concurrency. Memory and shm: no lock is added (a process that dies
- * cannot leave a policy's lock held). A decision first checks every rule
- * without writing; if one denies, it writes nothing. Otherwise it applies
- * the rules in order, each with one compare-and-swap from the state its
- * check saw (a sliding log under its own lock); a rule that changed in
- * between is checked again, and if it now denies, the rules already applied
- * are given back, in reverse order, and the call is denied. So concurrent
- * callers may briefly see a rule's consumption that is then given back, and
- * under contention a policy admits AT MOST what some serial order of the
- * same calls would admit, never more; a denied policy call leaves no
- * consumption behind. Giving back is exact for windows and sliding logs
- * (the cost is subtracted where it was added). For the buckets it is exact
- * unless calls on the same key with later times landed in between, which
- * can only make the bucket stricter; with the _at function those later
- * times must not exceed the policy's now for that to hold. Custom store:
- * every rule's key is locked (lock_and_get) in one fixed order (by key
- * bytes), all are decided, then each is stored (set_and_unlock) or
- * unlocked: nothing is ever given back (see "Custom stores" below).
- * Redis: one script call reads every rule's key (and the server's TIME),
- * the rules are decided here by the same core, and a second script call
- * writes every key that consumes, atomically, only if none of the keys
- * changed since the read; otherwise it reads again (up to 64 times, with
- * growing pauses, then TG_EBUSY: it wrote nothing). Two round trips per
- * decision, nothing ever written that is given back, every number the core's.
- *
- * Redis Cluster and hash tags: the store names a key prefix ":{" key "}:"
- * algorithm, so a name's Cluster slot is that of its key bytes up to the
- * first "}" (the hash tag). A policy's names must all be in one slot, or it
- * is TG_EINVAL (denied_by names the first rule out of place), on one server
- * too (so a policy that works there works on a Cluster): give the keys
- * of one policy a common beginning ended by "}", e.g. "acme}user:42" and
- * "acme}tenant" (tag "acme"). The same key under two algorithms is two
- * names in one slot.
- *
- * Failures: a store failure on any rule stops the decision; rules applied
- * before it are given back (best effort: a failure while giving back leaves
- * that consumption), the function returns the code, denied_by names the
- * rule, and the answer (and every rule's result) is that rule's limiter's
- * failure policy answer with degraded = true.
- *
- * Shadow mode: a rule whose limiter is in shadow mode (tg_config.shadow)
- * is decided and recorded but does not deny the call: the call is decided
- * on the other rules, and when they allow it every rule that allowed
- * consumes (a shadow rule that denied consumes nothing); the answer is
- * allowed with shadow_denied set. With TG_RULES_SHADOW the whole call is
- * decided and recorded exactly as without it (a denied call consumes
- * nothing) and answered allowed, shadow_denied saying it was denied.
- *
- * Custom stores: a policy holds all its keys' locks at once, taken in key
- * order (bytes, then length). A store whose keys share locks (stripes, like
- * examples/custom_store_map.c) must let the thread that holds a lock take
- * it again for another key (a recursive lock), and must not block forever
- * in lock_and_get: two policies may meet holding shared locks in opposite
- * orders. A lock that answers TG_CUSTOM_BUSY makes the policy let go of
- * every lock and try again, up to 6 times (50 us to 800 us apart), then
- * answer TG_EBUSY. If set_and_unlock fails for one key after others were
- * stored, those stay consumed (the call answers TG_ESTORE). */
-
-/* Most rules in one policy. */
-#define TG_RULES_MAX 16
-/* denied_by when no rule denied. */
-#define TG_RULE_NONE SIZE_MAX
-/* tg_hit_rules flags: the whole decision in shadow mode. */
-#define TG_RULES_SHADOW 1u
-
-typedef struct tg_rule {
-  tg_limiter *lim;   /* in: the rule's limiter (algorithm, store, clock) */
-  const void *key;   /* in: key bytes */
-  size_t key_len;    /* in */
-  const tg_quota *q; /* in */
-  uint64_t cost;     /* in: the cost this call has under this rule */
-  int status;        /* out: 0, or why this rule failed (invalid input, or
-                        its store's failure) */
-  tg_result result;  /* out: this rule's own answer. Allowed call: what
-                        tg_hit would answer (the cost consumed). Denied
-                        call: allowed says whether this rule alone would
-                        allow it, retry_after_ms is its own wait, and
-                        count, remaining and reset_after_ms describe the
-                        key as the call left it (unchanged) */
-} tg_rule;
-
-typedef struct tg_rules_result {
-  tg_result r;      /* the policy's answer: allowed when every rule (but
-                       shadow ones) allowed; count of the tightest rule;
-                       remaining the least of the rules' (the cost-1 calls
-                       the whole policy would still allow); retry_after_ms
-                       the largest of the denying rules' (TG_NEVER if one
-                       never passes; 0 when allowed); reset_after_ms the
-                       largest; degraded, shadow_denied as for one rule */
-  size_t denied_by; /* index of the first rule that denied (or failed);
-                       TG_RULE_NONE when none did */
-  size_t tightest;  /* index of the rule with the fewest remaining (the
-                       first of equals): the one to report in a header */
-} tg_rules_result;
-
-/* Decides one call on rules[0..n) (1 <= n <= TG_RULES_MAX) as described
- * above, filling each rule's status and result and *out. now is read once,
- * from rules[0].lim's clock (a Redis policy uses the server's TIME). Input
- * is validated first, rule by rule, as tg_hit would (then the stores'
- * compatibility): an invalid rule makes the function return its code with
- * that rule's status set and denied_by naming it, and nothing changes.
- * Returns 0 when the policy was decided (look at out->r.allowed), else a
- * TG_E* code as described above. flags: 0 or TG_RULES_SHADOW. */
-TG_EXTERN int tg_hit_rules(tg_rule *rules, size_t n, unsigned flags,
-                           tg_rules_result *out);
-TG_EXTERN int tg_hit_rules_at(uint64_t now_us, tg_rule *rules, size_t n,
-                              unsigned flags, tg_rules_result *out);
-
-/* ---- Reservations: delay instead of reject ---------------------------------
- * For the two buckets (other algorithms: TG_ENOTSUP). tg_reserve takes the
- * next slot now and says when the caller may go: it consumes the cost at
- * once, queueing behind earlier reservations, and answers delay_ns, the
- * wait before the work may run (0: at once). A reservation whose delay
- * would exceed max_wait_ms is refused and consumes nothing. Reservations
- * are spaced exactly as GCRA spaces calls: at rate limit per period_ms
- * (emission interval T ns, see "Algorithms"), N reservations of cost 1
- * made at the same moment on a bucket with burst b get delays 0 (b of
- * them), then T, 2T, 3T... exactly, to the nanosecond. Later tg_hit calls
- * on the key see the queued reservations' cost (they wait behind them).
- *
- * This is nginx limit_req's queue: with the rate r = limit per period_ms,
- *   limit_req ... burst=B nodelay;  is a bucket of burst B + 1 and tg_hit
- *                                   (excess calls pass at once, or 429);
- *   limit_req ... burst=B;          is tg_reserve on a bucket of burst 1,
- *                                   max_wait_ms = B * T (in ms): up to B
- *                                   calls wait their turn, one per T;
- *   limit_req ... burst=B delay=D;  is tg_reserve on a bucket of burst
- *                                   D + 1, max_wait_ms = (B - D) * T: the
- *                                   first D excess calls pass at once, the
- *                                   next B - D wait.
- *
- * tg_cancel gives back a reservation that will not be used (the work was
- * abandoned): the cost is returned, but only as far as no reservation made
- * after it was scheduled behind it (their times are promised) and its time
- * has not already passed; so cancelling never lets later calls closer than
- * the rate allows. Cancelling twice, or a refused reservation, does
- * nothing. Shadow mode: the reservation is made as usual, but the answer is
- * always ok with delay 0, shadow_denied saying the real answer was a
- * refusal or a delay. On Redis a reservation or a cancel reads the key and
- * writes it back only if it did not change (two round trips; the server's
- * TIME), as a policy does. */
-typedef struct tg_reservation {
-  bool ok;              /* reserved: the cost is consumed; go after the delay */
-  uint64_t delay_ns;    /* the exact wait, ns (0 when not ok) */
-  uint64_t delay_ms;    /* the same, rounded up to ms */
-  tg_result result;     /* allowed = ok; count, remaining (0 while reservations
-                           queue), reset_after_ms after the reservation;
-                           retry_after_ms when refused: the wait after which
-                           the same reservation would be accepted */
-  uint64_t private_[6]; /* for tg_cancel: do not change */
-} tg_reservation;
-
-/* Reserves cost units of the key's bucket, waiting at most max_wait_ms (at
- * most TG_PERIOD_MAX_MS, else TG_EINVAL). Validates like tg_hit; a cost
- * above the burst is never accepted (ok false, retry TG_NEVER). On a store
- * failure the failure policy decides ok (degraded = true, delay 0). */
-TG_EXTERN int tg_reserve(tg_limiter *lim, const void *key, size_t key_len,
-                         const tg_quota *q, uint64_t cost, uint64_t max_wait_ms,
-                         tg_reservation *out);
-TG_EXTERN int tg_reserve_at(tg_limiter *lim, uint64_t now_us, const void *key,
-                            size_t key_len, const tg_quota *q, uint64_t cost,
-                            uint64_t max_wait_ms, tg_reservation *out);
-
-/* Gives back reservation *res made on this key with this quota (as
- * described above). A reservation that was not ok, or was already
- * cancelled, is a no-op; *res is marked cancelled. */
-TG_EXTERN int tg_cancel(tg_limiter *lim, const void *key, size_t key_len,
-                        const tg_quota *q, tg_reservation *res);
-TG_EXTERN int tg_cancel_at(tg_limiter *lim, uint64_t now_us, const void *key,
-                           size_t key_len, const tg_quota *q,
-                           tg_reservation *res);
-
-/* Windows only: adds cost to the key's count without checking the limit (for
- * work that happened anyway) and stores the new count in *count_out (may be
- * NULL). A per-key window that has ended is reopened at now. TG_EOVERFLOW if
- * the count would pass 2^64 - 1. */
-TG_EXTERN int tg_inc(tg_limiter *lim, const void *key, size_t key_len,
-                     const tg_quota *q, uint64_t cost, uint64_t *count_out);
-TG_EXTERN int tg_inc_at(tg_limiter *lim, uint64_t now_us, const void *key,
-                        size_t key_len, const tg_quota *q, uint64_t cost,
-                        uint64_t *count_out);
-
-/* Reads the key's value now without changing it: windows: count in the current
- * window (0 once the window index changes or a per-key window has ended);
- * sliding: sum of live costs; token bucket: whole tokens available (an unknown
- * key is full: burst); leaky bucket: level rounded up (unknown key: 0). */
-TG_EXTERN int tg_get(tg_limiter *lim, const void *key, size_t key_len,
-                     const tg_quota *q, uint64_t *value_out);
-TG_EXTERN int tg_get_at(tg_limiter *lim, uint64_t now_us, const void *key,
-                        size_t key_len, const tg_quota *q, uint64_t *value_out);
-
-/* Sets the key's value: fixed window: the current window's count; per-key
- * window: re-anchors the window to [now, now + period) with that count; token
- * bucket: tokens available now; leaky bucket: level now. For the buckets the
- * value must be <= burst (TG_ERANGE otherwise). */
-TG_EXTERN int tg_set(tg_limiter *lim, const void *key, size_t key_len,
-                     const tg_quota *q, uint64_t value);
-TG_EXTERN int tg_set_at(tg_limiter *lim, uint64_t now_us, const void *key,
-                        size_t key_len, const tg_quota *q, uint64_t value);
-
-/* Stores in *at_ms the absolute time, in ms since the epoch (rounded up), at
- * which the key is back to a fresh state: end of the current window (if the
- * key has a count in it, or for a per-key window, while it is active); expiry
- * of the newest sliding-log entry; when a token bucket is full again; when a
- * leaky bucket is empty. 0 when the key is fresh already. */
-TG_EXTERN int tg_expires_at(tg_limiter *lim, const void *key, size_t key_len,
-                            const tg_quota *q, uint64_t *at_ms);
-TG_EXTERN int tg_expires_at_at(tg_limiter *lim, uint64_t now_us,
-                               const void *key, size_t key_len,
-                               const tg_quota *q, uint64_t *at_ms);
-
-/* Deletes the key's state (it becomes fresh). Deleting an unknown key is not
- * an error. The next call on the key behaves exactly as on a key never seen,
- * at that call's own now (the reclaim horizon does not apply to it). The
- * memory and shm stores keep the emptied key in its slot until a cleaning
- * pass or a full table reclaims it (so it still counts in tg_key_count);
- * resetting takes no table lock, and for a sliding log only that log's
- * (TG_EBUSY after lock_timeout_ms). */
-TG_EXTERN int tg_reset(tg_limiter *lim, const void *key, size_t key_len);
-
-/* Number of keys the memory store currently holds (fresh keys, reset ones
- * included, are counted until they are reclaimed); 0 for a custom or Redis
- * store (they cannot tell). */
-TG_EXTERN size_t tg_key_count(const tg_limiter *lim);
-
-/* Bytes of memory the store has reserved for key state (the whole table,
- * including its virtual reservation for long keys and logs); 0 for a custom
- * or Redis store. */
-TG_EXTERN size_t tg_store_bytes(const tg_limiter *lim);
-
-/* ---- Shared memory
- * ----------------------------------------------------------- A limiter with
- * shm_name keeps its table in a POSIX shared-memory segment (on Linux, a file
- * in the tmpfs /dev/shm) that every process naming it maps. What a process can
- * rely on, and against whom:
- *
- * Any bytes in the segment (a bug, a process killed half way, or a process
- * that may write it): tollgate does not crash, abort or hang. Indices and
- * counts are range-checked before use; locks are tollgate's own words,
- * never a C library's mutex state; a lock whose holder died is taken over
- * and what it guarded repaired; a lock naming a live process is waited for
- * at most lock_timeout_ms per operation, then TG_EBUSY; state that makes no
- * sense is TG_ECORRUPT. (The counts themselves are only as right as the
- * writers.)
- *
- * A full file system (Docker's /dev/shm is 64 MiB, and any local user can
- * fill /dev/shm): tg_limiter_new reserves the header, ctrl words and slots
- * (about 64 bytes per key of capacity) or fails with TG_ENOMEM; long keys'
- * chunks and sliding logs are reserved as they are first used, and a new
- * key whose memory cannot be had is TG_ENOMEM through the failure policy
- * (decayed keys are reclaimed first, and their memory reused). Never a
- * SIGBUS.
- *
- * Another local user: a segment is used only if it is a regular file owned
- * by this process's effective user whose mode has no bits beyond shm_mode
- * (TG_EPERM otherwise), so nobody can plant one in advance and keep write
- * access to our limits. With the default shm_mode 0600 only the same user,
- * who could ptrace the process anyway, can write it.
- *
- * Not guaranteed: a process that may write the segment (the same user, or
- * a group that shm_mode 0660 lets in) can change any count, fill the table,
- * or hold a lock so that operations answer TG_EBUSY after lock_timeout_ms;
- * it can also truncate the file or punch holes in it, after which touching
- * the lost pages raises SIGBUS (a file's size cannot be checked on every
- * access). Lock owners are process ids, so a segment created in another PID
- * namespace is refused (TG_EMISMATCH): containers share a segment only if
- * they share the PID namespace. A process that calls execve while one of
- * its threads holds a tollgate lock still looks alive to the others (same
- * pid, same start time): that lock is waited for, then TG_EBUSY, until the
- * process exits. A segment made by another tollgate table version is
- * refused (TG_EMISMATCH): unlink it (tg_shm_unlink) to start afresh. Each
- * limiter on a segment keeps one file descriptor open.
- */
-
-/* ---- A table in the caller's memory
- * --------------------------------------------------- For a server that
- * allocates shared memory itself (nginx's shared zones, or a MAP_SHARED |
- * MAP_ANONYMOUS mapping made before fork()): tg_config.region and
- * region_bytes place the table there.
- *
- * tg_limiter_new initialises the region when it does not hold a tollgate
- * table (its first 8 bytes are not a table's magic: whatever is there is
- * overwritten, the first tg_region_bytes(cfg) bytes zeroed), and attaches
- * when it holds one made with the same algorithm, capacity, long_keys and
- * sliding_max_entries: then nothing in it changes, keys and counts are
- * kept. A table made with other parameters (whatever region_bytes they
- * would need), by another format version or in another PID namespace is
- * TG_EMISMATCH, one whose header is not sound TG_ECORRUPT, and the region is
- * left as it was. A region to initialise must have tg_region_bytes(cfg)
- * bytes (TG_EINVAL otherwise). tg_limiter_destroy leaves
- * the region alone (it is the caller's, and so is unmapping it). So a server
- * that re-reads its configuration keeps the counts by creating a new limiter
- * on the same region, and learns from TG_EMISMATCH that the parameters
- * changed.
- *
- * The region is shared between processes with the guarantees of a shm
- * segment ("Shared memory" above) against killed processes and any bytes:
- * the locks are tollgate's own, owned by a pid and its start time, so a
- * process killed at any instruction leaves no lock held for good, and every
- * wait is bounded by lock_timeout_ms. A limiter may be created before fork()
- * and used in the children (the table is addressed by offsets, and each
- * child records its own identity in the locks it takes). Growth is bounded
- * by the region: the table never allocates; a new key in a full table is
- * TG_EFULL, answered by the failure policy (or evicts one, TG_FULL_EVICT).
- * Every page of the region must be usable when touched: anonymous memory
- * is; a file mapping on a file system that can fill up is not (use shm_name
- * there, which reserves its pages).
- *
- * Not guarded: two tg_limiter_new calls initialising the same fresh region
- * at once. Create the first limiter before others may attach, as a server's
- * master process does before it forks its workers. */
-
-/* Bytes a region needs for *cfg's table (its algorithm, capacity, long_keys
- * and sliding_max_entries): the least tg_config.region_bytes may be; 0 when
- * cfg is NULL or those fields are out of range. */
-TG_EXTERN size_t tg_region_bytes(const tg_config *cfg);
-
-/* Removes the name of a shared-memory segment: new limiters can no longer
- * attach to it, while those attached keep working until destroyed (the
- * memory is freed with the last one). Removing an absent name is not an
- * error. TG_EINVAL for a malformed name. */
-TG_EXTERN int tg_shm_unlink(const char *name);
-
-/* Runs one cleaning pass now (memory store): keys whose state has been fresh
- * for at least key_older_than_ms are handed to before_clean and reclaimed.
- * *removed (may be NULL) receives how many were reclaimed. If another pass is
- * running it returns 0 at once with nothing removed. TG_ENOTSUP for a custom
- * or Redis store (they expire keys by their TTL). TG_EBUSY when a shared
- * table's lock stayed held by another process for lock_timeout_ms (the pass
- * stops; *removed counts what it reclaimed before). */
-TG_EXTERN int tg_clean(tg_limiter *lim, size_t *removed);
-TG_EXTERN int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed);
-
-/* ---- Shadow mode
- * ------------------------------------------------------------- A limiter with
- * tg_config.shadow = true (or a policy decided with TG_RULES_SHADOW) decides
- * and records every call exactly as it would for real (state, counters, the
- * hook), and answers allowed whatever the real answer, with
- * result.shadow_denied = true when the real answer was a denial (the other
- * fields keep the real numbers, so retry_after_ms may be non-zero). This is how
- * a new limit is rolled out: watch shadow_denied (or the counter of the same
- * name) before enforcing it. A store failure in shadow mode also answers
- * allowed (shadow_denied when the failure policy would have denied); the
- * function still returns the failure's code. */
-
-/* ---- Counters and the decision hook ----------------------------------------
- * Every limiter counts its decisions (tg_hit, batch items, rules of a
- * policy, reservations; a tg_nb its own), always: the counters are kept per
- * thread (in cache-line sized shards), so counting costs a decision no shared
- * write. tg_limiter_stats adds the shards up; counts taken while decisions run
- * are each exact at some moment during the call, not one snapshot. A rule
- * of a policy counts on its own limiter by its own verdict: allowed when it
- * allowed and the call passed, denied when it denied; a rule that allowed
- * a call another rule denied counts in neither.
- *
- * The hook (tg_config.on_decision) sees decisions after they are made: all
- * of them, or one in on_decision_every (counted per thread, so the first
- * decision of each thread is passed), of all decisions or of only denials,
- * shadow denials and failures (on_decision_denied_only): enough to log
- * refusals without logging every request. */
-typedef struct tg_stats {
-  uint64_t allowed;       /* decisions answered allowed (shadow mode: by the
-                             real answer) */
-  uint64_t denied;        /* decisions the limit denied (not in shadow mode) */
-  uint64_t shadow_denied; /* shadow mode: let through, would have denied */
-  uint64_t degraded;      /* answers the failure policy gave */
-  uint64_t table_full;    /* decisions that found the table full (TG_EFULL) */
-  uint64_t reclaimed;     /* keys this limiter's cleaning passes (tg_clean,
-                             the thread) reclaimed */
-  uint64_t errors[32];    /* decision calls that returned code c, at
-                             errors[-c] (errors[0] is unused): invalid input
-                             and store failures alike */
-  /* Around the store (appended with Redis Cluster): */
-  uint64_t deny_cache_hits;    /* decisions the deny cache answered without
-                                  asking the store (see "Surviving a store
-                                  outage"); also counted as denials */
-  uint64_t fallback_decisions; /* decisions TG_POLICY_FALLBACK made locally
-                                  while the store failed; also counted in
-                                  degraded and errors[] */
-  uint64_t moved;              /* Redis Cluster: MOVED redirections followed */
-  uint64_t ask;                /* Redis Cluster: ASK redirections followed */
-  uint64_t resent;             /* Redis Cluster store and tg_nb: calls sent
-                                  again because the server said they had not
-                                  run (NOSCRIPT, the module unloaded) or a
-                                  connection was lost before they were
-                                  written in full */
-  uint64_t slot_refreshes;     /* Redis Cluster: slot maps fetched */
-} tg_stats;
-
-/* Copies the limiter's counters into *out, at most size bytes of it (pass
- * sizeof(tg_stats) as your program knows it: fields are only appended).
- * TG_EINVAL for a NULL argument or size 0. Safe while other threads decide. */
-TG_EXTERN int tg_limiter_stats(const tg_limiter *lim, tg_stats *out,
-                               size_t size);
+ * The deny cache (tg_config.deny_cache_entries). Once the store has denied
+ * a call, later calls on that key which the store would deny too are
+ * answered here, without a round trip, until 1 ms before the denial's
+ * retry time (which is known rounded up to the ms):
+ *   - a fixed window (either kind): every call, whatever its cost, until
+ *     the window ends: the denied call was counted, so the window stays
+ *     over its limit until then;
+ *   - a sliding window or a bucket: calls of the denied cost or more, until
+ *     the time that cost would fit if nothing else happened (other callers
+ *     only make it later); a smaller cost may fit sooner: the store decides.
+ * A denial is reused only under the same quota (a call under another quota
+ * drops it: that quota may change the state the denial was true of) and in
+ * the same timeline: calls on the store's clock count on this host's
+ * monotonic clock from the moment the denied call was sent, which is never
+ * after the server decided; the _at calls count in their own now. So it
+ * never denies a call the store, asked at that moment, would allow, with
+ * one exception it cannot see: a tg_reset or tg_set of the key by another
+ * limiter, or the key deleted in the store by other means (this limiter's
+ * own tg_reset and tg_set forget it). The answer: allowed false,
+ * degraded false, count and remaining those of the denial, retry_after_ms
+ * the time left (the store's wait or 1 ms less right after the denial;
+ * never more than the store's, which other calls may have pushed out;
+ * TG_NEVER for a cost no wait admits), reset_after_ms the denial's less the
+ * time since. A fixed window's denials answered here are not added to its
+ * stored count: no decision under the key's quota changes (the window
+ * refuses everything until it ends anyway), but tg_get shows the lower
+ * count. Degraded answers are never cached. Memory: about 380 bytes per
+ * entry (keys are kept whole, never matched by hash alone), in sets of 4;
+ * a new denial takes an expired entry of its set, else the one that ends
+ * first. Thread-safe (striped locks). tg_limiter_stats counts what it
+ * answered (deny_cache_hits); BENCHMARKS.md measures the round trips it
+ * spares. */
 
 /* ---- Non-blocking Redis API (sans-IO) -------------------------------------
  * The Redis store for event loops that own their sockets (nginx, libuv,
@@ -1456,7 +1535,7 @@ TG_EXTERN int tg_nb_up(tg_nb *nb, unsigned link);
  * counters. At most size bytes; TG_EINVAL for a NULL argument or size 0. */
 TG_EXTERN int tg_nb_stats(const tg_nb *nb, tg_stats *out, size_t size);
 
-/* ---- HTTP headers -----------------------------------------------------------
+/* ---- HTTP headers ---------------------------------------------------------
  * The response header fields a limited HTTP response carries, written into
  * the caller's buffer (no allocation, no clock): for one limit or for every
  * rule of a policy. Three parts, chosen by flags:
@@ -1489,9 +1568,9 @@ typedef struct tg_http_limit {
   const char *name;   /* policy name: 1..64 printable ASCII bytes */
   const tg_quota *q;  /* its quota (limit, period_ms) */
   const tg_result *r; /* the decision's result for it */
-  const void *pk;     /* partition key bytes for ;pk= (IETF only), or
-                         NULL */
-  size_t pk_len;      /* 0..256 */
+  /* Partition key bytes for ;pk= (IETF only), or NULL; pk_len 0..256. */
+  const void *pk;
+  size_t pk_len;
 } tg_http_limit;
 
 /* Writes the fields for limits[0..n) (1..TG_RULES_MAX) into buf, at most

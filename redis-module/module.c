@@ -54,7 +54,7 @@
 /* The value of module argument SLIDING-MAX-ENTRIES when none is given (the
  * library's default). */
 #define LOG_CAP_DEFAULT 1024u
-#define LOG_CAP_MAX (1u << 24)
+#define LOG_CAP_MAX TG_SLIDING_ENTRIES_MAX
 /* ms a key outlives its state when the caller gave the now (the script's
  * allowance for a caller's clock running behind the server's). */
 #define CALLER_NOW_SLACK_MS 1000

@@ -40,8 +40,8 @@ static int reserve(tg_limiter *lim, const uint64_t *now, const void *key,
     if (tok.taken) {
       out->private_[P_TAKEN] = 1;
       out->private_[P_GEN] = tok.gen;
-      out->private_[P_BEFORE] = tok.before.a;
-      out->private_[P_AFTER] = tok.after.a;
+      out->private_[P_BEFORE] = tg__tat(&tok.before);
+      out->private_[P_AFTER] = tg__tat(&tok.after);
       out->private_[P_NOW] = tok.now_us;
       out->private_[P_COST] = cost;
     }
@@ -85,8 +85,8 @@ static int cancel(tg_limiter *lim, const uint64_t *now, const void *key,
   tg__token tok = {0};
   tok.taken = true;
   tok.gen = res->private_[P_GEN];
-  tok.before.a = res->private_[P_BEFORE];
-  tok.after.a = res->private_[P_AFTER];
+  tok.before = tg__tat_state(res->private_[P_BEFORE]);
+  tok.after = tg__tat_state(res->private_[P_AFTER]);
   tok.now_us = res->private_[P_NOW];
   c.tok = &tok;
   tg__outcome o;

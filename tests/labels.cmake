@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # labels.cmake - fails when a CTest test has no LABELS: `ctest -L unit` and
 # the other label runs would then leave it out without a word. Run by the
 # test_labels test as `cmake -DCTEST=... -DBUILD_DIR=... -P labels.cmake`; it

@@ -227,8 +227,10 @@ typedef struct step_row {
     what, alg, Q10, op, arg, now, in, rc, changed, out, false, 0, 0, 0, 0,     \
         value                                                                  \
   }
-#define S(a, b)                                                                \
-  { (a), (b) }
+/* a state as its two words (core.h: the window end or TAT, then the count
+ * or 0) */
+#define S(w0, w1)                                                              \
+  { (w0), (w1) }
 #define FRESH S(0, 0)
 
 static const step_row WINDOW_STEPS[] = {
@@ -353,8 +355,9 @@ static void run_steps(const step_row *rows, size_t n) {
     bool changed = !r->changed;
     int rc = tg__state_step(&c, &st, &o, &changed);
     bool hit = r->op == TG__OP_HIT && r->rc == TG_OK;
-    bool ok = rc == r->rc && changed == r->changed && st.a == r->out.a &&
-              st.b == r->out.b;
+    bool ok = rc == r->rc && changed == r->changed &&
+              tg__state_word(&st, 0) == tg__state_word(&r->out, 0) &&
+              tg__state_word(&st, 1) == tg__state_word(&r->out, 1);
     if (hit)
       ok = ok && o.r.allowed == r->allowed && o.r.count == r->count &&
            o.r.remaining == r->remaining && o.r.retry_after_ms == r->retry_ms &&
@@ -364,7 +367,7 @@ static void run_steps(const step_row *rows, size_t n) {
     if (!ok) {
       print_error("%s (%s): %s changed %d state {%" PRIu64 ", %" PRIu64 "}",
                   r->what, tg_algorithm_name(r->alg), tg_err_name(rc), changed,
-                  st.a, st.b);
+                  tg__state_word(&st, 0), tg__state_word(&st, 1));
       if (hit)
         print_error(" allowed %d count %" PRIu64 " remaining %" PRIu64
                     " retry %" PRIu64 " reset %" PRIu64,

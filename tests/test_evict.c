@@ -230,8 +230,8 @@ static uint64_t expiry(const model *m, const mkey *k) {
            : k->last_us ? k->last_us + k->pq.period_us
                         : 0;
   if (is_window(m->alg))
-    return k->st.a;
-  return tg__div_ceil(k->st.a, 1000);
+    return tg__win_end(&k->st);
+  return tg__div_ceil(tg__tat(&k->st), 1000);
 }
 
 static tg__call call_of(const model *m, const mkey *k, tg__op op,
@@ -270,7 +270,7 @@ static int ref_step(model *m, mkey *k, const tg__call *c, tg__outcome *o,
     return rc;
   }
   tg__state st = k->st;
-  bool blank = st.a == 0 && st.b == 0;
+  bool blank = tg__state_word(&st, 0) == 0 && tg__state_word(&st, 1) == 0;
   int rc = tg__state_step(c, &st, o, changed);
   /* a reset key, like an absent one, takes no state that is fresh */
   if (keep && rc == TG_OK && *changed &&

@@ -179,8 +179,8 @@ static uint64_t expiry_us(const model *m, const mkey *k) {
            : k->last_us ? k->last_us + k->pq.period_us
                         : 0;
   if (is_window(m->alg))
-    return k->st.a;
-  return tg__div_ceil(k->st.a, 1000);
+    return tg__win_end(&k->st);
+  return tg__div_ceil(tg__tat(&k->st), 1000);
 }
 
 static bool reclaimable(const model *m, const mkey *k, uint64_t older_us) {
@@ -266,9 +266,9 @@ static void print_key(const mkey *k) {
     print_error(" %02x", k->bytes[i]);
   print_error("%s\n", k->len > 40 ? " ..." : "");
   print_error("  quota limit %" PRIu64 " period %" PRIu64 " ms burst %" PRIu64
-              "; in table %d; ref state a=%" PRIu64 " b=%" PRIu64 " log n=%u\n",
-              k->q.limit, k->q.period_ms, k->q.burst, k->in_table, k->st.a,
-              k->st.b, k->n);
+              "; in table %d; ref state %" PRIu64 ", %" PRIu64 " log n=%u\n",
+              k->q.limit, k->q.period_ms, k->q.burst, k->in_table,
+              tg__state_word(&k->st, 0), tg__state_word(&k->st, 1), k->n);
   for (uint32_t i = 0; i < k->n; i++)
     print_error("    log[%u] t=%" PRIu64 " cost=%" PRIu64 "\n", i, k->e[i].t_us,
                 k->e[i].cost);
@@ -575,7 +575,8 @@ static void do_call(model *m, mkey *k, int op, uint64_t arg) {
       k->n = n;
       if (n > 0)
         k->last_us = e[n - 1].t_us;
-    } else if (!(k->in_table && k->st.a == 0 && k->st.b == 0 &&
+    } else if (!(k->in_table && tg__state_word(&k->st, 0) == 0 &&
+                 tg__state_word(&k->st, 1) == 0 &&
                  tg__state_fresh(m->alg, &st, m->now_us))) {
       k->st = st; /* (a reset key, like an absent one, takes no fresh
                      state: see exec_state) */
@@ -610,7 +611,7 @@ static uint64_t clean_value(const model *m, const mkey *k) {
       sum += k->e[i].cost;
     return sum;
   }
-  return is_window(m->alg) ? k->st.b : 0;
+  return is_window(m->alg) ? tg__win_count(&k->st) : 0;
 }
 
 static void do_clean(model *m) {

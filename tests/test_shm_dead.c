@@ -367,11 +367,11 @@ static void dead_log_mid_step(void **state) {
 }
 
 /* A process killed between taking a log block from the arena and
- * publishing its key loses the block (the README says so). What it must not
- * do is stop the table from reclaiming: here the table holds capacity - 1
- * keys, all decayed long ago, and a new key finds no free block; the insert
- * reclaims only when live == capacity, so it answers TG_EFULL instead of
- * reclaiming a decayed key. (The memory store does the same when its
+ * publishing its key loses the block (tollgate.h, "Shared memory", says so).
+ * What it must not do is stop the table from reclaiming: here the table holds
+ * capacity - 1 keys, all decayed long ago, and a new key finds no free block;
+ * the insert reclaims only when live == capacity, so it answers TG_EFULL
+ * instead of reclaiming a decayed key. (The memory store does the same when its
  * long-key arena is exhausted with long_keys < capacity.) */
 static int die_after_block_alloc(unsigned idx, void *arg) {
   (void)idx;

@@ -225,7 +225,7 @@ static int parse_rate(const char *val, uint64_t *n, uint64_t *ms) {
   }
   memcpy(num, val, (size_t)(slash - val));
   num[slash - val] = '\0';
-  if (opt_u64("serve", "--max-new-keys-per-client N", num, 1, UINT64_C(1) << 40,
+  if (opt_u64("serve", "--max-new-keys-per-client N", num, 1, TG_CAPACITY_MAX,
               n) != 0 ||
       opt_u64("serve", "--max-new-keys-per-client MS", slash + 1, 1,
               TG_PERIOD_MAX_MS, ms) != 0)
@@ -336,7 +336,7 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
                            &o->backoff_ms) != 0)
         return -1;
     } else if (OPT("--capacity")) {
-      if (r < 0 || opt_u64("serve", "--capacity", val, 1, UINT64_C(1) << 40,
+      if (r < 0 || opt_u64("serve", "--capacity", val, 1, TG_CAPACITY_MAX,
                            &o->capacity) != 0)
         return -1;
     } else if (OPT("--sliding-max-entries")) {

@@ -8,8 +8,9 @@
  * runs exactly the same arithmetic and gives the same answers. A store holds
  * one of two kinds of per-key state:
  *
- *   tg__state  two 64-bit words: windows keep (end_us, count), buckets keep
- *              the GCRA theoretical arrival time in a (ns) and leave b at 0;
+ *   tg__state  two 64-bit words: windows keep (end_us, count), buckets the
+ *              GCRA theoretical arrival time (ns) and 0; read through the
+ *              accessors tg__win_end, tg__win_count and tg__tat;
  *   tg__log    the sliding window's entry list, in caller-provided memory.
  *
  * Units: time in us at the API edge, ns inside the buckets, ms in results.
@@ -54,11 +55,46 @@ typedef struct tg__quota {
 } tg__quota;
 
 /* Fixed-size state of the windows and buckets. The all-zero value is
- * "absent", and so is any fully decayed value (tg__state_fresh). */
+ * "absent", and so is any fully decayed value (tg__state_fresh). The two
+ * words mean different things per algorithm family, so code reads and
+ * writes them through the accessors below, which say which meaning it
+ * relies on; a and b are only the layout. */
 typedef struct tg__state {
-  uint64_t a; /* windows: end of the window, us; buckets: TAT, ns */
-  uint64_t b; /* windows: count in the window; buckets: 0 */
+  uint64_t a;
+  uint64_t b;
 } tg__state;
+
+/* Windows (both kinds): the end of the window the count belongs to, us
+ * since the epoch, and the cost counted in it, denied calls included. */
+static inline uint64_t tg__win_end(const tg__state *s) { return s->a; }
+static inline uint64_t tg__win_count(const tg__state *s) { return s->b; }
+static inline void tg__win_set_end(tg__state *s, uint64_t end_us) {
+  s->a = end_us;
+}
+static inline void tg__win_set_count(tg__state *s, uint64_t count) {
+  s->b = count;
+}
+static inline tg__state tg__win_state(uint64_t end_us, uint64_t count) {
+  return (tg__state){end_us, count};
+}
+
+/* Buckets (both): GCRA's theoretical arrival time, ns since the epoch. The
+ * other word is always 0 (tg__state_plausible refuses anything else), so a
+ * bucket state is built whole, never set word by word. */
+static inline uint64_t tg__tat(const tg__state *s) { return s->a; }
+static inline tg__state tg__tat_state(uint64_t tat_ns) {
+  return (tg__state){tat_ns, 0};
+}
+
+/* The state as two words in a fixed order, for stores that copy it without
+ * interpreting it (the custom store's serialised form, tokens): word 0 is
+ * the window end or the TAT, word 1 the count or 0. */
+static inline uint64_t tg__state_word(const tg__state *s, unsigned i) {
+  return i == 0 ? s->a : s->b;
+}
+static inline tg__state tg__state_of_words(uint64_t w0, uint64_t w1) {
+  return (tg__state){w0, w1};
+}
 
 /* One sliding-log entry: cost admitted at time t_us. */
 typedef struct tg__entry {

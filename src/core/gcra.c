@@ -51,7 +51,8 @@ static void give_back(const tg__call *c, tg__state *st, bool *changed) {
   const tg__token *k = c->tok;
   if (!k || !k->taken || c->arg == 0)
     return;
-  uint64_t tat0 = k->before.a, tat1 = k->after.a, cur = st->a;
+  uint64_t tat0 = tg__tat(&k->before), tat1 = tg__tat(&k->after);
+  uint64_t cur = tg__tat(st);
   uint64_t now1 = k->now_us * 1000;
   uint64_t n = c->now_us * 1000 > now1 ? c->now_us * 1000 : now1;
   uint64_t floor_n = tat0 > n ? tat0 : n;
@@ -69,8 +70,7 @@ static void give_back(const tg__call *c, tg__state *st, bool *changed) {
   uint64_t next = cur > give ? cur - give : 0;
   if (next == cur)
     return;
-  st->a = next;
-  st->b = 0;
+  *st = tg__tat_state(next);
   *changed = true;
 }
 
@@ -97,8 +97,7 @@ static int take(const tg__call *c, tg__state *st, uint64_t d, tg__outcome *o,
   uint64_t d2 = d + cost * q->t_ns;
   bool allowed = d2 <= q->tau_ns + late;
   if (allowed && cost > 0) {
-    st->a = now + d2;
-    st->b = 0;
+    *st = tg__tat_state(now + d2);
     *changed = true;
   }
   if (allowed && c->op == TG__OP_RESERVE && d2 > q->tau_ns)
@@ -114,7 +113,7 @@ int tg__gcra_step(const tg__call *c, tg__state *st, tg__outcome *o,
                   bool *changed) {
   const tg__quota *q = &c->q;
   uint64_t now = c->now_us * 1000;
-  uint64_t base = st->a > now ? st->a : now;
+  uint64_t base = tg__tat(st) > now ? tg__tat(st) : now;
   uint64_t d = base - now;
   *changed = false;
   switch (c->op) {
@@ -130,8 +129,7 @@ int tg__gcra_step(const tg__call *c, tg__state *st, tg__outcome *o,
     uint64_t d2 = d + cost * q->t_ns;
     bool allowed = d2 <= q->tau_ns;
     if (allowed && cost > 0) {
-      st->a = now + d2;
-      st->b = 0;
+      *st = tg__tat_state(now + d2);
       *changed = true;
     }
     uint64_t after = allowed ? d2 : d;
@@ -155,8 +153,7 @@ int tg__gcra_step(const tg__call *c, tg__state *st, tg__outcome *o,
     if (c->arg > q->burst)
       return TG_ERANGE;
     uint64_t fill = c->alg == TG_TOKEN_BUCKET ? q->burst - c->arg : c->arg;
-    st->a = now + fill * q->t_ns;
-    st->b = 0;
+    *st = tg__tat_state(now + fill * q->t_ns);
     *changed = true;
     return TG_OK;
   }

@@ -16,12 +16,12 @@
 bool tg__state_fresh(tg_algorithm alg, const tg__state *st, uint64_t now_us) {
   switch (alg) {
   case TG_FIXED_WINDOW:
-    return st->b == 0 || st->a <= now_us;
+    return tg__win_count(st) == 0 || tg__win_end(st) <= now_us;
   case TG_FIXED_WINDOW_PER_KEY:
-    return st->a <= now_us;
+    return tg__win_end(st) <= now_us;
   case TG_TOKEN_BUCKET:
   case TG_LEAKY_BUCKET:
-    return st->a <= now_us * 1000;
+    return tg__tat(st) <= now_us * 1000;
   case TG_SLIDING_WINDOW:
     break;
   }
@@ -30,8 +30,8 @@ bool tg__state_fresh(tg_algorithm alg, const tg__state *st, uint64_t now_us) {
 
 uint64_t tg__state_expiry_us(tg_algorithm alg, const tg__state *st) {
   if (alg == TG_TOKEN_BUCKET || alg == TG_LEAKY_BUCKET)
-    return tg__div_ceil(st->a, 1000); /* TAT ns -> us, never early */
-  return st->a;
+    return tg__div_ceil(tg__tat(st), 1000); /* ns -> us, never early */
+  return tg__win_end(st);
 }
 
 uint64_t tg__state_ttl_ms(tg_algorithm alg, const tg__state *st,

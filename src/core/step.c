@@ -27,8 +27,8 @@ int tg__state_step(const tg__call *c, tg__state *st, tg__outcome *o,
 
 bool tg__state_plausible(tg_algorithm alg, const tg__state *st) {
   if (alg == TG_TOKEN_BUCKET || alg == TG_LEAKY_BUCKET)
-    return st->a <=
+    return tg__tat(st) <=
                TG_NOW_MAX_US * 1000 + TG_TOLERANCE_MAX_NS + TG__WAIT_MAX_NS &&
-           st->b == 0;
-  return st->a <= TG_NOW_MAX_US + TG_PERIOD_MAX_MS * 1000;
+           tg__state_word(st, 1) == 0;
+  return tg__win_end(st) <= TG_NOW_MAX_US + TG_PERIOD_MAX_MS * 1000;
 }

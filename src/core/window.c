@@ -15,19 +15,16 @@
  * (or ahead of now because the clock stepped back: state never moves
  * backwards), else a fresh one with count 0 that a write would open. */
 static tg__state live_window(const tg__call *c, const tg__state *st) {
-  tg__state w = {0, 0};
   if (c->alg == TG_FIXED_WINDOW) {
     uint64_t period_ms = c->q.period_us / 1000;
     uint64_t end_us = (c->now_us / 1000 / period_ms + 1) * period_ms * 1000;
-    if (st->a >= end_us)
+    if (tg__win_end(st) >= end_us)
       return *st;
-    w.a = end_us;
-  } else {
-    if (st->a > c->now_us)
-      return *st;
-    w.a = c->now_us + c->q.period_us;
+    return tg__win_state(end_us, 0);
   }
-  return w;
+  if (tg__win_end(st) > c->now_us)
+    return *st;
+  return tg__win_state(c->now_us + c->q.period_us, 0);
 }
 
 /* True while the stored window is not equivalent to absent: an epoch window
@@ -35,9 +32,9 @@ static tg__state live_window(const tg__call *c, const tg__state *st) {
  * since its end is fixed). A stored epoch window that ends after now is
  * always the current one: window ends are multiples of the period. */
 static bool window_live(const tg__call *c, const tg__state *st) {
-  if (st->a <= c->now_us)
+  if (tg__win_end(st) <= c->now_us)
     return false;
-  return c->alg == TG_FIXED_WINDOW_PER_KEY || st->b > 0;
+  return c->alg == TG_FIXED_WINDOW_PER_KEY || tg__win_count(st) > 0;
 }
 
 int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
@@ -48,16 +45,18 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
   switch (c->op) {
   case TG__OP_HIT: {
     uint64_t cost = c->arg, count;
-    if (!tg__add(w.b, cost, &count))
+    if (!tg__add(tg__win_count(&w), cost, &count))
       return TG_EOVERFLOW;
     if (cost > 0) {
-      w.b = count;
+      tg__win_set_count(&w, count);
       *st = w;
       *changed = true;
     }
     bool allowed = count <= limit;
-    uint64_t retry = cost > limit ? TG_NEVER : tg__ms_until(w.a, c->now_us);
-    uint64_t reset = window_live(c, st) ? tg__ms_until(st->a, c->now_us) : 0;
+    uint64_t retry =
+        cost > limit ? TG_NEVER : tg__ms_until(tg__win_end(&w), c->now_us);
+    uint64_t reset =
+        window_live(c, st) ? tg__ms_until(tg__win_end(st), c->now_us) : 0;
     tg__result_set(&o->r, allowed, count, allowed ? limit - count : 0, retry,
                    reset);
     return TG_OK;
@@ -66,46 +65,51 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
   case TG__OP_TAKE: {
     /* a policy's rule: counts only when allowed */
     uint64_t cost = c->arg, count;
-    if (!tg__add(w.b, cost, &count))
+    if (!tg__add(tg__win_count(&w), cost, &count))
       return TG_EOVERFLOW;
     bool allowed = count <= limit;
     tg__state after = w;
     if (allowed && cost > 0) {
       /* a CHECK reports the consumed state too, without it being published
        * (the store may publish it on the TAKE that follows) */
-      after.b = count;
+      tg__win_set_count(&after, count);
       *st = after;
       *changed = true;
     }
     const tg__state *left = allowed && cost > 0 ? &after : st;
-    uint64_t shown = allowed ? count : w.b;
-    uint64_t retry = cost > limit ? TG_NEVER : tg__ms_until(w.a, c->now_us);
+    uint64_t shown = allowed ? count : tg__win_count(&w);
+    uint64_t retry =
+        cost > limit ? TG_NEVER : tg__ms_until(tg__win_end(&w), c->now_us);
     uint64_t reset =
-        window_live(c, left) ? tg__ms_until(left->a, c->now_us) : 0;
+        window_live(c, left) ? tg__ms_until(tg__win_end(left), c->now_us) : 0;
     tg__result_set(&o->r, allowed, shown, shown <= limit ? limit - shown : 0,
                    retry, reset);
     if (c->op == TG__OP_CHECK) {
-      uint64_t r0 = window_live(c, st) ? tg__ms_until(st->a, c->now_us) : 0;
-      tg__result_set(&o->peek, w.b <= limit, w.b,
-                     w.b <= limit ? limit - w.b : 0, 0, r0);
+      uint64_t seen = tg__win_count(&w);
+      uint64_t r0 =
+          window_live(c, st) ? tg__ms_until(tg__win_end(st), c->now_us) : 0;
+      tg__result_set(&o->peek, seen <= limit, seen,
+                     seen <= limit ? limit - seen : 0, 0, r0);
     }
     return TG_OK;
   }
   case TG__OP_UNDO: {
     /* only from the window the cost went into, and never below 0 */
     const tg__token *k = c->tok;
-    if (!k || !k->taken || st->a != k->after.a || st->b == 0 || c->arg == 0)
+    uint64_t count = tg__win_count(st);
+    if (!k || !k->taken || tg__win_end(st) != tg__win_end(&k->after) ||
+        count == 0 || c->arg == 0)
       return TG_OK;
-    st->b = st->b > c->arg ? st->b - c->arg : 0;
+    tg__win_set_count(st, count > c->arg ? count - c->arg : 0);
     *changed = true;
     return TG_OK;
   }
   case TG__OP_INC: {
     uint64_t count;
-    if (!tg__add(w.b, c->arg, &count))
+    if (!tg__add(tg__win_count(&w), c->arg, &count))
       return TG_EOVERFLOW;
     if (c->arg > 0) {
-      w.b = count;
+      tg__win_set_count(&w, count);
       *st = w;
       *changed = true;
     }
@@ -113,17 +117,18 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
     return TG_OK;
   }
   case TG__OP_GET:
-    o->value = w.b;
+    o->value = tg__win_count(&w);
     return TG_OK;
   case TG__OP_SET:
     if (c->alg == TG_FIXED_WINDOW_PER_KEY)
-      w.a = c->now_us + c->q.period_us; /* set re-anchors the window */
-    w.b = c->arg;
+      /* set re-anchors the window */
+      tg__win_set_end(&w, c->now_us + c->q.period_us);
+    tg__win_set_count(&w, c->arg);
     *st = w;
     *changed = true;
     return TG_OK;
   case TG__OP_EXPIRES:
-    o->value = window_live(c, st) ? tg__div_ceil(st->a, 1000) : 0;
+    o->value = window_live(c, st) ? tg__div_ceil(tg__win_end(st), 1000) : 0;
     return TG_OK;
   case TG__OP_RESERVE:
   case TG__OP_CANCEL:

@@ -72,8 +72,8 @@ static int exec_state(custom *s, const tg__call *c, tg__outcome *o) {
       s->cs.unlock(s->cs.ctx, c->key, c->key_len);
       return TG_ECORRUPT;
     }
-    st.a = get64(buf + HEAD_BYTES);
-    st.b = get64(buf + HEAD_BYTES + 8);
+    st = tg__state_of_words(get64(buf + HEAD_BYTES),
+                            get64(buf + HEAD_BYTES + 8));
     if (!tg__state_plausible(c->alg, &st)) {
       s->cs.unlock(s->cs.ctx, c->key, c->key_len);
       return TG_ECORRUPT;
@@ -94,8 +94,8 @@ static int exec_state(custom *s, const tg__call *c, tg__outcome *o) {
     return rc;
   }
   put_head(buf, c->alg, 0);
-  put64(buf + HEAD_BYTES, st.a);
-  put64(buf + HEAD_BYTES + 8, st.b);
+  put64(buf + HEAD_BYTES, tg__state_word(&st, 0));
+  put64(buf + HEAD_BYTES + 8, tg__state_word(&st, 1));
   if (s->cs.set_and_unlock(s->cs.ctx, c->key, c->key_len, buf, sizeof buf,
                            tg__state_ttl_ms(c->alg, &st, c->now_us)) !=
       TG_CUSTOM_OK)
@@ -235,8 +235,8 @@ static int hold(held *h) {
   if (!log) {
     ok = n == 0 && len == HEAD_BYTES + 16;
     if (ok) {
-      h->st.a = get64(h->buf + HEAD_BYTES);
-      h->st.b = get64(h->buf + HEAD_BYTES + 8);
+      h->st = tg__state_of_words(get64(h->buf + HEAD_BYTES),
+                                 get64(h->buf + HEAD_BYTES + 8));
       ok = tg__state_plausible(c->alg, &h->st);
     }
   } else {
@@ -285,8 +285,8 @@ static int release(held *h, bool take) {
   } else if (take) {
     if (tg__state_step(&t, &h->st, &o, &changed) == TG_OK && changed) {
       put_head(h->buf, c->alg, 0);
-      put64(h->buf + HEAD_BYTES, h->st.a);
-      put64(h->buf + HEAD_BYTES + 8, h->st.b);
+      put64(h->buf + HEAD_BYTES, tg__state_word(&h->st, 0));
+      put64(h->buf + HEAD_BYTES + 8, tg__state_word(&h->st, 1));
       len = HEAD_BYTES + 16;
       ttl = tg__state_ttl_ms(c->alg, &h->st, c->now_us);
     }

@@ -41,11 +41,13 @@ bool tg__rv_parse_state(tg_algorithm alg, const char *s, size_t len,
     return false;
   if (is_bucket(alg)) {
     /* the ns remainder: 0..999 in at most 3 digits, as the script writes */
-    st->b = 0;
-    return p - ys <= 3 && tg__mul(x, 1000, &st->a) && tg__add(st->a, y, &st->a);
+    uint64_t tat;
+    if (p - ys > 3 || !tg__mul(x, 1000, &tat) || !tg__add(tat, y, &tat))
+      return false;
+    *st = tg__tat_state(tat);
+    return true;
   }
-  st->a = x;
-  st->b = y;
+  *st = tg__win_state(x, y);
   return true;
 }
 
@@ -74,13 +76,13 @@ size_t tg__rv_format_state(tg_algorithm alg, const tg__state *st, char *out) {
   out[n++] = (char)('0' + alg);
   out[n++] = ':';
   if (is_bucket(alg)) {
-    n += tg__u64_dec(out + n, st->a / 1000);
+    n += tg__u64_dec(out + n, tg__tat(st) / 1000);
     out[n++] = ':';
-    n += tg__u64_dec(out + n, st->a % 1000);
+    n += tg__u64_dec(out + n, tg__tat(st) % 1000);
   } else {
-    n += tg__u64_dec(out + n, st->a);
+    n += tg__u64_dec(out + n, tg__win_end(st));
     out[n++] = ':';
-    n += tg__u64_dec(out + n, st->b);
+    n += tg__u64_dec(out + n, tg__win_count(st));
   }
   return n;
 }
