@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * custom.c - the caller's store (glimit's Store): the caller locks and keeps
+ * custom.c - the caller's store: the caller locks and keeps
  * bytes, tollgate runs the same pure steps as every other store on them.
  *
  * Serialised form (documented in tollgate.h, version 1, little-endian):

@@ -45,22 +45,19 @@ static uint64_t prev(const tg__table *t, uint64_t i) {
 /* ---- state encodings ---- */
 
 static tg__state decode(tg_algorithm alg, uint64_t w0, uint64_t w1) {
-  tg__state st = {w0, 0};
-  if (is_window(alg)) {
-    st.a = w0 & WIN_END_MASK;
-    st.b = w1;
-  }
-  return st;
+  if (is_window(alg))
+    return tg__win_state(w0 & WIN_END_MASK, w1);
+  return tg__tat_state(w0);
 }
 
 static void encode(tg_algorithm alg, const tg__state *st, uint32_t g,
                    uint64_t *w0, uint64_t *w1) {
   if (is_window(alg)) {
-    *w0 = (st->a & WIN_END_MASK) | ((uint64_t)g & WIN_GEN_MASK)
-                                       << WIN_GEN_SHIFT;
-    *w1 = st->b;
+    *w0 = (tg__win_end(st) & WIN_END_MASK) | ((uint64_t)g & WIN_GEN_MASK)
+                                                 << WIN_GEN_SHIFT;
+    *w1 = tg__win_count(st);
   } else {
-    *w0 = st->a;
+    *w0 = tg__tat(st);
     *w1 = g;
   }
 }
@@ -391,7 +388,7 @@ static bool inspect(tg__table *t, uint64_t i, uint64_t c, tg__clean_item *it,
   } else {
     tg__state st = decode(alg, w0, w1);
     *expiry = tg__state_expiry_us(alg, &st);
-    it->value = is_window(alg) ? st.b : 0;
+    it->value = is_window(alg) ? tg__win_count(&st) : 0;
   }
   it->slot = i;
   it->ctrl = c;
@@ -612,7 +609,8 @@ static int settle(tg__table *t, const kref *k, tg__wait *wt) {
 static bool blank_stays(const tg__call *c, uint64_t w0, uint64_t w1,
                         const tg__state *st) {
   tg__state was = decode(c->alg, w0, w1);
-  return was.a == 0 && was.b == 0 && tg__state_fresh(c->alg, st, c->now_us);
+  return tg__state_word(&was, 0) == 0 && tg__state_word(&was, 1) == 0 &&
+         tg__state_fresh(c->alg, st, c->now_us);
 }
 
 /* Windows and buckets: one CAS per decision. A bucket reads its pair without

@@ -21,9 +21,9 @@ typedef struct layout {
 static uint64_t round64(uint64_t x) { return (x + 63) & ~UINT64_C(63); }
 
 static bool plan(const tg__table_params *p, layout *l) {
-  if (p->capacity == 0 || p->capacity > (UINT64_C(1) << 40) ||
+  if (p->capacity == 0 || p->capacity > TG_CAPACITY_MAX ||
       p->long_keys > p->capacity || p->log_entries == 0 ||
-      p->log_entries > (1u << 24) ||
+      p->log_entries > TG_SLIDING_ENTRIES_MAX ||
       (unsigned)p->algorithm >= TG_ALGORITHM_COUNT)
     return false;
   l->nslots = p->capacity + tg__div_ceil(p->capacity, TG__LOAD_NUM);
