@@ -339,14 +339,16 @@ typedef struct tg_config {
    * than its true age (answers become conservative, never permissive). */
   uint32_t sliding_max_entries;
   /* Memory store: most keys held at once (default 65536, at most
-   * TG_CAPACITY_MAX). The table takes about 64 bytes per key, reserved up
-   * front; a sliding window table also reserves, as address space backed
-   * only once used, 48 + 16 * sliding_max_entries bytes per key, rounded up
-   * to 64 (TG_ENOMEM if the address space cannot hold it). */
+   * TG_CAPACITY_MAX). The table takes about 55 bytes per key (a 48-byte
+   * slot, at most 7/8 of them in use), reserved up front and, from 2 MiB
+   * on, advised onto transparent huge pages; a sliding window table also
+   * reserves, as address space backed only once used, 48 + 16 *
+   * sliding_max_entries bytes per key, rounded up to 64 (TG_ENOMEM if the
+   * address space cannot hold it). */
   uint64_t capacity;
-  /* Memory store: most keys longer than 32 bytes held at once; 0 (the
-   * default) means "as many as capacity". 256 bytes each, backed by the
-   * kernel only once used. */
+  /* Memory store: most keys longer than 24 bytes held at once (keys up to
+   * 24 bytes live in their slot); 0 (the default) means "as many as
+   * capacity". 256 bytes each, backed by the kernel only once used. */
   uint64_t long_keys;
   /* Memory store: background cleaning period (default 60000); 0 runs no
    * thread: call tg_clean() yourself. */
@@ -572,10 +574,13 @@ TG_EXTERN size_t tg_store_bytes(const tg_limiter *lim);
 
 /* ---- Batches --------------------------------------------------------------
  * Many decisions in one call: the same answers as calling tg_hit on each item
- * in order, but the Redis store sends them all in one pipelined round trip
- * (other stores simply loop). The batch is not atomic as a whole: each item
- * is its own decision. Items may name the same key; later items see earlier
- * ones. */
+ * in order, but the Redis store sends them all in one pipelined round trip,
+ * and the memory and shared-memory stores hash the keys of each group of
+ * 16 items and start fetching their slots before deciding any, so that a
+ * batch over keys not in cache waits for their memory accesses together
+ * rather than one after another (other stores simply loop). The batch is not
+ * atomic as a whole: each item is its own decision. Items may name the same
+ * key; later items see earlier ones. */
 typedef struct tg_batch_item {
   const void *key;   /* in: key bytes */
   size_t key_len;    /* in */
@@ -1009,8 +1014,8 @@ struct tg_custom_store {
  *
  * Memory, and a full file system (Docker's /dev/shm is 64 MiB, and any
  * local user can fill /dev/shm). The whole table is sized at creation
- * (tg_store_bytes tells how much). Its header, ctrl words and slots (about
- * 64 bytes per key of capacity) are reserved then (posix_fallocate, on
+ * (tg_store_bytes tells how much). Its header and slots (about 55 bytes
+ * per key of capacity) are reserved then (posix_fallocate, on
  * every attach too): a file system too small for them is TG_ENOMEM from
  * tg_limiter_new. Long keys' chunks and sliding-log blocks are reserved a
  * page at a time as they are first used (a log holding a few entries costs
