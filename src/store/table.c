@@ -669,8 +669,8 @@ exec_state(tg__table *t, const kref *k, const tg__call *c, tg__outcome *o) {
 }
 
 /* Sliding log: the block's lock serialises the key's log. */
-static int exec_log(tg__table *t, const kref *k, const tg__call *c,
-                    tg__outcome *o) {
+static inline __attribute__((always_inline)) int
+exec_log(tg__table *t, const kref *k, const tg__call *c, tg__outcome *o) {
   tg__wait wait = tg__wait_bound(t->g.lock_timeout_ms), *wt = &wait;
   tg__call tmp; /* c with its time clamped to the horizon, when needed */
   for (;;) {
