@@ -452,7 +452,7 @@ typedef struct tg_limiter tg_limiter;
  * cluster_nodes that do not parse or come with unix_path or a db other than
  * 0); TG_ENOTSUP for redis in a build without hiredis; TG_ENOMEM or
  * TG_ESTORE if memory or the thread cannot be had (for a shared segment: its
- * file system cannot hold the table's header, ctrl words and slots); for a
+ * file system cannot hold the table's header and slots); for a
  * shared segment also TG_EPERM, TG_EMISMATCH, TG_ECORRUPT and TG_EBUSY
  * (another process kept the segment's creation lock for lock_timeout_ms;
  * "Shared memory" says when each applies). *out is then NULL and

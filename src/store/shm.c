@@ -20,8 +20,8 @@
  *
  * Memory: a tmpfs can be full (Docker's /dev/shm is 64 MiB, and any local
  * user can fill /dev/shm), and a write to a page it cannot supply is a
- * SIGBUS. So nothing is touched before it is backed: the header, ctrl words
- * and slots are fallocated on creation and on every attach (cheap when
+ * SIGBUS. So nothing is touched before it is backed: the header and the
+ * slots are fallocated on creation and on every attach (cheap when
  * already there), and the arenas (long-key chunks, log blocks), which would
  * cost their full size up front, a page at a time through the table's
  * backing hook as they are first touched, with the descriptor kept open for

@@ -139,7 +139,7 @@ typedef struct tg__table_hdr {
  * is backed by the kernel when first touched and needs none of this. A
  * shared segment's pages come from a file system that can be full (tmpfs):
  * touching a page it cannot supply raises SIGBUS. So the shm store backs
- * the part of the region every key needs (header, ctrl words, slots) when it
+ * the part of the region every key needs (header, slots) when it
  * attaches, and the arenas that grow with use (long-key chunks, log blocks)
  * an extent at a time, before this process first touches one: the table
  * asks for every arena range it is about to touch (tg__backed). Asking
