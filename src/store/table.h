@@ -216,8 +216,8 @@ typedef struct tg__table {
 /* Bytes a region for p needs, or 0 if p is out of range. */
 size_t tg__table_bytes(const tg__table_params *p);
 
-/* Bytes at the start of such a region that every key may touch (header,
- * ctrl words, slots): what a store backs before attaching. */
+/* Bytes at the start of such a region that every key may touch (header
+ * and slots): what a store backs before attaching. */
 size_t tg__table_core_bytes(const tg__table_params *p);
 
 /* Lays out a fresh table in mem (zeroed, tg__table_bytes(p) bytes, 64-byte
