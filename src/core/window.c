@@ -40,6 +40,37 @@ static bool window_live(const tg__call *c, const tg__state *st) {
   return c->alg == TG_FIXED_WINDOW_PER_KEY || st->b > 0;
 }
 
+/* CHECK and TAKE, a policy's rule: counts only when allowed. A CHECK
+ * reports the consumed state too, without it being published (the store
+ * may publish it on the TAKE that follows), and, when `with_peek`, the
+ * window's numbers left as they are (its reset is the result's: the one
+ * the call leaves). */
+static inline int policy_step(const tg__call *c, tg__state *st, tg__outcome *o,
+                              bool *changed, bool with_peek) {
+  tg__state w = live_window(c, st);
+  uint64_t limit = c->q.limit;
+  uint64_t cost = c->arg, count;
+  if (!tg__add(w.b, cost, &count))
+    return TG_EOVERFLOW;
+  bool allowed = count <= limit;
+  tg__state after = w;
+  if (allowed && cost > 0) {
+    after.b = count;
+    *st = after;
+    *changed = true;
+  }
+  const tg__state *left = allowed && cost > 0 ? &after : st;
+  uint64_t shown = allowed ? count : w.b;
+  uint64_t retry = cost > limit ? TG_NEVER : tg__ms_until(w.a, c->now_us);
+  uint64_t reset = window_live(c, left) ? tg__ms_until(left->a, c->now_us) : 0;
+  tg__result_set(&o->r, allowed, shown, shown <= limit ? limit - shown : 0,
+                 retry, reset);
+  if (with_peek)
+    tg__result_set(&o->peek, w.b <= limit, w.b, w.b <= limit ? limit - w.b : 0,
+                   0, reset);
+  return TG_OK;
+}
+
 int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
                     bool *changed) {
   tg__state w = live_window(c, st);
@@ -63,34 +94,8 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
     return TG_OK;
   }
   case TG__OP_CHECK:
-  case TG__OP_TAKE: {
-    /* a policy's rule: counts only when allowed */
-    uint64_t cost = c->arg, count;
-    if (!tg__add(w.b, cost, &count))
-      return TG_EOVERFLOW;
-    bool allowed = count <= limit;
-    tg__state after = w;
-    if (allowed && cost > 0) {
-      /* a CHECK reports the consumed state too, without it being published
-       * (the store may publish it on the TAKE that follows) */
-      after.b = count;
-      *st = after;
-      *changed = true;
-    }
-    const tg__state *left = allowed && cost > 0 ? &after : st;
-    uint64_t shown = allowed ? count : w.b;
-    uint64_t retry = cost > limit ? TG_NEVER : tg__ms_until(w.a, c->now_us);
-    uint64_t reset =
-        window_live(c, left) ? tg__ms_until(left->a, c->now_us) : 0;
-    tg__result_set(&o->r, allowed, shown, shown <= limit ? limit - shown : 0,
-                   retry, reset);
-    if (c->op == TG__OP_CHECK) {
-      uint64_t r0 = window_live(c, st) ? tg__ms_until(st->a, c->now_us) : 0;
-      tg__result_set(&o->peek, w.b <= limit, w.b,
-                     w.b <= limit ? limit - w.b : 0, 0, r0);
-    }
-    return TG_OK;
-  }
+  case TG__OP_TAKE:
+    return policy_step(c, st, o, changed, c->op == TG__OP_CHECK);
   case TG__OP_UNDO: {
     /* only from the window the cost went into, and never below 0 */
     const tg__token *k = c->tok;
@@ -131,4 +136,19 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
     break;
   }
   return TG_ENOTSUP;
+}
+
+int tg__window_check(const tg__call *c, tg__state *st, tg__outcome *o,
+                     bool *changed) {
+  *changed = false;
+  return policy_step(c, st, o, changed, false);
+}
+
+void tg__window_peek(const tg__call *c, const tg__state *st, tg_result *p) {
+  /* the CHECK's own step, so that the peek is its to the bit */
+  tg__state s = *st;
+  tg__outcome o;
+  bool changed = false;
+  if (policy_step(c, &s, &o, &changed, true) == TG_OK)
+    *p = o.peek;
 }
