@@ -61,12 +61,14 @@ static inline bool same_key(const tg_rule *a, const tg_rule *b) {
  * no state an earlier rule names (same space, same key). */
 static inline bool store_fits(const tg_rule *rules, size_t i) {
   const tg_limiter *l = rules[i].lim, *l0 = rules[0].lim;
-  if (!l->ident_ok || l->store->ops != l0->store->ops ||
-      l->group[0] != l0->group[0] || l->group[1] != l0->group[1])
+  if (!l->ident_ok ||
+      (l != l0 && (l->store->ops != l0->store->ops ||
+                   l->group[0] != l0->group[0] || l->group[1] != l0->group[1])))
     return false;
   for (size_t j = 0; j < i; j++) {
     const tg_limiter *lj = rules[j].lim;
-    if (lj->space[0] == l->space[0] && lj->space[1] == l->space[1] &&
+    if ((lj == l ||
+         (lj->space[0] == l->space[0] && lj->space[1] == l->space[1])) &&
         same_key(&rules[i], &rules[j]))
       return false;
   }

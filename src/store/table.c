@@ -1106,6 +1106,7 @@ int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
                      uint32_t shadow, tg__outcome *o, tg__outcome *took,
                      tg__policy_marks *pm) {
   uint32_t ok = 0;
+  bool blocked = false; /* a rule outside `shadow` denied */
   int rc = TG_OK;
   size_t last = n - 1;
   for (size_t i = 0; i < last; i++) {
@@ -1116,12 +1117,13 @@ int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
       pm->at = i;
       return rc;
     }
-    ok |= (uint32_t)o[i].r.allowed << i;
+    bool yes = o[i].r.allowed;
+    ok |= (uint32_t)yes << i;
+    blocked |= !yes && !(shadow >> i & 1u);
   }
   tg__call *cl = &calls[last];
   bool direct = false;
-  if (cl->alg != TG_SLIDING_WINDOW &&
-      !((uint32_t)((UINT64_C(1) << last) - 1) & ~ok & ~shadow)) {
+  if (cl->alg != TG_SLIDING_WINDOW && !blocked) {
     cl->op = TG__OP_TAKE;
     direct = take_found(ts[last], cl, &o[last], &rc);
     if (!direct)
@@ -1134,12 +1136,14 @@ int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
     pm->at = last;
     return rc; /* a take that failed wrote nothing */
   }
-  ok |= (uint32_t)o[last].r.allowed << last;
+  bool yes = o[last].r.allowed;
+  ok |= (uint32_t)yes << last;
+  blocked |= !yes && !(shadow >> last & 1u);
   uint32_t taken = direct && cl->tok->taken ? 1u << last : 0;
   pm->allowed = ok;
   pm->taken = taken;
   pm->at = n;
-  if (((uint32_t)((UINT64_C(1) << n) - 1) & ~ok & ~shadow) != 0)
+  if (blocked)
     return TG_OK; /* denied: nothing is written */
   size_t todo = direct ? last : n;
   for (size_t i = 0; i < todo; i++) {
