@@ -1019,7 +1019,7 @@ check_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
   /* the peek is left for the limiter, which needs it only for a policy
    * that is denied: the state it comes from */
   tok->peek_from = st;
-  tok->peek_owed = true;
+  tok->peek_owed = !tg__check_fills_peek(c->alg);
   *rc = tg__state_check(c, &st, o, &changed);
   tok->seen_ok = true;
   tok->seen_absent = false;
@@ -1081,7 +1081,7 @@ take_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
     bool changed;
     *rc = tg__state_check(c, &st, o, &changed);
     tok->peek_from = before;
-    tok->peek_owed = true;
+    tok->peek_owed = !tg__check_fills_peek(c->alg);
     if (*rc != TG_OK || !changed || blank_stays(c, w0, w1, &st)) {
       receipt(tok, false, g, &before, &st, c->now_us);
       return true;
