@@ -17,7 +17,12 @@
  *   3. else TAKE each rule in order (a compare-and-swap from the state the
  *      check saw; a changed state is checked again, by the store, on the
  *      spot); a rule that now denies makes the call denied: the rules taken
- *      before it are given back (UNDO) in reverse order.
+ *      are given back (UNDO) in reverse order.
+ *
+ * A store may take the last rule at once instead of checking it when the
+ * others allowed (the table does: one step instead of two); a CHECK may
+ * leave the key's numbers for a denied answer (the peek) to be computed
+ * here, when the call is denied (store.h, exec_policy).
  *
  * Everything else (validation, grouping the stores, shadow mode, the
  * answer, the counters) is the same for every store.
