@@ -45,8 +45,10 @@ static bool window_live(const tg__call *c, const tg__state *st) {
  * may publish it on the TAKE that follows), and, when `with_peek`, the
  * window's numbers left as they are (its reset is the result's: the one
  * the call leaves). */
-static inline int policy_step(const tg__call *c, tg__state *st, tg__outcome *o,
-                              bool *changed, bool with_peek) {
+static __attribute__((noinline)) int policy_step(const tg__call *c,
+                                                 tg__state *st, tg__outcome *o,
+                                                 bool *changed,
+                                                 bool with_peek) {
   tg__state w = live_window(c, st);
   uint64_t limit = c->q.limit;
   uint64_t cost = c->arg, count;
