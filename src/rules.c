@@ -17,7 +17,12 @@
  *   3. else TAKE each rule in order (a compare-and-swap from the state the
  *      check saw; a changed state is checked again, by the store, on the
  *      spot); a rule that now denies makes the call denied: the rules taken
- *      before it are given back (UNDO) in reverse order.
+ *      are given back (UNDO) in reverse order.
+ *
+ * A store may take the last rule at once instead of checking it when the
+ * others allowed (the table does: one step instead of two); a CHECK may
+ * leave the key's numbers for a denied answer (the peek) to be computed
+ * here, when the call is denied (store.h, exec_policy).
  *
  * Everything else (validation, grouping the stores, shadow mode, the
  * answer, the counters) is the same for every store.
@@ -27,7 +32,7 @@
 #include <string.h>
 
 /* What the rules became in this decision, as arrays, so that a store can
- * run a whole phase of the protocol in one call (exec_each). */
+ * run the protocol in one call (exec_policy). */
 typedef struct policy_run {
   tg__store *stores[TG_RULES_MAX];
   tg__call c[TG_RULES_MAX];
@@ -39,37 +44,50 @@ typedef struct policy_run {
                       back) */
 } policy_run;
 
-/* Two rules of one policy name the same state: same space, same key. */
-static bool same_state(const tg_rule *a, const tg_rule *b) {
-  return a->lim->space[0] == b->lim->space[0] &&
-         a->lim->space[1] == b->lim->space[1] && a->key_len == b->key_len &&
-         memcmp(a->key, b->key, a->key_len) == 0;
+/* Two rules' keys are the same bytes. Keys of one policy in one table
+ * usually share a prefix and differ in an id at the end ("user:42",
+ * "user:43"), so the last word is compared first, inline. */
+static inline bool same_key(const tg_rule *a, const tg_rule *b) {
+  size_t n = a->key_len;
+  if (n != b->key_len)
+    return false;
+  if (n >= 8) {
+    uint64_t x, y;
+    memcpy(&x, (const char *)a->key + n - 8, 8);
+    memcpy(&y, (const char *)b->key + n - 8, 8);
+    if (x != y)
+      return false;
+  }
+  return memcmp(a->key, b->key, n) == 0;
 }
 
-/* The stores must be of one kind and one group (each limiter asked its
- * store once, at creation), and no two rules may name one state. */
-static bool stores_fit(const tg_rule *rules, size_t n) {
-  const tg_limiter *l0 = rules[0].lim;
-  for (size_t i = 0; i < n; i++) {
-    const tg_limiter *l = rules[i].lim;
-    if (!l->ident_ok || l->store->ops != l0->store->ops ||
-        l->group[0] != l0->group[0] || l->group[1] != l0->group[1])
+/* Rule i may be decided with rules[0..i): its store is of rules[0]'s kind
+ * and group (each limiter asked its store once, at creation), and it names
+ * no state an earlier rule names (same space, same key). */
+static inline bool store_fits(const tg_rule *rules, size_t i) {
+  const tg_limiter *l = rules[i].lim, *l0 = rules[0].lim;
+  if (!l->ident_ok ||
+      (l != l0 && (l->store->ops != l0->store->ops ||
+                   l->group[0] != l0->group[0] || l->group[1] != l0->group[1])))
+    return false;
+  for (size_t j = 0; j < i; j++) {
+    const tg_limiter *lj = rules[j].lim;
+    if ((lj == l ||
+         (lj->space[0] == l->space[0] && lj->space[1] == l->space[1])) &&
+        same_key(&rules[i], &rules[j]))
       return false;
-    for (size_t j = 0; j < i; j++)
-      if (same_state(&rules[i], &rules[j]))
-        return false;
   }
   return true;
 }
 
-/* Gives back rules [0..k) that were taken, in reverse order. The time to
+/* Gives back the rules that were taken, in reverse order. The time to
  * give back at: for calls on a clock, the clock again (later calls on the
  * key may have read a later time, and a bucket's refund must not undercut
  * it, see gcra.c); for the _at function, the call's own now. Best effort: a
  * store that fails here leaves that consumption (the call is answered
  * denied all the same, which can only be stricter). */
-static void give_back(tg_rule *rules, policy_run *pr, size_t k, bool at) {
-  for (size_t j = k; j-- > 0;) {
+static void give_back(tg_rule *rules, policy_run *pr, size_t n, bool at) {
+  for (size_t j = n; j-- > 0;) {
     if (!(pr->taken >> j & 1u))
       continue;
     tg__call u = pr->c[j];
@@ -86,22 +104,39 @@ static void give_back(tg_rule *rules, policy_run *pr, size_t k, bool at) {
   }
 }
 
-/* One phase of the protocol: the store's exec_each (see store.h), or exec
- * rule by rule, with the same stops. */
-static inline int phase(policy_run *pr, size_t n, uint32_t run, uint32_t stop,
-                        tg__outcome *o, size_t *at) {
+/* exec_policy (see store.h) for a store without it, over exec (every rule
+ * checked, none taken at once). */
+static int exec_policy(policy_run *pr, size_t n, tg__policy_marks *pm) {
   const tg__store_ops *ops = pr->stores[0]->ops;
+  uint32_t ok = 0;
+  int rc;
   for (size_t i = 0; i < n; i++) {
-    if (!(run >> i & 1u))
+    rc = ops->exec(pr->stores[i], &pr->c[i], &pr->o[i]);
+    if (rc != TG_OK) {
+      pm->at = i;
+      return rc;
+    }
+    ok |= (uint32_t)pr->o[i].r.allowed << i;
+  }
+  pm->allowed = ok;
+  pm->at = n;
+  if ((uint32_t)((UINT64_C(1) << n) - 1) & ~ok & ~pr->shadow)
+    return TG_OK;
+  for (size_t i = 0; i < n; i++) {
+    if (!(ok >> i & 1u))
       continue;
-    int rc = ops->exec(pr->stores[i], &pr->c[i], &o[i]);
+    pr->c[i].op = TG__OP_TAKE;
+    rc = ops->exec(pr->stores[i], &pr->c[i], &pr->took[i]);
+    pm->taken |= (uint32_t)pr->tok[i].taken << i;
+    bool reused = pr->tok[i].reused;
+    if (!reused)
+      pm->stepped |= 1u << i;
     if (rc != TG_OK ||
-        ((stop >> i & 1u) && !pr->tok[i].reused && !o[i].r.allowed)) {
-      *at = i;
+        (!reused && !(pr->shadow >> i & 1u) && !pr->took[i].r.allowed)) {
+      pm->at = i;
       return rc;
     }
   }
-  *at = n;
   return TG_OK;
 }
 
@@ -110,53 +145,40 @@ static inline int phase(policy_run *pr, size_t n, uint32_t run, uint32_t stop,
  * each taken rule's o[i].r with its TAKE's answer. */
 static int optimistic(tg_rule *rules, policy_run *pr, size_t n, bool at,
                       bool *passed, size_t *failed) {
+  tg__policy_marks pm = {0, 0, 0, 0};
+  int (*each)(tg__store *const *, tg__call *, size_t, uint32_t, tg__outcome *,
+              tg__outcome *, tg__policy_marks *) =
+      pr->stores[0]->ops->exec_policy;
+  int rc = each ? each(pr->stores, pr->c, n, pr->shadow, pr->o, pr->took, &pm)
+                : exec_policy(pr, n, &pm);
   *passed = false;
-  const uint32_t all = (uint32_t)((UINT64_C(1) << n) - 1);
-  size_t k;
-  int (*each)(tg__store *const *, tg__call *, size_t, uint32_t, uint32_t,
-              tg__outcome *, size_t *) = pr->stores[0]->ops->exec_each;
-  int rc = each ? each(pr->stores, pr->c, n, all, 0, pr->o, &k)
-                : phase(pr, n, all, 0, pr->o, &k);
-  if (rc != TG_OK) {
-    *failed = k;
-    return rc;
-  }
-  uint32_t allowed = 0;
-  for (size_t i = 0; i < n; i++)
-    allowed |= (uint32_t)pr->o[i].r.allowed << i;
-  if (all & ~allowed & ~pr->shadow)
+  size_t k = pm.at;
+  if (rc == TG_OK &&
+      ((uint32_t)((UINT64_C(1) << n) - 1) & ~pm.allowed & ~pr->shadow))
     return TG_OK; /* a rule not in shadow mode denied: nothing was written */
-  /* a shadow rule that denied consumes nothing: it is not taken */
-  for (size_t i = 0; i < n; i++)
-    pr->c[i].op = TG__OP_TAKE; /* the call stays as checked otherwise */
-  rc = each ? each(pr->stores, pr->c, n, allowed, all & ~pr->shadow, pr->took,
-                   &k)
-            : phase(pr, n, allowed, all & ~pr->shadow, pr->took, &k);
-  size_t ran = k < n ? k : n;
-  for (size_t i = 0; i < ran; i++) {
-    if (!(allowed >> i & 1u))
-      continue;
-    pr->taken |= (uint32_t)pr->tok[i].taken << i;
-    if (pr->tok[i].reused)
-      continue; /* published what the check computed: its answer stands */
-    /* a shadow rule that turned to deny consumed nothing: keep its CHECK
-     * answer's verdict as what it says */
+  pr->taken = pm.taken;
+  /* a rule whose TAKE stepped again answers with it (but rule k, where the
+   * store stopped: see below); a shadow rule that turned to deny consumed
+   * nothing: it keeps its CHECK answer's verdict as what it says */
+  for (uint32_t m = pm.stepped & ~(k < n ? 1u << k : 0u); m; m &= m - 1) {
+    size_t i = (size_t)__builtin_ctz(m);
     if (pr->took[i].r.allowed)
       pr->o[i].r = pr->took[i].r;
     else
       pr->o[i].r.allowed = false;
   }
   if (rc != TG_OK) {
-    give_back(rules, pr, k, at);
+    give_back(rules, pr, n, at);
     *failed = k;
     return rc;
   }
   if (k < n) {
     /* lost a race: rule k denies now (consuming nothing). Give the others
      * back; the call is denied by this rule, as its TAKE saw it. */
-    give_back(rules, pr, k, at);
+    give_back(rules, pr, n, at);
     pr->o[k].r = pr->took[k].r;
     pr->o[k].peek = pr->took[k].r;
+    pr->tok[k].peek_owed = false;
     return TG_OK;
   }
   *passed = true;
@@ -228,20 +250,25 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
                      unsigned flags, tg_rules_result *out) {
   if (!out)
     return TG_EINVAL;
-  *out = (tg_rules_result){{0}, TG_RULE_NONE, 0};
-  out->r.retry_after_ms = TG_NEVER;
-  if (!rules || n == 0 || n > TG_RULES_MAX || (flags & ~TG_RULES_SHADOW))
+  if (!rules || n == 0 || n > TG_RULES_MAX || (flags & ~TG_RULES_SHADOW)) {
+    *out = (tg_rules_result){{0}, TG_RULE_NONE, 0};
+    out->r.retry_after_ms = TG_NEVER;
     return TG_EINVAL;
+  }
   policy_run pr; /* not zeroed: filled as each part is needed */
   pr.shadow = pr.taken = 0;
   /* one now for every rule, read once (a store with its own clock reads
-   * it: every rule then shares that store's, see stores_fit) */
+   * it: every rule then shares that store's, see store_fits) */
   uint64_t t;
   const uint64_t *tp = now;
   if (!now && rules[0].lim && !rules[0].lim->store_time) {
     t = rules[0].lim->cfg.clock(rules[0].lim->cfg.clock_ctx);
     tp = &t;
   }
+  /* one pass: each rule validated as tg_hit would, then whether its store
+   * fits the others' (an invalid rule is reported before any misfit, as
+   * the header says: input first, then the stores' compatibility) */
+  bool fit = true;
   for (size_t i = 0; i < n; i++) {
     tg_rule *ru = &rules[i];
     int rc = ru->lim
@@ -260,18 +287,20 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
       }
       return rc;
     }
-    /* the flags only: the stores fill the rest before reading it (zeroing
-     * the whole token cost a tenth of a two-rule decision) */
+    fit = fit && store_fits(rules, i);
+    /* the flags (the stores fill the rest before reading it), and the
+     * generation and entry a give-back would compare: zeroing the whole
+     * token cost a tenth of a two-rule decision */
     tg__token *tk = &pr.tok[i];
-    tk->seen_ok = tk->seen_absent = tk->taken = tk->next_ok = false;
-    tk->reused = false;
+    tk->seen_ok = tk->seen_absent = tk->next_ok = tk->reused = false;
+    tk->taken = tk->peek_owed = false;
     tk->gen = 0;
     tk->entry_us = 0;
     pr.c[i].tok = tk;
     pr.stores[i] = ru->lim->store;
     pr.shadow |= (uint32_t)ru->lim->shadow << i;
   }
-  if (!stores_fit(rules, n))
+  if (!fit)
     return fail(rules, n, 0, TG_EINVAL, out);
 
   bool passed = false;
@@ -306,7 +335,15 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
   for (size_t i = 0; i < n; i++) {
     tg_rule *ru = &rules[i];
     ru->status = TG_OK;
-    ru->result = passed ? pr.o[i].r : unpassed(&pr.o[i]);
+    if (passed) {
+      ru->result = pr.o[i].r;
+    } else {
+      /* the key's numbers as the call left them: a check may have left
+       * them to be computed now, from the state it saw */
+      if (pr.tok[i].peek_owed)
+        tg__state_peek(&pr.c[i], &pr.tok[i].peek_from, &pr.o[i].peek);
+      ru->result = unpassed(&pr.o[i]);
+    }
     summary_add(out, i, &ru->result);
     if (passed || !ru->result.allowed) {
       tg__limiter_done(ru->lim, TG_OK, &ru->result, all_shadow, ru->key,

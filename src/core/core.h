@@ -124,22 +124,27 @@ static inline tg__entry *tg__log_at(const tg__log *log, uint32_t i) {
  * the UNDO or CANCEL that may give it back. The store fills it; the
  * limiter only carries it (and tg_reservation keeps the receipt part). */
 typedef struct tg__token {
+  /* The flags come first and together, so that a policy clears them all
+   * with one store (they are all a store may read before writing). */
+  bool seen_ok;     /* CHECK -> TAKE: seen[] is valid */
+  bool seen_absent; /* the key was absent */
+  bool next_ok;     /* next[] is the state a TAKE writes over seen[] (the
+                       check ran the same step): a TAKE that finds seen[]
+                       unchanged publishes it without stepping again, and
+                       then sets `reused`: its answer is the CHECK's */
+  bool reused;
+  bool taken;     /* TAKE, RESERVE -> UNDO, CANCEL: something was consumed
+                     (else there is nothing to give back) */
+  bool peek_owed; /* the CHECK left o->peek unfilled (tg__state_check):
+                     the peek is tg__state_peek of `peek_from` */
   /* CHECK -> TAKE: the state the check saw, in the store's own words, so
    * the TAKE can compare-and-swap from it without reading it again */
-  bool seen_ok;     /* seen[] is valid */
-  bool seen_absent; /* the key was absent */
   uint64_t seen[2];
   uint64_t where[2]; /* where the store found the key (table: the slot and
                         its ctrl word), so the TAKE need not look again */
-  bool next_ok;      /* next[] is the state a TAKE writes over seen[] (the
-                        check ran the same step): a TAKE that finds seen[]
-                        unchanged publishes it without stepping again, and
-                        then sets `reused`: its answer is the CHECK's */
-  bool reused;
   uint64_t next[2];
+  tg__state peek_from; /* with peek_owed: the state the CHECK saw */
   /* TAKE, RESERVE -> UNDO, CANCEL: the consumption */
-  bool taken;        /* something was consumed (else there is nothing to
-                        give back) */
   uint64_t gen;      /* the store's incarnation of the key (table: the slot's
                         generation), so a reset or reclaimed key is left
                         alone */
@@ -214,6 +219,26 @@ static inline int tg__call_check(tg_algorithm alg, tg__op op, size_t key_len,
  * call again). Never called for TG_SLIDING_WINDOW. */
 int tg__state_step(const tg__call *c, tg__state *st, tg__outcome *o,
                    bool *changed);
+
+/* A policy's CHECK or TAKE on fixed-size state (c->op one of them: the
+ * step is the same, only the store publishes a TAKE's state): o->r and the
+ * state a TAKE writes, as tg__state_step answers, and a CHECK's peek only
+ * where it costs next to nothing (tg__check_fills_peek), o->peek being
+ * left alone otherwise. The peek is needed only when the policy is denied
+ * (then tg__state_peek gives it from the same state), so the table's
+ * policies leave the buckets' (two divisions) until then. */
+int tg__state_check(const tg__call *c, tg__state *st, tg__outcome *o,
+                    bool *changed);
+
+/* Whether tg__state_check fills o->peek for alg: the windows, whose peek
+ * shares the step's numbers. */
+static inline bool tg__check_fills_peek(tg_algorithm alg) {
+  return alg == TG_FIXED_WINDOW || alg == TG_FIXED_WINDOW_PER_KEY;
+}
+
+/* The peek a CHECK (c, as checked, any op) on state `st` reports, to the
+ * bit: the key's numbers left as they are. */
+void tg__state_peek(const tg__call *c, const tg__state *st, tg_result *peek);
 
 /* False when `st` holds numbers tollgate never writes (a window ending after
  * TG_NOW_MAX_US + TG_PERIOD_MAX_MS, a TAT beyond TG_NOW_MAX_US in ns plus
@@ -324,6 +349,13 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
                     bool *changed);
 int tg__gcra_step(const tg__call *c, tg__state *st, tg__outcome *o,
                   bool *changed);
+/* tg__state_check and tg__state_peek of each family. */
+int tg__window_check(const tg__call *c, tg__state *st, tg__outcome *o,
+                     bool *changed);
+int tg__gcra_check(const tg__call *c, tg__state *st, tg__outcome *o,
+                   bool *changed);
+void tg__window_peek(const tg__call *c, const tg__state *st, tg_result *p);
+void tg__gcra_peek(const tg__call *c, const tg__state *st, tg_result *p);
 
 /* ---- small arithmetic helpers shared by the steps ---- */
 

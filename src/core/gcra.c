@@ -74,19 +74,32 @@ static void give_back(const tg__call *c, tg__state *st, bool *changed) {
   *changed = true;
 }
 
+/* A CHECK's peek: the numbers of the bucket at debt d, left as it is. */
+static void peek(const tg__call *c, uint64_t d, tg_result *p) {
+  const tg__quota *q = &c->q;
+  tg__result_set(p, d <= q->tau_ns, report(c, d), tokens(q, d), 0,
+                 tg__div_ceil(d, NS_PER_MS));
+}
+
+/* The debt at the call's now: how far the TAT is ahead of it, ns. */
+static uint64_t debt(const tg__call *c, const tg__state *st) {
+  uint64_t now = c->now_us * 1000;
+  return st->a > now ? st->a - now : 0;
+}
+
 /* CHECK, TAKE, RESERVE: a hit (a CHECK reports the consumed state without
- * it being published), a reservation accepted up to c->wait_ns late
- * (<= TG__WAIT_MAX_NS: with tau and the TAT bounds every sum stays below
- * 2^64), its delay in o->value. d is the debt at now. */
-static int take(const tg__call *c, tg__state *st, uint64_t d, tg__outcome *o,
-                bool *changed) {
+ * it being published, and its peek when `with_peek`), a reservation
+ * accepted up to c->wait_ns late (<= TG__WAIT_MAX_NS: with tau and the TAT
+ * bounds every sum stays below 2^64), its delay in o->value. d is the debt
+ * at now. */
+static inline int take(const tg__call *c, tg__state *st, uint64_t d,
+                       tg__outcome *o, bool *changed, bool with_peek) {
   const tg__quota *q = &c->q;
   uint64_t now = c->now_us * 1000;
   uint64_t cost = c->arg;
   uint64_t late = c->op == TG__OP_RESERVE ? c->wait_ns : 0;
-  if (c->op == TG__OP_CHECK)
-    tg__result_set(&o->peek, d <= q->tau_ns, report(c, d), tokens(q, d), 0,
-                   tg__div_ceil(d, NS_PER_MS));
+  if (with_peek)
+    peek(c, d, &o->peek);
   if (c->op == TG__OP_RESERVE)
     o->value = 0;
   if (cost > q->burst) {
@@ -141,7 +154,7 @@ int tg__gcra_step(const tg__call *c, tg__state *st, tg__outcome *o,
   case TG__OP_CHECK:
   case TG__OP_TAKE:
   case TG__OP_RESERVE:
-    return take(c, st, d, o, changed);
+    return take(c, st, d, o, changed, c->op == TG__OP_CHECK);
   case TG__OP_UNDO:
   case TG__OP_CANCEL:
     give_back(c, st, changed);
@@ -165,4 +178,14 @@ int tg__gcra_step(const tg__call *c, tg__state *st, tg__outcome *o,
     break;
   }
   return TG_ENOTSUP;
+}
+
+int tg__gcra_check(const tg__call *c, tg__state *st, tg__outcome *o,
+                   bool *changed) {
+  *changed = false;
+  return take(c, st, debt(c, st), o, changed, false);
+}
+
+void tg__gcra_peek(const tg__call *c, const tg__state *st, tg_result *p) {
+  peek(c, debt(c, st), p);
 }

@@ -25,6 +25,23 @@ int tg__state_step(const tg__call *c, tg__state *st, tg__outcome *o,
   return TG_EINVAL;
 }
 
+int tg__state_check(const tg__call *c, tg__state *st, tg__outcome *o,
+                    bool *changed) {
+  if (c->alg == TG_TOKEN_BUCKET || c->alg == TG_LEAKY_BUCKET)
+    return tg__gcra_check(c, st, o, changed);
+  if (c->alg == TG_FIXED_WINDOW || c->alg == TG_FIXED_WINDOW_PER_KEY)
+    return tg__window_check(c, st, o, changed);
+  *changed = false;
+  return TG_ENOTSUP;
+}
+
+void tg__state_peek(const tg__call *c, const tg__state *st, tg_result *peek) {
+  if (c->alg == TG_TOKEN_BUCKET || c->alg == TG_LEAKY_BUCKET)
+    tg__gcra_peek(c, st, peek);
+  else if (c->alg == TG_FIXED_WINDOW || c->alg == TG_FIXED_WINDOW_PER_KEY)
+    tg__window_peek(c, st, peek);
+}
+
 bool tg__state_plausible(tg_algorithm alg, const tg__state *st) {
   if (alg == TG_TOKEN_BUCKET || alg == TG_LEAKY_BUCKET)
     return tg__tat(st) <=

@@ -37,6 +37,43 @@ static bool window_live(const tg__call *c, const tg__state *st) {
   return c->alg == TG_FIXED_WINDOW_PER_KEY || tg__win_count(st) > 0;
 }
 
+/* CHECK and TAKE, a policy's rule: counts only when allowed. A CHECK
+ * reports the consumed state too, without it being published (the store
+ * may publish it on the TAKE that follows), and, when `with_peek`, the
+ * window's numbers left as they are (its reset is the result's: the one
+ * the call leaves). */
+static __attribute__((noinline)) int policy_step(const tg__call *c,
+                                                 tg__state *st, tg__outcome *o,
+                                                 bool *changed,
+                                                 bool with_peek) {
+  tg__state w = live_window(c, st);
+  uint64_t limit = c->q.limit;
+  uint64_t cost = c->arg, count;
+  if (!tg__add(tg__win_count(&w), cost, &count))
+    return TG_EOVERFLOW;
+  bool allowed = count <= limit;
+  tg__state after = w;
+  if (allowed && cost > 0) {
+    tg__win_set_count(&after, count);
+    *st = after;
+    *changed = true;
+  }
+  const tg__state *left = allowed && cost > 0 ? &after : st;
+  uint64_t shown = allowed ? count : tg__win_count(&w);
+  uint64_t retry =
+      cost > limit ? TG_NEVER : tg__ms_until(tg__win_end(&w), c->now_us);
+  uint64_t reset =
+      window_live(c, left) ? tg__ms_until(tg__win_end(left), c->now_us) : 0;
+  tg__result_set(&o->r, allowed, shown, shown <= limit ? limit - shown : 0,
+                 retry, reset);
+  if (with_peek) {
+    uint64_t seen = tg__win_count(&w);
+    tg__result_set(&o->peek, seen <= limit, seen,
+                   seen <= limit ? limit - seen : 0, 0, reset);
+  }
+  return TG_OK;
+}
+
 int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
                     bool *changed) {
   tg__state w = live_window(c, st);
@@ -62,37 +99,8 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
     return TG_OK;
   }
   case TG__OP_CHECK:
-  case TG__OP_TAKE: {
-    /* a policy's rule: counts only when allowed */
-    uint64_t cost = c->arg, count;
-    if (!tg__add(tg__win_count(&w), cost, &count))
-      return TG_EOVERFLOW;
-    bool allowed = count <= limit;
-    tg__state after = w;
-    if (allowed && cost > 0) {
-      /* a CHECK reports the consumed state too, without it being published
-       * (the store may publish it on the TAKE that follows) */
-      tg__win_set_count(&after, count);
-      *st = after;
-      *changed = true;
-    }
-    const tg__state *left = allowed && cost > 0 ? &after : st;
-    uint64_t shown = allowed ? count : tg__win_count(&w);
-    uint64_t retry =
-        cost > limit ? TG_NEVER : tg__ms_until(tg__win_end(&w), c->now_us);
-    uint64_t reset =
-        window_live(c, left) ? tg__ms_until(tg__win_end(left), c->now_us) : 0;
-    tg__result_set(&o->r, allowed, shown, shown <= limit ? limit - shown : 0,
-                   retry, reset);
-    if (c->op == TG__OP_CHECK) {
-      uint64_t seen = tg__win_count(&w);
-      uint64_t r0 =
-          window_live(c, st) ? tg__ms_until(tg__win_end(st), c->now_us) : 0;
-      tg__result_set(&o->peek, seen <= limit, seen,
-                     seen <= limit ? limit - seen : 0, 0, r0);
-    }
-    return TG_OK;
-  }
+  case TG__OP_TAKE:
+    return policy_step(c, st, o, changed, c->op == TG__OP_CHECK);
   case TG__OP_UNDO: {
     /* only from the window the cost went into, and never below 0 */
     const tg__token *k = c->tok;
@@ -136,4 +144,29 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
     break;
   }
   return TG_ENOTSUP;
+}
+
+int tg__window_check(const tg__call *c, tg__state *st, tg__outcome *o,
+                     bool *changed) {
+  /* the peek shares the step's numbers here: a few stores now are cheaper
+   * than its own step later (tg__check_fills_peek) */
+  *changed = false;
+  return policy_step(c, st, o, changed, true);
+}
+
+void tg__window_peek(const tg__call *c, const tg__state *st, tg_result *p) {
+  /* policy_step's peek without the rest of its step: the window's count
+   * before the call, and the reset of the state the call leaves (the
+   * consumed one when the check allowed a cost) */
+  tg__state w = live_window(c, st);
+  uint64_t limit = c->q.limit, cost = c->arg, count;
+  if (!tg__add(tg__win_count(&w), cost, &count))
+    count = UINT64_MAX; /* the check failed: no peek is asked for */
+  tg__state after = tg__win_state(tg__win_end(&w), count);
+  const tg__state *left = count <= limit && cost > 0 ? &after : st;
+  uint64_t reset =
+      window_live(c, left) ? tg__ms_until(tg__win_end(left), c->now_us) : 0;
+  uint64_t seen = tg__win_count(&w);
+  tg__result_set(p, seen <= limit, seen, seen <= limit ? limit - seen : 0, 0,
+                 reset);
 }

@@ -35,6 +35,35 @@ typedef void (*tg__clean_cb)(const tg__clean_item *items, size_t n, void *ctx);
 
 typedef struct tg__store tg__store;
 
+/* exec_policy: the optimistic protocol of a policy (rules.c) up to its
+ * give-backs, in one store call. calls[i] are CHECKs on stores[i], all of
+ * one kind; no rule's denial counts for the call when bit i of `shadow`
+ * is set. The store
+ *
+ *   1. checks every rule in order, as exec would one by one, filling o[i]
+ *      (a CHECK may leave o[i].peek to the limiter: tok->peek_owed), and
+ *      stops at the first that fails. The last rule, when every other one
+ *      allowed (or is in shadow mode), may be taken at once instead of
+ *      checked (a TAKE, its answer in o[i], its peek owed, and nothing
+ *      written when it denies), which saves it a second pass;
+ *   2. once every rule was checked, sets `allowed`; if a rule outside
+ *      `shadow` denied, stops: nothing was written;
+ *   3. else takes each rule that allowed and was not taken yet, in order
+ *      (calls[i].op becomes TG__OP_TAKE), until one fails or, outside
+ *      `shadow`, denies (it lost a race). A TAKE that publishes what its
+ *      CHECK computed sets tok->reused: its answer is the CHECK's. One that
+ *      steps again sets bit i of `stepped`, its answer in took[i].
+ *
+ * It returns the failure's code or 0, with the marks below (zeroed by the
+ * caller) filled as far as it went; the caller gives back what `taken`
+ * says when the call is denied after all. */
+typedef struct tg__policy_marks {
+  uint32_t allowed; /* bit i: rule i allowed (set once all were checked) */
+  uint32_t stepped; /* bit i: rule i's TAKE stepped again: see took[i] */
+  uint32_t taken;   /* bit i: rule i consumed something */
+  size_t at;        /* the rule it stopped at; n when none */
+} tg__policy_marks;
+
 /* What a store does differently, in tg__store_ops.caps. */
 #define TG__STORE_OWN_CLOCK                                                    \
   1u /* decides on its own clock (Redis's TIME)                                \
@@ -69,9 +98,9 @@ typedef struct tg__store_ops {
    * equal name the same state. */
   void (*ident)(const tg__store *s, uint64_t group[2], uint64_t space[2]);
   /* Decides a policy at once (NULL: the limiter runs its optimistic
-   * protocol over exec's CHECK, TAKE and UNDO). calls[i] (CHECK ops, each
-   * on stores[i], all of this kind and group) are checked together, under
-   * whatever makes them atomic; the policy passes when every rule that is
+   * protocol over exec_policy, or exec's CHECK, TAKE and UNDO). calls[i] (CHECK
+   * ops, each on stores[i], all of this kind and group) are checked together,
+   * under whatever makes them atomic; the policy passes when every rule that is
    * not shadow[i] allows; then each rule that allowed consumes (as TAKE
    * would), and nothing is written otherwise. Fills o[i] as CHECK would
    * (r and peek) and *passed. On a failure returns its code with *failed
@@ -79,16 +108,11 @@ typedef struct tg__store_ops {
   int (*exec_rules)(tg__store *const *stores, const tg__call *calls, size_t n,
                     const bool *shadow, tg__outcome *o, bool *passed,
                     size_t *failed);
-  /* One phase of the limiter's optimistic protocol in one call (NULL: the
-   * limiter calls exec for each rule). Runs calls[i] (CHECK, TAKE or UNDO)
-   * on stores[i], all of this kind, for each i whose bit is set in `run`,
-   * in order, as exec would one by one, and stops after the first that
-   * fails (its code returned) or, if its bit is set in `stop`, denies; *at
-   * is where it stopped (n when it ran all). A TAKE that published what its
-   * CHECK computed sets tok->reused and leaves o[i] alone: its answer is
-   * the CHECK's. Saves a policy one dispatch per rule and phase. */
-  int (*exec_each)(tg__store *const *stores, tg__call *calls, size_t n,
-                   uint32_t run, uint32_t stop, tg__outcome *o, size_t *at);
+  /* The limiter's optimistic protocol up to its give-backs, in one call
+   * (NULL: the limiter runs it over exec; see tg__policy_marks). */
+  int (*exec_policy)(tg__store *const *stores, tg__call *calls, size_t n,
+                     uint32_t shadow, tg__outcome *o, tg__outcome *took,
+                     tg__policy_marks *pm);
 } tg__store_ops;
 
 /* Every store starts with this, so a tg__store * can point at any of them. */

@@ -985,7 +985,8 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
  * one ctrl-word load and one CAS from the pair the check saw to the one its
  * step computed, without the set-up of exec_rule_state (false: anything
  * else, which exec_rule_state handles from the start). */
-static bool take_as_checked(tg__table *t, const tg__call *c) {
+static inline __attribute__((always_inline)) bool
+take_as_checked(tg__table *t, const tg__call *c) {
   tg__token *tok = c->tok;
   uint64_t i = tok->where[0];
   if (!tok->next_ok || tok->seen_absent || tok->seen[0] == 0 ||
@@ -1006,8 +1007,8 @@ static bool take_as_checked(tg__table *t, const tg__call *c) {
  * on its first pass, without its set-up (the wait, the lazy key, the TAKE's
  * cases): false for anything else (absent, reclaimed meanwhile), which
  * exec_rule_state then handles from the start. */
-static bool check_found(tg__table *t, const tg__call *c, tg__outcome *o,
-                        int *rc) {
+static inline __attribute__((always_inline)) bool
+check_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
   kref k;
   kref_init(t, &k, c->key, c->key_len);
   uint64_t i, ctl, w0, w1;
@@ -1025,8 +1026,12 @@ static bool check_found(tg__table *t, const tg__call *c, tg__outcome *o,
     return true;
   }
   bool changed;
-  *rc = tg__state_step(c, &st, o, &changed);
   tg__token *tok = c->tok;
+  /* the peek is left for the limiter, which needs it only for a policy
+   * that is denied: the state it comes from */
+  tok->peek_from = st;
+  tok->peek_owed = !tg__check_fills_peek(c->alg);
+  *rc = tg__state_check(c, &st, o, &changed);
   tok->seen_ok = true;
   tok->seen_absent = false;
   tok->seen[0] = w0;
@@ -1061,6 +1066,125 @@ int tg__table_rule(tg__table *t, const tg__call *c, tg__outcome *o) {
       return rc;
   }
   return exec_rule(t, c, o);
+}
+
+/* A policy's TAKE (c->op) on a key the table holds, made without a CHECK
+ * first, as exec_state's hit would be, with its receipt (the token's) and
+ * the state it stepped from as the peek a denied policy reports: false for
+ * anything else (absent, reclaimed meanwhile), having written nothing. */
+static inline __attribute__((always_inline)) bool
+take_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
+  kref k;
+  kref_init(t, &k, c->key, c->key_len);
+  uint64_t i, ctl, w0, w1;
+  if (!find(t, &k, &i, &ctl))
+    return false;
+  uint32_t g = ctrl_gen(ctl);
+  tg__pair *p = &t->slots[i].st;
+  tg__load_pair(p, is_window(c->alg) ? 0 : 1, &w0, &w1);
+  tg__token *tok = c->tok;
+  while (gen_ok(c->alg, w0, w1, g)) {
+    tg__state st = decode(c->alg, w0, w1), before = st;
+    if (t->g.shared && !tg__state_plausible(c->alg, &st)) {
+      *rc = TG_ECORRUPT;
+      return true;
+    }
+    bool changed;
+    *rc = tg__state_check(c, &st, o, &changed);
+    tok->peek_from = before;
+    tok->peek_owed = !tg__check_fills_peek(c->alg);
+    if (*rc != TG_OK || !changed || blank_stays(c, w0, w1, &st)) {
+      receipt(tok, false, g, &before, &st, c->now_us);
+      return true;
+    }
+    uint64_t n0, n1;
+    encode(c->alg, &st, g, &n0, &n1);
+    if (tg__cas128(p, &w0, &w1, n0, n1)) {
+      receipt(tok, true, g, &before, &st, c->now_us);
+      return true;
+    }
+    /* lost a race: w0, w1 are current; the step runs again on them */
+  }
+  return false;
+}
+
+/* A policy's CHECKs, then its TAKEs (the contract is store.h's
+ * exec_policy), on tables ts[i]: the loops are here so that the common
+ * case of each (check_found, take_as_checked) runs inline, without a call
+ * and a dispatch per rule and phase. The last rule is taken at once when
+ * the others allowed: its state is stepped once, like a hit's. */
+int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
+                     uint32_t shadow, tg__outcome *o, tg__outcome *took,
+                     tg__policy_marks *pm) {
+  uint32_t ok = 0;
+  bool blocked = false; /* a rule outside `shadow` denied */
+  int rc = TG_OK;
+  size_t last = n - 1;
+  for (size_t i = 0; i < last; i++) {
+    const tg__call *c = &calls[i];
+    if (c->alg == TG_SLIDING_WINDOW || !check_found(ts[i], c, &o[i], &rc))
+      rc = exec_rule(ts[i], c, &o[i]);
+    if (__builtin_expect(rc != TG_OK, 0)) {
+      pm->at = i;
+      return rc;
+    }
+    bool yes = o[i].r.allowed;
+    ok |= (uint32_t)yes << i;
+    blocked |= !yes && !(shadow >> i & 1u);
+  }
+  tg__call *cl = &calls[last];
+  bool direct = false;
+  if (cl->alg != TG_SLIDING_WINDOW && !blocked) {
+    cl->op = TG__OP_TAKE;
+    direct = take_found(ts[last], cl, &o[last], &rc);
+    if (!direct)
+      cl->op = TG__OP_CHECK;
+  }
+  if (!direct && (cl->alg == TG_SLIDING_WINDOW ||
+                  !check_found(ts[last], cl, &o[last], &rc)))
+    rc = exec_rule(ts[last], cl, &o[last]);
+  if (__builtin_expect(rc != TG_OK, 0)) {
+    pm->at = last;
+    return rc; /* a take that failed wrote nothing */
+  }
+  bool yes = o[last].r.allowed;
+  ok |= (uint32_t)yes << last;
+  blocked |= !yes && !(shadow >> last & 1u);
+  uint32_t taken = direct && cl->tok->taken ? 1u << last : 0;
+  pm->allowed = ok;
+  pm->taken = taken;
+  pm->at = n;
+  if (blocked)
+    return TG_OK; /* denied: nothing is written */
+  size_t todo = direct ? last : n;
+  for (size_t i = 0; i < todo; i++) {
+    if (!(ok >> i & 1u))
+      continue; /* a shadow rule that denied consumes nothing */
+    tg__call *c = &calls[i];
+    c->op = TG__OP_TAKE; /* the call stays as checked otherwise */
+    if (take_as_checked(ts[i], c)) {
+      taken |= 1u << i; /* published what the check computed */
+      continue;
+    }
+    rc = exec_rule(ts[i], c, &took[i]);
+    taken |= (uint32_t)c->tok->taken << i;
+    pm->taken = taken;
+    if (c->tok->reused) {
+      if (__builtin_expect(rc != TG_OK, 0)) {
+        pm->at = i;
+        return rc;
+      }
+      continue;
+    }
+    pm->stepped |= 1u << i;
+    if (__builtin_expect(rc != TG_OK, 0) ||
+        (!(shadow >> i & 1u) && !took[i].r.allowed)) {
+      pm->at = i;
+      return rc;
+    }
+  }
+  pm->taken = taken;
+  return TG_OK;
 }
 
 static inline __attribute__((always_inline)) int

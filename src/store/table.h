@@ -256,6 +256,11 @@ void tg__table_exec_batch(tg__table *t, const tg__call *calls, size_t n,
  * and after: c->tok set), without the dispatch. */
 int tg__table_rule(tg__table *t, const tg__call *c, tg__outcome *o);
 
+/* A policy's checks and takes on tables ts[i], as store.h's exec_policy. */
+int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
+                     uint32_t shadow, tg__outcome *o, tg__outcome *took,
+                     tg__policy_marks *pm);
+
 /* Makes the key fresh: its state becomes the all-zero one, which every call
  * evaluates at its own now, and which a cleaning pass or a full table
  * reclaims later (without calling before_clean). TG_EBUSY as above. */

@@ -74,24 +74,15 @@ static void mem_ident(const tg__store *s, uint64_t group[2],
   space[1] = m->t.h->sip[1];
 }
 
-/* A phase of a policy (see store.h): the rules' table calls in a loop
- * here rather than one dispatch each from the limiter. */
-static int mem_exec_each(tg__store *const *stores, tg__call *calls, size_t n,
-                         uint32_t run, uint32_t stop, tg__outcome *o,
-                         size_t *at) {
-  size_t i = 0;
-  int rc = TG_OK;
-  for (; i < n; i++) {
-    if (!(run >> i & 1u))
-      continue;
-    rc = tg__table_rule(&((memory *)stores[i])->t, &calls[i], &o[i]);
-    if (__builtin_expect(rc != TG_OK, 0))
-      break;
-    if ((stop >> i & 1u) && !calls[i].tok->reused && !o[i].r.allowed)
-      break;
-  }
-  *at = i;
-  return rc;
+/* A policy's checks and takes (see store.h): the table runs them in its
+ * own loops. */
+static int mem_exec_policy(tg__store *const *stores, tg__call *calls, size_t n,
+                           uint32_t shadow, tg__outcome *o, tg__outcome *took,
+                           tg__policy_marks *pm) {
+  tg__table *ts[TG_RULES_MAX];
+  for (size_t i = 0; i < n; i++)
+    ts[i] = &((memory *)stores[i])->t;
+  return tg__table_policy(ts, calls, n, shadow, o, took, pm);
 }
 
 static const tg__store_ops memory_ops = {
@@ -103,7 +94,7 @@ static const tg__store_ops memory_ops = {
     .bytes = mem_bytes,
     .destroy = mem_destroy,
     .ident = mem_ident,
-    .exec_each = mem_exec_each,
+    .exec_policy = mem_exec_policy,
 };
 
 int tg__table_store_wrap(tg__store **out, const tg__table *t, size_t bytes) {
