@@ -7,9 +7,11 @@
 # BENCHMARKS.md, "Redis module".
 #
 # Each round measures, in turn, with redis-benchmark -P 16 -c 50 over 100,000
-# keys (-r): INCR, TG.HIT token_bucket, TG.HIT fixed_window, and EVALSHA of
+# keys (-r): INCR, TG.HIT token_bucket, TG.HIT fixed_window, EVALSHA of
 # the store's script with the arguments the library sends for a token-bucket
-# hit; before each, CONFIG RESETSTAT, after it, INFO commandstats, whose
+# hit, and the floor module's FLOOR.HIT and FLOOR.NOOP (bench/module_floor.c:
+# what the module API alone costs a command that does what TG.HIT must do,
+# and a module command's dispatch); before each, CONFIG RESETSTAT, after it, INFO commandstats, whose
 # usec_per_call is the server's CPU per command. Every quota admits every
 # call, so every call writes, and keeps its keys alive for the whole run, as
 # INCR's are: the fixed window 1e9 per hour, the token bucket 1000 per hour
@@ -20,7 +22,8 @@
 # keys. Then tollgate_redis_bench's
 # batch16 lines: tg_hit_batch of 16 through the library (which finds the
 # module and sends TG.STEP) beside redis-benchmark INCR -c 1 -P 16, rounds
-# interleaved inside the program. Medians of the rounds are printed, one
+# interleaved inside the program; and its policy2 line: a two-rule policy
+# (one TG.STEPS) beside one tg_hit. Medians of the rounds are printed, one
 # line per result, with the ratio to the baseline and whether the target
 # (issue 15) is met.
 set -euo pipefail
@@ -45,6 +48,8 @@ if [ "${1:-}" = --inside ]; then
     "module_tg_hit_token_bucket|TG.HIT t:__rand_int__ token_bucket 1000 3600000 BURST 1000000|tg.hit|3000000"
     "module_tg_hit_fixed_window|TG.HIT f:__rand_int__ fixed_window 1000000000 3600000|tg.hit|3000000"
     "script_evalsha_token_bucket|EVALSHA $sha 1 tg:{e:__rand_int__}:tb h 3 '' 3600000000 3600000000000000|evalsha|400000"
+    "floor_module_hit|FLOOR.HIT l:__rand_int__|floor.hit|3000000"
+    "floor_module_noop|FLOOR.NOOP n:__rand_int__|floor.noop|3000000"
   )
   for r in $(seq 1 "$rounds"); do
     for c in "${cases[@]}"; do
@@ -86,18 +91,26 @@ print("name=script_evalsha_token_bucket requests_per_s=%.0f "
 print("name=module_vs_script alg=token_bucket ratio=%.2f target=ratio>=5 "
       "met=%s cpu_ratio=%.2f" % (m[0] / s[0], "yes" if m[0] / s[0] >= 5
                                  else "no", s[1] / m[1]))
+for n in ("floor_module_hit", "floor_module_noop"):
+    f = med[n]
+    print("name=%s requests_per_s=%.0f server_usec_per_call=%.3f failed=%d "
+          "baseline=incr ratio=%.2f cpu_ratio_vs_incr=%.2f rounds=%s "
+          "stat=median" % (n, f[0], f[1], f[2], f[0] / incr[0],
+                           f[1] / incr[1], sys.argv[2]))
 PY
-  exec "$TG_BENCH_BIN" --reps "$rounds" --filter batch16
+  "$TG_BENCH_BIN" --reps "$rounds" --filter batch16
+  exec "$TG_BENCH_BIN" --reps "$rounds" --filter policy2
 fi
 
 build=${TG_BENCH_BUILD:-build/bench-release}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DTG_WERROR=ON \
   -DTG_WITH_REDIS=ON -DTG_BUILD_TESTS=OFF >/dev/null
 cmake --build "$build" --target tollgate_redis_bench tollgate_module \
-  -j"$(nproc)" >/dev/null
+  tollgate_module_floor -j"$(nproc)" >/dev/null
 echo "# tollgate module bench: $(git rev-parse --short HEAD 2>/dev/null || echo ?)," \
   "$(date -u '+%Y-%m-%d %H:%M UTC'), $(redis-server --version | cut -d' ' -f3)," \
   "load average $(cut -d' ' -f1-3 /proc/loadavg)"
 export TG_BENCH_BIN=$build/bench/tollgate_redis_bench
 exec tests/redis/with_redis.sh --module "$build/redis-module/tollgate.so" \
+  --also-load "$build/redis-module/tollgate_floor.so" \
   bash "$0" --rounds "$rounds" --inside
