@@ -469,8 +469,9 @@ static int policy_command(RedisModuleCtx *ctx, RedisModuleString **argv,
   size_t n;
   tg__cmd_error err;
   int parsed = tg__cmd_parse_policy(av, ac, cmds, TG_RULES_MAX, &n, &err);
-  /* the argument each rule's key is */
-  int pos[TG_RULES_MAX];
+  /* the argument each rule's key is (every key is found: the parser's key
+   * pointers point into av; zeroed for the analyser, which cannot see it) */
+  int pos[TG_RULES_MAX] = {0};
   for (size_t r = 0; parsed == 0 && r < n; r++)
     for (size_t i = 1; i < ac; i++)
       if (av[i].ptr == cmds[r].key) {
@@ -683,10 +684,11 @@ static int step_ro_command(RedisModuleCtx *ctx, RedisModuleString **argv,
 
 /* Runs k's call on its key, a window/bucket or a log whose log keeps at
  * most cap entries: TG_OK with the call's outcome in *o, or the code
- * run_state/run_log or the step returned (a TAKE's outcome is left unset
- * for a log: its caller needs only the status). */
+ * run_state/run_log or the step returned (a TAKE's outcome on a log is
+ * left zeroed: its caller needs only the status). */
 static int run_rule(kcall *k, uint32_t cap, tg__outcome *o) {
   int rc;
+  memset(o, 0, sizeof *o);
   if (k->c.alg == TG_SLIDING_WINDOW) {
     log_result lr;
     rc = run_log(k, cap, &lr);
