@@ -42,8 +42,9 @@ static char keys[NKEYS][16];
 /* ---- workloads: each runs for rep_s and returns operations done ---- */
 
 typedef struct work {
-  int kind; /* 0 INCR via hiredis, 1 tg_hit, 2 tg_hit_batch of 16 */
-  tg_limiter *lim;
+  int kind; /* 0 INCR via hiredis, 1 tg_hit, 2 tg_hit_batch of 16,
+               3 tg_hit_rules of two rules: lim and lim2 on the same key */
+  tg_limiter *lim, *lim2;
   int distinct;  /* 1: cycle over NKEYS keys */
   int thread_no; /* offsets the key sequence per thread */
   double secs;
@@ -86,6 +87,14 @@ static void *run_work(void *arg) {
         if (w->lat && w->ops < w->lat_cap)
           w->lat[w->ops] = (bench_now_s() - t0) * 1e6;
         w->ops++;
+      } else if (w->kind == 3) {
+        size_t kl = strlen(k);
+        tg_rule ru[2] = {{w->lim, k, kl, &q, 1, 0, {0}},
+                         {w->lim2, k, kl, &q, 1, 0, {0}}};
+        tg_rules_result out;
+        if (tg_hit_rules(ru, 2, 0, &out) != TG_OK || !out.r.allowed)
+          w->errors++;
+        w->ops++;
       } else {
         tg_batch_item it[16];
         for (int b = 0; b < 16; b++) {
@@ -107,13 +116,16 @@ static void *run_work(void *arg) {
 }
 
 /* Ops per second of `threads` copies of a workload, one repetition. */
+static tg_limiter *second; /* kind 3's second rule's limiter */
+
 static double measure(int kind, tg_limiter *lim, int distinct, int threads,
                       double *lat, long lat_cap, long *lat_n) {
   work w[2];
   pthread_t th[2];
   for (int t = 0; t < threads; t++) {
-    w[t] = (work){kind,   lim, distinct, t, rep_s, 0, 0, t == 0 ? lat : NULL,
-                  lat_cap};
+    w[t] = (work){
+        kind,   lim, second, distinct, t, rep_s, 0, 0, t == 0 ? lat : NULL,
+        lat_cap};
     pthread_create(&th[t], NULL, run_work, &w[t]);
   }
   long ops = 0, errors = 0;
@@ -249,6 +261,33 @@ static void batch(tg_algorithm alg) {
   tg_limiter_destroy(lim);
 }
 
+/* A policy of two rules (a token bucket and a fixed window on the same key
+ * bytes, so their names share a Cluster slot) beside one tg_hit on the
+ * token bucket, the same keys, rounds interleaved. With the module a
+ * policy is one command (TG.STEPS), without it a read and a conditional
+ * write of the script: the ratio says what the second rule and the second
+ * round trip cost. */
+static void policy(void) {
+  const char *label =
+      "name=policy2 alg=token_bucket+fixed_window keys=100000 threads=1";
+  if (!wanted(label))
+    return;
+  tg_limiter *lim = limiter(TG_TOKEN_BUCKET, 1);
+  second = limiter(TG_FIXED_WINDOW, 1);
+  double pol[16], one[16];
+  for (int r = 0; r < reps; r++) {
+    pol[r] = measure(3, lim, 1, 1, NULL, 0, NULL);
+    one[r] = measure(1, lim, 1, 1, NULL, 0, NULL);
+  }
+  double p = bench_median(pol, reps), o = bench_median(one, reps);
+  printf("%s decisions_per_s=%.0f ns_per_decision=%.0f baseline=tg_hit "
+         "baseline_ns=%.0f cost_x=%.2f reps=%d stat=median\n",
+         label, p, 1e9 / p, 1e9 / o, o / p, reps);
+  tg_limiter_destroy(second);
+  second = NULL;
+  tg_limiter_destroy(lim);
+}
+
 int main(int argc, char **argv) {
   const char *p = getenv("TG_TEST_REDIS_PORT");
   port = p ? atoi(p) : 0;
@@ -298,5 +337,6 @@ int main(int argc, char **argv) {
   batch(TG_FIXED_WINDOW);
   batch(TG_TOKEN_BUCKET);
   batch(TG_SLIDING_WINDOW);
+  policy();
   return 0;
 }

@@ -645,12 +645,19 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * every rule's key is locked (lock_and_get) in one fixed order (by key
  * bytes), all are decided, then each is stored (set_and_unlock) or
  * unlocked: nothing is ever given back (see "Custom stores" below).
- * Redis: one script call reads every rule's key (and the server's TIME),
- * the rules are decided here by the same core, and a second script call
- * writes every key that consumes, atomically, only if none of the keys
- * changed since the read; otherwise it reads again (up to 64 times, with
- * growing pauses, then TG_EBUSY: it wrote nothing). Two round trips per
- * decision, nothing ever written that is given back, every number the core's.
+ * Redis with the tollgate module loaded (redis-module/; found once per
+ * connection): one command, TG.STEPS, checks every rule and, when the
+ * policy passes, consumes in every rule that allowed, atomically, on the
+ * server's clock, and answers the values it found; the rules are then
+ * decided here by the same core on those values (its verdict must be the
+ * server's). One round trip per decision, never retried. Redis without the
+ * module: one script call reads every rule's key (and the server's TIME),
+ * the rules are decided here, and a second script call writes every key
+ * that consumes, atomically, only if none of the keys changed since the
+ * read; otherwise it reads again (up to 64 times, with growing pauses, then
+ * TG_EBUSY: it wrote nothing). Two round trips per decision. Either way
+ * nothing is ever written that is given back, and every number is the
+ * core's.
  *
  * Redis Cluster and hash tags: the store names a key prefix ":{" key "}:"
  * algorithm, so a name's Cluster slot is that of its key bytes up to the

@@ -65,6 +65,12 @@ MODULE_EXPORT int RedisModule_OnUnload(RedisModuleCtx *ctx);
 
 /* sliding_max_entries for the public commands, from the load arguments. */
 static uint32_t log_cap = LOG_CAP_DEFAULT;
+/* "PXAT", made once at load: a replicated write's argument that is always
+ * the same, passed by reference ('s') so that replicating a write builds
+ * one string object fewer (RedisModule_Replicate allocates, then frees, an
+ * object per argument it is given by value; it is the most expensive part
+ * of a decision, see BENCHMARKS.md "Redis module"). */
+static RedisModuleString *pxat_arg;
 
 /* ---- small helpers ---- */
 
@@ -132,6 +138,8 @@ static int store_value(const kcall *k, RedisModuleKey *key, size_t cur,
   memcpy(p, value, len);
   int rc;
   if (RedisModule_SetAbsExpire) {
+    /* set every time, even when unchanged (a window's end): asking first
+     * (RedisModule_GetAbsExpire) costs as many instructions as setting */
     rc = RedisModule_SetAbsExpire(key, at_ms);
   } else {
     long long rel = at_ms - RedisModule_Milliseconds();
@@ -139,7 +147,7 @@ static int store_value(const kcall *k, RedisModuleKey *key, size_t cur,
   }
   if (rc != REDISMODULE_OK)
     return TG_ESTORE;
-  RedisModule_Replicate(k->ctx, "SET", "sbcl", k->name, value, len, "PXAT",
+  RedisModule_Replicate(k->ctx, "SET", "sbsl", k->name, value, len, pxat_arg,
                         at_ms);
   return TG_OK;
 }
@@ -461,8 +469,9 @@ static int policy_command(RedisModuleCtx *ctx, RedisModuleString **argv,
   size_t n;
   tg__cmd_error err;
   int parsed = tg__cmd_parse_policy(av, ac, cmds, TG_RULES_MAX, &n, &err);
-  /* the argument each rule's key is */
-  int pos[TG_RULES_MAX];
+  /* the argument each rule's key is (every key is found: the parser's key
+   * pointers point into av; zeroed for the analyser, which cannot see it) */
+  int pos[TG_RULES_MAX] = {0};
   for (size_t r = 0; parsed == 0 && r < n; r++)
     for (size_t i = 1; i < ac; i++)
       if (av[i].ptr == cmds[r].key) {
@@ -653,6 +662,146 @@ static int step_ro_command(RedisModuleCtx *ctx, RedisModuleString **argv,
   return step_command_any(ctx, argv, argc, false);
 }
 
+/* ---- TG.STEPS: a policy's decision for the library ----
+ * TG.STEPS n key_1 .. key_n now, then per rule: alg limit period_ms burst
+ * cost log_cap shadow (decimal; now in us or "" for the server's clock, as
+ * TG.STEP). It decides as the library's policy does (src/store/redis.c,
+ * decide_rules): CHECK every rule on its key, the policy passes when every
+ * rule allows or is a shadow rule, and then every rule that allowed TAKEs
+ * (a shadow rule that denied is left as it is); nothing is written when it
+ * does not pass. All in one command, so one round trip and nothing between
+ * the checks and the takes: the library's other way, a read and a
+ * conditional write, takes two and retries when a key changed in between.
+ * The reply is what the library needs to compute every number itself:
+ *   [now_us, the value found at each key or "", 1 passed / 0 not]
+ * and it checks that its own decision on those values is the server's.
+ * Errors: "TGARG ..." (a client bug), "TGCORRUPT rule I ..." for the first
+ * rule whose value is not a sound state (I from 0; nothing written). Keys
+ * are found by parsing (getkeys-api): Cluster routes the command, and
+ * refuses keys of several slots (CROSSSLOT) before it runs. */
+
+#define STEPS_PER_RULE 7
+
+/* Runs k's call on its key, a window/bucket or a log whose log keeps at
+ * most cap entries: TG_OK with the call's outcome in *o, or the code
+ * run_state/run_log or the step returned (a TAKE's outcome on a log is
+ * left zeroed: its caller needs only the status). */
+static int run_rule(kcall *k, uint32_t cap, tg__outcome *o) {
+  int rc;
+  memset(o, 0, sizeof *o);
+  if (k->c.alg == TG_SLIDING_WINDOW) {
+    log_result lr;
+    rc = run_log(k, cap, &lr);
+    if (rc == TG_OK)
+      rc = lr.rc == TG_OK && k->c.op == TG__OP_CHECK
+               ? tg__log_report(&k->c, &lr.v, o)
+               : lr.rc;
+  } else {
+    state_result sr;
+    rc = run_state(k, &sr);
+    if (rc == TG_OK) {
+      rc = sr.rc;
+      *o = sr.o;
+    }
+  }
+  return rc;
+}
+
+static int steps_command(RedisModuleCtx *ctx, RedisModuleString **argv,
+                         int argc) {
+  uint64_t n = 0;
+  bool shaped = argc >= 2 && num_arg(argv[1], false, &n) && n >= 1 &&
+                n <= TG_RULES_MAX &&
+                (uint64_t)argc == 3 + n + STEPS_PER_RULE * n;
+  if (RedisModule_IsKeysPositionRequest(ctx)) {
+    for (uint64_t i = 0; shaped && i < n; i++)
+      RedisModule_KeyAtPos(ctx, 2 + (int)i);
+    return REDISMODULE_OK;
+  }
+  if (!shaped)
+    return RedisModule_ReplyWithError(ctx, "TGARG wrong number of arguments");
+  uint64_t now = UINT64_MAX;
+  if (!num_arg(argv[2 + n], true, &now))
+    return RedisModule_ReplyWithError(ctx, "TGARG malformed arguments");
+  kcall k[TG_RULES_MAX];
+  uint32_t cap[TG_RULES_MAX];
+  bool shadow[TG_RULES_MAX];
+  uint64_t server_us = server_now_us();
+  for (uint64_t r = 0; r < n; r++) {
+    RedisModuleString **a = argv + 3 + n + STEPS_PER_RULE * r;
+    uint64_t alg, c, sh;
+    tg_quota q;
+    k[r] = (kcall){.ctx = ctx, .name = argv[2 + r]};
+    if (!num_arg(a[0], false, &alg) || alg >= TG_ALGORITHM_COUNT ||
+        !num_arg(a[1], false, &q.limit) ||
+        !num_arg(a[2], false, &q.period_ms) ||
+        !num_arg(a[3], false, &q.burst) || !num_arg(a[4], false, &k[r].c.arg) ||
+        !num_arg(a[5], false, &c) || c < 1 || c > LOG_CAP_MAX ||
+        !num_arg(a[6], false, &sh) || sh > 1)
+      return RedisModule_ReplyWithError(ctx, "TGARG malformed arguments");
+    k[r].c.alg = (tg_algorithm)alg;
+    k[r].c.op = TG__OP_CHECK;
+    int rc = tg__quota_prepare(&k[r].c.q, &q, k[r].c.alg);
+    if (rc != TG_OK)
+      return reply_code(ctx, rc, NULL);
+    k[r].server_us = server_us;
+    k[r].caller_now = now != UINT64_MAX;
+    k[r].c.now_us = k[r].caller_now ? now : server_us;
+    if (k[r].c.now_us > TG_NOW_MAX_US)
+      return reply_code(ctx, TG_ETIME, NULL);
+    k[r].c.key = RedisModule_StringPtrLen(argv[2 + r], &k[r].c.key_len);
+    for (uint64_t j = 0; j < r; j++)
+      if (k[j].c.key_len == k[r].c.key_len &&
+          memcmp(k[j].c.key, k[r].c.key, k[r].c.key_len) == 0)
+        return RedisModule_ReplyWithError(ctx, "TGARG a key named twice");
+    cap[r] = (uint32_t)c;
+    shadow[r] = sh == 1;
+  }
+  /* the checks: nothing written; each value found is read again for the
+   * reply below, from the key (the values are not copied: a log may be
+   * 40 KB) */
+  tg__outcome o[TG_RULES_MAX];
+  bool pass = true;
+  for (uint64_t r = 0; r < n; r++) {
+    int rc = run_rule(&k[r], cap[r], &o[r]);
+    if (rc == TG_ECORRUPT) {
+      char text[64];
+      (void)snprintf(text, sizeof text, "TGCORRUPT rule %u", (unsigned)r);
+      return RedisModule_ReplyWithError(ctx, text);
+    }
+    if (rc != TG_OK)
+      return reply_code(ctx, rc, NULL);
+    pass = pass && (o[r].r.allowed || shadow[r]);
+  }
+  /* the reply's values are those the checks saw: read before any take */
+  RedisModule_ReplyWithArray(ctx, (long)n + 2);
+  char now_s[24];
+  RedisModule_ReplyWithStringBuffer(ctx, now_s,
+                                    tg__u64_dec(now_s, k[0].c.now_us));
+  for (uint64_t r = 0; r < n; r++) {
+    RedisModuleKey *key = RedisModule_OpenKey(ctx, k[r].name, REDISMODULE_READ);
+    const char *v;
+    size_t len;
+    /* the check above parsed it: a string, or absent */
+    if (!read_value(&k[r], key, &v, &len) || !v)
+      RedisModule_ReplyWithStringBuffer(ctx, "", 0);
+    else
+      RedisModule_ReplyWithStringBuffer(ctx, v, len);
+    RedisModule_CloseKey(key);
+  }
+  for (uint64_t r = 0; pass && r < n; r++) {
+    if (!o[r].r.allowed)
+      continue; /* a shadow rule that denied: left as it is */
+    k[r].c.op = TG__OP_TAKE;
+    k[r].may_write = tg__call_writes(&k[r].c);
+    tg__outcome taken;
+    /* the checks said it allows, and nothing ran in between: a refusal
+     * here is a write the server refused (not reached in tests) */
+    (void)run_rule(&k[r], cap[r], &taken);
+  }
+  return RedisModule_ReplyWithLongLong(ctx, pass ? 1 : 0);
+}
+
 /* ---- loading ---- */
 
 /* Load arguments: [SLIDING-MAX-ENTRIES n]. */
@@ -703,11 +852,19 @@ MODULE_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx,
                                 "write deny-oom getkeys-api", 0, 0,
                                 0) != REDISMODULE_OK)
     return REDISMODULE_ERR;
+  if (RedisModule_CreateCommand(ctx, "tg.steps", steps_command,
+                                "write deny-oom getkeys-api", 0, 0,
+                                0) != REDISMODULE_OK)
+    return REDISMODULE_ERR;
   if (RedisModule_CreateCommand(ctx, "tg.step", step_command,
                                 "write deny-oom fast", 1, 1,
                                 1) != REDISMODULE_OK ||
       RedisModule_CreateCommand(ctx, "tg.step_ro", step_ro_command,
                                 "readonly fast", 1, 1, 1) != REDISMODULE_OK)
+    return REDISMODULE_ERR;
+  /* last: a load that fails above leaves nothing to free */
+  pxat_arg = RedisModule_CreateString(NULL, "PXAT", 4);
+  if (!pxat_arg)
     return REDISMODULE_ERR;
   RedisModule_Log(ctx, "notice",
                   "tollgate %s: TG.* commands ready (sliding-max-entries %u)",
@@ -715,9 +872,13 @@ MODULE_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx,
   return REDISMODULE_OK;
 }
 
-/* Nothing to release: the module keeps no state outside keys, and its
- * commands go with it. */
+/* The module keeps no state outside keys but the "PXAT" argument, and its
+ * commands go with it. A replication buffer that still holds the argument
+ * holds its own reference: freeing ours is safe. */
 MODULE_EXPORT int RedisModule_OnUnload(RedisModuleCtx *ctx) {
+  if (pxat_arg)
+    RedisModule_FreeString(NULL, pxat_arg);
+  pxat_arg = NULL;
   (void)ctx;
   return REDISMODULE_OK;
 }

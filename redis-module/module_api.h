@@ -85,6 +85,12 @@ static int (*RedisModule_Replicate)(RedisModuleCtx *ctx, const char *cmd,
 static long long (*RedisModule_Milliseconds)(void);
 /* The server's clock in us (Redis 7.0+; optional: ms * 1000 without it). */
 static long long (*RedisModule_Microseconds)(void);
+/* A string the module owns; with a NULL ctx it lives until FreeString. */
+static RedisModuleString *(*RedisModule_CreateString)(RedisModuleCtx *ctx,
+                                                      const char *ptr,
+                                                      size_t len);
+static void (*RedisModule_FreeString)(RedisModuleCtx *ctx,
+                                      RedisModuleString *str);
 static void *(*RedisModule_Alloc)(size_t bytes);
 static void (*RedisModule_Free)(void *ptr);
 /* A command registered with "getkeys-api" is called with this true when
@@ -128,6 +134,8 @@ static const char *api_init(RedisModuleCtx *ctx) {
   REQUIRE(ReplyWithStringBuffer)
   REQUIRE(Replicate)
   REQUIRE(Milliseconds)
+  REQUIRE(CreateString)
+  REQUIRE(FreeString)
   REQUIRE(Alloc)
   REQUIRE(Free)
   REQUIRE(IsKeysPositionRequest)

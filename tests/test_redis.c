@@ -569,6 +569,90 @@ static void path_follows_the_server(void **state) {
   redisFree(c);
 }
 
+/* A policy is one command with the module (TG.STEPS: one round trip, and
+ * nothing between its checks and its takes) and a read plus a conditional
+ * write through the script without it (EVALSHA R, then C when it passes):
+ * counted by INFO commandstats, whichever way the server runs. */
+static void policy_round_trips(void **state) {
+  (void)state;
+  const char *module = getenv("TG_TEST_REDIS_MODULE");
+  bool loaded = module && *module;
+  redisContext *c = admin();
+  tg_redis_config rc[3];
+  tg_limiter *lim[3];
+  static const tg_algorithm alg[3] = {TG_TOKEN_BUCKET, TG_FIXED_WINDOW,
+                                      TG_SLIDING_WINDOW};
+  for (int i = 0; i < 3; i++) {
+    tg_redis_config_init(&rc[i]);
+    rc[i].pool_size = 1;
+    lim[i] = redis_limiter_cfg(alg[i], "prt", &rc[i], 1024);
+  }
+  /* per user 5 an hour, per tenant 3 a day, a log of 4 an hour; one hash
+   * tag, so one Cluster slot */
+  tg_quota q5 = {.limit = 5, .period_ms = 3600000};
+  tg_quota q3 = {.limit = 3, .period_ms = 86400000};
+  tg_quota q4 = {.limit = 4, .period_ms = 3600000};
+  char user[32], tenant[32], log[32];
+  snprintf(user, sizeof user, "p%ld}user", (long)getpid());
+  snprintf(tenant, sizeof tenant, "p%ld}tenant", (long)getpid());
+  snprintf(log, sizeof log, "p%ld}log", (long)getpid());
+  tg_rule rules[3] = {{lim[0], user, strlen(user), &q5, 1, 0, {0}},
+                      {lim[1], tenant, strlen(tenant), &q3, 1, 0, {0}},
+                      {lim[2], log, strlen(log), &q4, 1, 0, {0}}};
+  assert_true(rs_ok(c, "CONFIG RESETSTAT"));
+  tg_rules_result out;
+  uint64_t left[3] = {0, 0, 0};
+  for (int i = 0; i < 5; i++) {
+    assert_int_equal(tg_hit_rules(rules, 3, 0, &out), TG_OK);
+    assert_int_equal(out.r.allowed, i < 3);
+    assert_int_equal(out.denied_by, i < 3 ? TG_RULE_NONE : 1);
+    /* a denied call leaves every key as the last allowed one did */
+    for (int j = 0; j < 3; j++) {
+      if (i >= 3)
+        assert_int_equal(rules[j].result.remaining, left[j]);
+      left[j] = rules[j].result.remaining;
+    }
+  }
+  assert_int_equal(left[0], 2); /* 5 - 3 */
+  assert_int_equal(left[2], 1); /* 4 - 3 */
+  /* 3 passed, 2 denied */
+  assert_int_equal(command_calls(c, "tg.steps"), loaded ? 5 : 0);
+  assert_int_equal(command_calls(c, "evalsha"), loaded ? 0 : 3 * 2 + 2);
+  /* a value that is not a state: the rule it belongs to is named, and
+   * nothing is written (the user's bucket keeps its 3) */
+  char name[64];
+  snprintf(name, sizeof name, "prt:{%s}:fw", tenant);
+  assert_true(rs_ok(c, "SET %s garbage", name));
+  assert_int_equal(tg_hit_rules(rules, 3, 0, &out), TG_ECORRUPT);
+  assert_int_equal(out.denied_by, 1);
+  assert_int_equal(rules[1].status, TG_ECORRUPT);
+  assert_true(rs_ok(c, "DEL %s", name));
+  assert_int_equal(tg_hit_rules(rules, 1, 0, &out), TG_OK);
+  assert_int_equal(rules[0].result.remaining, 1);
+  if (loaded) {
+    /* the command's own refusals: malformed calls answer TGARG */
+    redisReply *r = rs_cmd(c, "TG.STEPS 0 x");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ERROR);
+    assert_non_null(strstr(r->str, "TGARG"));
+    freeReplyObject(r);
+    r = rs_cmd(c, "TG.STEPS 1 x %s 9 1 1000 1 1 1024 0", ""); /* alg 9 */
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ERROR);
+    assert_non_null(strstr(r->str, "TGARG"));
+    freeReplyObject(r);
+    r = rs_cmd(c, "TG.STEPS 2 x x %s 3 1 1000 1 1 1024 0 3 1 1000 1 1 1024 0",
+               ""); /* a key named twice */
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ERROR);
+    assert_non_null(strstr(r->str, "TGARG"));
+    freeReplyObject(r);
+  }
+  for (int i = 0; i < 3; i++)
+    tg_limiter_destroy(lim[i]);
+  redisFree(c);
+}
+
 /* ---- the server's clock, TTLs, names ------------------------------------ */
 
 static void server_time_decides(void **state) {
@@ -1413,6 +1497,7 @@ int main(void) {
       cmocka_unit_test_setup(available, server_up),
       cmocka_unit_test_setup(config_is_validated, server_up),
       cmocka_unit_test_setup(path_follows_the_server, server_up),
+      cmocka_unit_test_setup(policy_round_trips, server_up),
       cmocka_unit_test_setup(differential_all, server_up),
       cmocka_unit_test_setup(server_time_decides, server_up),
       cmocka_unit_test_setup(ttl_follows_freshness, server_up),

@@ -926,8 +926,15 @@ static int step_key(mkey *m, const tg__call *orig, bool write, tg__outcome *o,
 typedef int (*decide_fn)(mkey *m, size_t n, const tg__call *orig, void *ctx,
                          bool *write, size_t *failed);
 
+/* The same decision in one command of the module's, on a connection whose
+ * server has it (see rules_native); *ran false: the module is gone and the
+ * connection has turned to the script, which then decides. */
+typedef int (*native_fn)(conn *k, mkey *m, size_t n, const tg__call *orig,
+                         void *ctx, size_t *failed, bool *ran);
+
 static int multi(redis_store *s, mkey *m, size_t n, const tg__call *orig,
-                 decide_fn decide, void *ctx, size_t *failed) {
+                 decide_fn decide, native_fn native, void *ctx,
+                 size_t *failed) {
   bool probe;
   int rc = gate(s, &probe);
   if (rc != TG_OK)
@@ -935,7 +942,10 @@ static int multi(redis_store *s, mkey *m, size_t n, const tg__call *orig,
   conn *k = acquire(s);
   rc = conn_open(s, k);
   bool open_failed = rc != TG_OK;
-  for (int t = 0; rc == TG_OK; t++) {
+  bool done = false;
+  if (rc == TG_OK && native && k->module)
+    rc = native(k, m, n, orig, ctx, failed, &done);
+  for (int t = 0; rc == TG_OK && !done; t++) {
     if (t == MULTI_TRIES) {
       rc = TG_EBUSY; /* the keys kept changing under it */
       break;
@@ -1022,6 +1032,118 @@ static int decide_rules(mkey *m, size_t n, const tg__call *orig, void *p,
   return TG_OK;
 }
 
+/* A policy in one round trip, with the module: TG.STEPS (see
+ * redis-module/module.c) checks every rule and takes them all when the
+ * policy passes, as decide_rules does, and answers the values it found and
+ * whether it passed. decide_rules then runs here on those values, so every
+ * number reported comes from this process's core, and its verdict must be
+ * the server's (a difference is a bug: TG_ESTORE). Without the module the
+ * policy is a read and a conditional write (multi's loop): two round trips,
+ * and more when another client changes a key in between. */
+#define STEPS_PER_RULE 7
+
+static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
+                        void *p, size_t *failed, bool *ran) {
+  rules_ctx *x = p;
+  size_t argc = 3 + n + STEPS_PER_RULE * n;
+  const char **argv = malloc(argc * sizeof *argv);
+  size_t *len = malloc(argc * sizeof *len);
+  char(*num)[24] = malloc((2 + STEPS_PER_RULE * n) * sizeof *num);
+  redisReply *r = NULL;
+  int rc = TG_ENOMEM;
+  *ran = false;
+  if (!argv || !len || !num)
+    goto out;
+  size_t a = 0, nn = 0;
+#define ARG(s, l) (argv[a] = (s), len[a++] = (l))
+#define NUM(v) (ARG(num[nn], tg__u64_dec(num[nn], (v))), nn++)
+  ARG("TG.STEPS", 8);
+  NUM(n);
+  for (size_t i = 0; i < n; i++)
+    ARG(m[i].name, m[i].name_len);
+  if (orig->store_time)
+    ARG("", 0);
+  else
+    NUM(orig->now_us);
+  for (size_t i = 0; i < n; i++) {
+    const tg__call *c = &m[i].c;
+    NUM((uint64_t)c->alg);
+    NUM(c->q.limit);
+    NUM(c->q.period_us / 1000);
+    NUM(c->q.burst);
+    NUM(c->arg);
+    NUM(m[i].s->log_entries);
+    NUM(x->shadow[i] ? 1u : 0u);
+  }
+#undef NUM
+#undef ARG
+  rc = command(k, (int)a, argv, len, &r);
+  if (rc != TG_OK)
+    goto out;
+  if (not_run(k, r)) {
+    rc = fix_conn(k); /* unloaded since this connection found it */
+    goto out;
+  }
+  *ran = true;
+  if (r->type == REDIS_REPLY_ERROR) {
+    const char *tag = "TGCORRUPT rule ";
+    const char *at = r->str ? strstr(r->str, tag) : NULL;
+    uint64_t i;
+    const char *q = at ? at + strlen(tag) : NULL;
+    if (q && tg__scan_u64(&q, r->str + r->len, &i) && i < n) {
+      *failed = (size_t)i;
+      rc = TG_ECORRUPT;
+    } else {
+      rc = multi_error(m[0].s, r);
+    }
+    goto out;
+  }
+  uint64_t now;
+  rc = TG_ESTORE;
+  if (r->type != REDIS_REPLY_ARRAY || r->elements != n + 2 ||
+      !parse_u64(r->element[0], &now) ||
+      r->element[n + 1]->type != REDIS_REPLY_INTEGER)
+    goto out;
+  bool server_passed = r->element[n + 1]->integer == 1;
+  if (orig->store_time && now > TG_NOW_MAX_US) {
+    rc = TG_ETIME;
+    goto out;
+  }
+  if (!orig->store_time && now != orig->now_us)
+    goto out;
+  rc = TG_OK;
+  for (size_t i = 0; i < n && rc == TG_OK; i++) {
+    const redisReply *v = r->element[i + 1];
+    m[i].c.now_us = now;
+    m[i].c.store_time = false;
+    free(m[i].old);
+    m[i].old = NULL;
+    m[i].old_len = 0;
+    if (v->type != REDIS_REPLY_STRING) {
+      rc = TG_ESTORE;
+    } else if (v->len > 0) {
+      m[i].old = malloc(v->len);
+      if (!m[i].old)
+        rc = TG_ENOMEM;
+      else
+        memcpy(m[i].old, v->str, v->len);
+      m[i].old_len = v->len;
+    }
+  }
+  bool write;
+  if (rc == TG_OK)
+    rc = decide_rules(m, n, orig, x, &write, failed);
+  if (rc == TG_OK && *x->passed != server_passed)
+    rc = TG_ESTORE;
+out:
+  if (r)
+    freeReplyObject(r);
+  free(argv);
+  free(len);
+  free(num);
+  return rc;
+}
+
 static int redis_exec_rules(tg__store *const *stores, const tg__call *calls,
                             size_t n, const bool *shadow, tg__outcome *o,
                             bool *passed, size_t *failed) {
@@ -1046,8 +1168,8 @@ static int redis_exec_rules(tg__store *const *stores, const tg__call *calls,
   }
   if (rc == TG_OK) {
     rules_ctx x = {shadow, o, passed};
-    rc = multi((redis_store *)stores[0], m, n, &calls[0], decide_rules, &x,
-               failed);
+    rc = multi((redis_store *)stores[0], m, n, &calls[0], decide_rules,
+               rules_native, &x, failed);
   }
   for (size_t i = 0; i < n; i++)
     mkey_free(&m[i]);
@@ -1083,7 +1205,7 @@ static int redis_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
     m.name_len = make_name(s, m.name, c->key, c->key_len);
     one_ctx x = {o, c->tok};
     size_t failed;
-    int rc = multi(s, &m, 1, c, decide_one, &x, &failed);
+    int rc = multi(s, &m, 1, c, decide_one, NULL, &x, &failed);
     mkey_free(&m);
     return rc;
   }

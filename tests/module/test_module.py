@@ -293,6 +293,12 @@ def test_key_positions(r):
             assert {"write", "denyoom"} <= flags, (cmd, flags)
     keys = r.command_getkeys("TG.HIT", "user:{42}", "token_bucket", 1, 1)
     assert keys in ([b"user:{42}"], ["user:{42}"]), keys
+    # the library's policy command: its keys found by parsing, as TG.POLICY's
+    keys = r.command_getkeys("TG.STEPS", 2, "a", "b", "",
+                             0, 1, 1000, 1, 1, 1024, 0,
+                             3, 1, 1000, 1, 1, 1024, 0)
+    assert [k.decode() if isinstance(k, bytes) else k for k in keys] == \
+        ["a", "b"], keys
 
 
 def test_policy(r):
@@ -436,11 +442,17 @@ def test_replication():
     p.execute()
     master.r.eval("return redis.call('TG.HIT', KEYS[1], 'token_bucket', 3, "
                   "60000)", 1, "rep:lua")
+    # the library's policy command writes two keys in one command
+    v = master.r.execute_command("TG.STEPS", 2, "rep:{p}tb", "rep:{p}fw", "",
+                                 3, 5, 60000, 5, 1, 1024, 0,
+                                 0, 6, 60000, 6, 1, 1024, 0)
+    assert len(v) == 4 and v[3] == 1, v
     assert master.r.execute_command("WAIT", 1, 5000) == 1
     a, b = snapshot(master.r), snapshot(replica.r)
     assert a == b, (a, b)
-    # five algorithms, MULTI, Lua; reset and an emptied log are deleted
-    assert len(a) == 7 and b"rep:gone" not in a and b"rep:short" not in a
+    # five algorithms, MULTI, Lua, a policy; reset and an emptied log are
+    # deleted
+    assert len(a) == 9 and b"rep:gone" not in a and b"rep:short" not in a
     assert all(exp > 0 for _, exp in a.values()), a  # every key has a TTL
     stats = replica.r.info("commandstats")
     assert not [c for c in stats if "tg." in c], stats

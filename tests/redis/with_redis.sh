@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# with_redis.sh [--module PATH] CMD [ARG...] - runs CMD beside a private
-# redis-server; with --module, one that has loaded the Redis module at PATH
-# (tollgate.so), so the Redis store's calls go through it instead of the
-# script.
+# with_redis.sh [--module PATH [--also-load PATH]] CMD [ARG...] - runs CMD
+# beside a private redis-server; with --module, one that has loaded the
+# Redis module at PATH (tollgate.so), so the Redis store's calls go through
+# it instead of the script.
 #
 # The server listens on 127.0.0.1 at a free port and on a unix socket, keeps
 # everything in a temporary directory, persists nothing, and is killed (with
@@ -24,6 +24,15 @@ if [ "${1:-}" = --module ]; then
   shift 2
   [ -f "$module" ] || { echo "with_redis.sh: no module at $module" >&2; exit 1; }
   module=$(cd "$(dirname "$module")" && pwd)/$(basename "$module") # the server chdirs
+fi
+# --also-load PATH: another module beside it (bench/module_bench.sh's floor
+# module); not in TG_TEST_REDIS_MODULE
+also=
+if [ "${1:-}" = --also-load ]; then
+  also=${2:?--also-load needs a module path}
+  shift 2
+  [ -f "$also" ] || { echo "with_redis.sh: no module at $also" >&2; exit 1; }
+  also=$(cd "$(dirname "$also")" && pwd)/$(basename "$also")
 fi
 if [ $# -eq 0 ]; then
   echo "usage: with_redis.sh [--module PATH] CMD [ARG...]" >&2
@@ -64,6 +73,7 @@ save ""
 appendonly no
 CONF
   [ -z "$module" ] || printf "loadmodule %s\nenable-module-command local\n" "$module" >>"$dir/redis.conf"
+  [ -z "$also" ] || printf "loadmodule %s\n" "$also" >>"$dir/redis.conf"
   rm -f "$pidfile"
   redis-server "$dir/redis.conf" || continue
   for _ in $(seq 1 100); do
