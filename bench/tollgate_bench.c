@@ -1191,26 +1191,6 @@ static void suite_keyed(void) {
                opt.nkeys, logs, judge(r <= 0.4, what, "x", r));
       report("batch16", an, &fb, "uniform(single)", fu.med_ns, ex);
     }
-    if (want("uniform_hit_clock", an, 1)) {
-      /* what a user's loop does: tg_hit (the limiter's clock), no prefetch
-       * of anything but the benchmark's own key array */
-      tg_limiter *lc = new_limiter(alg, opt.capacity, log_max, 0);
-      work wc = w;
-      wc.lim = lc;
-      for (uint32_t i = 0; i < opt.nkeys; i++)
-        note_rc(
-            tg_hit(lc, keys + (size_t)i * KEY_LEN, KEY_LEN, &Q_BIG, 1, &res));
-      figure fc = measure(op_seq_clock, &wc, 1);
-      double base = b_chase.med_ns + clock_read(0)->med_ns;
-      double r = fc.med_ns / base;
-      snprintf(what, sizeof what,
-               "uniform_hit_clock %s: <= 1.3x (one miss + clock read)", an);
-      snprintf(ex, sizeof ex, "keys=%" PRIu32 "%s target=ratio<=1.3 met=%s",
-               opt.nkeys, logs, judge(r <= 1.3, what, "x", r));
-      report("uniform_hit_clock", an, &fc, "dram_chase+clock_read", base, ex);
-      tg_limiter_destroy(lc);
-    }
-
     if (want("uniform", an, 2)) {
       figure f2 = measure(op_seq, &w, 2);
       double x = fu.med_ns / f2.med_ns;
@@ -1242,6 +1222,21 @@ static void suite_keyed(void) {
       snprintf(ex, sizeof ex, "keys=%" PRIu32 " s=1.0%s", opt.nkeys, logs);
       report("zipf", an, &fz, "siphash_fetch_add_keyed(zipf)", b_zipf.med_ns,
              ex);
+    }
+    if (want("uniform_hit_clock", an, 1)) {
+      /* what a user's loop does: tg_hit (the limiter's clock), no prefetch
+       * of anything but the benchmark's own key array. Last on this
+       * limiter: its states then carry today's time, which the _at runs
+       * above (in 2001) must not meet. */
+      w.seq = seq_uni;
+      figure fc = measure(op_seq_clock, &w, 1);
+      double base = b_chase.med_ns + clock_read(0)->med_ns;
+      double r = fc.med_ns / base;
+      snprintf(what, sizeof what,
+               "uniform_hit_clock %s: <= 1.3x (one miss + clock read)", an);
+      snprintf(ex, sizeof ex, "keys=%" PRIu32 "%s target=ratio<=1.3 met=%s",
+               opt.nkeys, logs, judge(r <= 1.3, what, "x", r));
+      report("uniform_hit_clock", an, &fc, "dram_chase+clock_read", base, ex);
     }
     tg_limiter_destroy(lim);
   }
