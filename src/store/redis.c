@@ -666,6 +666,24 @@ typedef struct mkey {
   char px_text[24];
 } mkey;
 
+/* Keeps the value a read returned for m (replacing an older one): TG_OK,
+ * TG_ESTORE for a reply that is no string, TG_ENOMEM. */
+static int keep_read(mkey *m, const redisReply *v) {
+  free(m->old);
+  m->old = NULL;
+  m->old_len = 0;
+  if (v->type != REDIS_REPLY_STRING)
+    return TG_ESTORE;
+  if (v->len > 0) {
+    m->old = malloc(v->len);
+    if (!m->old)
+      return TG_ENOMEM;
+    memcpy(m->old, v->str, v->len);
+    m->old_len = v->len;
+  }
+  return TG_OK;
+}
+
 static void mkey_free(mkey *m) {
   free(m->old);
   free(m->val);
@@ -751,19 +769,7 @@ static int read_keys(conn *k, mkey *m, size_t n, bool store_time,
   rc = TG_OK;
   for (size_t i = 0; i < n && rc == TG_OK; i++) {
     const redisReply *v = r->element[i + 1];
-    free(m[i].old);
-    m[i].old = NULL;
-    m[i].old_len = 0;
-    if (v->type != REDIS_REPLY_STRING) {
-      rc = TG_ESTORE;
-    } else if (v->len > 0) {
-      m[i].old = malloc(v->len);
-      if (!m[i].old)
-        rc = TG_ENOMEM;
-      else
-        memcpy(m[i].old, v->str, v->len);
-      m[i].old_len = v->len;
-    }
+    rc = keep_read(&m[i], v);
   }
 out:
   if (r)
@@ -1116,19 +1122,7 @@ static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
     const redisReply *v = r->element[i + 1];
     m[i].c.now_us = now;
     m[i].c.store_time = false;
-    free(m[i].old);
-    m[i].old = NULL;
-    m[i].old_len = 0;
-    if (v->type != REDIS_REPLY_STRING) {
-      rc = TG_ESTORE;
-    } else if (v->len > 0) {
-      m[i].old = malloc(v->len);
-      if (!m[i].old)
-        rc = TG_ENOMEM;
-      else
-        memcpy(m[i].old, v->str, v->len);
-      m[i].old_len = v->len;
-    }
+    rc = keep_read(&m[i], v);
   }
   bool write;
   if (rc == TG_OK)
