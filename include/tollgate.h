@@ -95,7 +95,7 @@ TG_EXTERN const char *tg_version_string(void);
      "time out of range (clock before 1970 or after TG_NOW_MAX_US)")           \
   XX(EFULL, -9, "store is full")                                               \
   XX(ESTORE, -10, "store failure")                                             \
-  XX(EBUSY, -11, "key is locked by another caller")                            \
+  XX(EBUSY, -11, "a lock is held by another caller")                           \
   XX(ECORRUPT, -12, "stored state is corrupt")                                 \
   XX(EMISMATCH, -13,                                                           \
      "shared segment was created with other parameters, by another "           \

@@ -629,7 +629,7 @@ static void a_stuck_lock_is_waited_for_once_per_backoff(void **state) {
   for (int i = 0; i < 10; i++)
     assert_hit(run_on(&c, AT(0), h), 1, 0, 0, 0, 0, 1);
   assert_string_equal(run_on(&c, AT(0), "TG.RESET k fixed_window"),
-                      "-TG_EBUSY key is locked by another caller\r\n");
+                      "-TG_EBUSY a lock is held by another caller\r\n");
   assert_int_equal(waited, 1);
   assert_int_equal(fast, 11);
   c.mono_ms = 5999;
@@ -702,8 +702,8 @@ static void health_is_logged_once_per_change(void **state) {
       "answered by --on-failure open\n"
       "tollgate serve: store redis:x healthy again on token_bucket after 100 "
       "failed request(s)\n"
-      "tollgate serve: store shm:/x.<algorithm> degraded: TG_EBUSY (key is "
-      "locked by another caller) on sliding_window; requests that need it "
+      "tollgate serve: store shm:/x.<algorithm> degraded: TG_EBUSY (a lock "
+      "is held by another caller) on sliding_window; requests that need it "
       "are answered by --on-failure closed\n"
       "tollgate serve: store redis:x degraded: TG_ECONNECT (cannot reach the "
       "store: connection refused or lost) on token_bucket; requests that "
