@@ -80,9 +80,11 @@ static uint64_t log_expiry(const tg__table *t, tg__log_block *b) {
  * line of a segment not backed yet is simply not fetched. */
 static void block_prefetch(const tg__table *t, const tg__log_block *b) {
   const char *p = (const char *)b;
-  uint32_t bytes = t->g.log_block_bytes < 256 ? t->g.log_block_bytes : 256;
-  for (uint32_t off = 0; off < bytes; off += 64)
-    __builtin_prefetch(p + off, 1);
+  size_t lines = t->g.log_block_bytes / 64; /* >= 1: a multiple of 64 */
+  if (lines > 4)
+    lines = 4;
+  for (size_t k = 0; k < lines; k++)
+    __builtin_prefetch(p + (size_t)64 * k, 1);
 }
 
 static int lock_block(const tg__table *t, tg__log_block *b, tg__wait *wt) {
@@ -1210,8 +1212,10 @@ int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o) {
 void tg__table_exec_batch(tg__table *t, const tg__call *calls, size_t n,
                           tg__outcome *outs, int *rcs) {
   kref ks[BATCH_AHEAD];
-  for (size_t base = 0; base < n; base += BATCH_AHEAD) {
-    size_t m = n - base < BATCH_AHEAD ? n - base : BATCH_AHEAD;
+  for (size_t base = 0, m; base < n; base += m) {
+    m = n - base;
+    if (m > BATCH_AHEAD)
+      m = BATCH_AHEAD;
     /* first every key's hash and the prefetch of its home slot, so the
      * group's misses overlap; then the decisions, in order, which find
      * their slots arriving or arrived */
