@@ -111,11 +111,12 @@ int tg__table_store_wrap(tg__store **out, const tg__table *t, size_t bytes) {
 /* Asks for transparent huge pages under the header and slots (not the
  * arenas, whose memory must follow their use a page at a time). Keys hash
  * uniformly over the slots, so a table in use soon touches every page of
- * them anyway; with 2 MiB pages a decision on a key not in cache then
- * misses the TLB far less often, which on a virtual machine (a page walk
- * through two levels of tables) costs about as much as the slot's own
- * miss. Below one huge page it would only add memory. Advice: a kernel
- * without THP, or with it off, ignores it. */
+ * them anyway; with 2 MiB pages a decision on a key not in cache misses
+ * the TLB less often. How much that saves depends on the host: on the KVM
+ * guest BENCHMARKS.md measures, where the host's own page size still
+ * bounds the TLB, a dependent miss cost 171 ns on huge pages against 170
+ * on small ones (no gain there). Below one huge page it would only add
+ * memory. Advice: a kernel without THP, or with it off, ignores it. */
 static void huge_slots(void *mem, size_t core) {
 #ifdef MADV_HUGEPAGE
   if (core >= (size_t)2 << 20)
