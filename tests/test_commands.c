@@ -182,6 +182,45 @@ static void hit_options_in_any_order_and_case(void **state) {
              1, 1, 0, 1900, 0);
 }
 
+/* Every algorithm's name, in any case, names it, and nothing near it
+ * does (the parser picks a candidate by first letter and length before it
+ * compares). */
+static void algorithm_names_and_near_misses(void **state) {
+  (void)state;
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    const char *name = tg_algorithm_name((tg_algorithm)a);
+    char up[32], mixed[32], line[96];
+    size_t n = strlen(name);
+    assert_true(n < sizeof up);
+    for (size_t i = 0; i <= n; i++) {
+      char c = name[i];
+      up[i] = (char)(c >= 'a' && c <= 'z' ? c - 32 : c);
+      mixed[i] = (char)(i % 2 ? up[i] : c);
+    }
+    const char *forms[] = {name, up, mixed};
+    for (size_t f = 0; f < 3; f++) {
+      snprintf(line, sizeof line, "TG.HIT k%d %s 5 1000", a, forms[f]);
+      const char *r = RUN(AT(0), line);
+      assert_true(strncmp(r, "*6\r\n:1\r\n", 8) == 0);
+    }
+  }
+  static const char *const near[] = {
+      "f",           "fixed_windox",        "fixed_window_",
+      "fixed_windo", "fixed_window_per_ke", "fixed_window_per_kez",
+      "s",           "sliding_windowx",     "token_buckex",
+      "token",       "leaky_buckets",       "xeaky_bucket",
+      "fixed window"};
+  for (size_t i = 0; i < sizeof near / sizeof near[0]; i++) {
+    resp_arg argv[5] = {{"TG.HIT", 6},
+                        {"k", 1},
+                        {near[i], strlen(near[i])},
+                        {"5", 1},
+                        {"1000", 4}};
+    const char *r = run_argv(&ctx, AT(0), argv, 5);
+    assert_non_null(strstr(r, "unknown algorithm"));
+  }
+}
+
 static void never_is_minus_one(void **state) {
   (void)state;
   /* cost above the limit can never pass: retry_after_ms is TG_NEVER */
@@ -861,6 +900,7 @@ int main(void) {
       cmocka_unit_test(hit_answers_every_field),
       cmocka_unit_test(policy_decides_all_rules),
       cmocka_unit_test(hit_options_in_any_order_and_case),
+      cmocka_unit_test(algorithm_names_and_near_misses),
       cmocka_unit_test(never_is_minus_one),
       cmocka_unit_test(fixed_window_counts_denied_calls),
       cmocka_unit_test(arguments_are_checked),

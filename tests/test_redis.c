@@ -19,6 +19,7 @@
  *     server (its INFO commandstats once it resumes), not by timing;
  *   - many threads on one key through the connection pool: exact admission.
  */
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1492,8 +1493,75 @@ static void fork_child_reconnects(void **state) {
   tg_limiter_destroy(lim);
 }
 
+/* The value encoding's decimal routines against the C library's: every
+ * length of digits, the 19/20-digit edge where overflow becomes possible,
+ * and what must be refused. */
+static void decimal_round_trips(void **state) {
+  (void)state;
+  uint64_t vals[200];
+  size_t nv = 0;
+  for (uint64_t p = 1; nv < 40; p *= 10) {
+    vals[nv++] = p - 1;
+    vals[nv++] = p;
+    if (p > UINT64_MAX / 10)
+      break;
+  }
+  vals[nv++] = UINT64_MAX;
+  vals[nv++] = UINT64_MAX - 1;
+  uint64_t x = 88172645463325252u; /* xorshift64 */
+  while (nv < 200) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    vals[nv++] = x >> (x % 64);
+  }
+  for (size_t i = 0; i < nv; i++) {
+    char mine[24], ref[24];
+    size_t n = tg__u64_dec(mine, vals[i]);
+    int m = snprintf(ref, sizeof ref, "%" PRIu64, vals[i]);
+    assert_int_equal(n, (size_t)m);
+    assert_memory_equal(mine, ref, n);
+    const char *p = ref;
+    uint64_t back = 0;
+    assert_true(tg__scan_u64(&p, ref + m, &back));
+    assert_ptr_equal(p, ref + m);
+    assert_true(back == vals[i]);
+  }
+  static const struct {
+    const char *s;
+    bool ok;
+    uint64_t v;
+    size_t used;
+  } cases[] = {
+      {"18446744073709551615", true, UINT64_MAX, 20},
+      {"18446744073709551616", false, 0, 0},
+      {"99999999999999999999", false, 0, 0},
+      {"9999999999999999999", true, 9999999999999999999u, 19},
+      {"000000000000000000001", false, 0, 0}, /* 21 digits */
+      {"00000000000000000001", true, 1, 20},
+      {"12:34", true, 12, 2},
+      {"", false, 0, 0},
+      {":1", false, 0, 0},
+      {"-1", false, 0, 0},
+      {"7\xc0", true, 7, 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *s = cases[i].s, *p = s;
+    uint64_t v = 0;
+    bool ok = tg__scan_u64(&p, s + strlen(s), &v);
+    assert_int_equal(ok, cases[i].ok);
+    if (ok) {
+      assert_true(v == cases[i].v);
+      assert_ptr_equal(p, s + cases[i].used);
+    } else {
+      assert_ptr_equal(p, s);
+    }
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(decimal_round_trips),
       cmocka_unit_test_setup(available, server_up),
       cmocka_unit_test_setup(config_is_validated, server_up),
       cmocka_unit_test_setup(path_follows_the_server, server_up),

@@ -26,6 +26,8 @@ static bool is_word(const char *p, size_t len, const char *word) {
   size_t n = strlen(word);
   if (len != n)
     return false;
+  if (memcmp(p, word, n) == 0) /* most clients send the lowercase word */
+    return true;
   for (size_t i = 0; i < n; i++)
     if (lower((unsigned char)p[i]) != (unsigned char)word[i])
       return false;
@@ -57,13 +59,30 @@ int tg__cmd_lookup(const char *name, size_t len) {
 }
 
 int tg__cmd_parse_algorithm(const char *p, size_t len, tg_algorithm *alg) {
-  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
-    if (is_word(p, len, tg_algorithm_name((tg_algorithm)a))) {
-      *alg = (tg_algorithm)a;
-      return 0;
-    }
+  /* the names differ in their first letter, or (the two fixed windows) in
+   * length: the candidate is known before any comparison, and one
+   * comparison with its name decides */
+  int a = -1;
+  switch (len ? lower((unsigned char)p[0]) : 0) {
+  case 'f':
+    a = len == 12 ? TG_FIXED_WINDOW : TG_FIXED_WINDOW_PER_KEY;
+    break;
+  case 's':
+    a = TG_SLIDING_WINDOW;
+    break;
+  case 't':
+    a = TG_TOKEN_BUCKET;
+    break;
+  case 'l':
+    a = TG_LEAKY_BUCKET;
+    break;
+  default:
+    break;
   }
-  return -1;
+  if (a < 0 || !is_word(p, len, tg_algorithm_name((tg_algorithm)a)))
+    return -1;
+  *alg = (tg_algorithm)a;
+  return 0;
 }
 
 static int fail(tg__cmd_error *err, const char *msg) {

@@ -8,15 +8,19 @@
 
 bool tg__scan_u64(const char **p, const char *end, uint64_t *out) {
   const char *q = *p;
+  /* up to 19 digits cannot pass 2^64 - 1: no overflow check for them */
+  const char *fast = end - q > 19 ? q + 19 : end;
   uint64_t v = 0;
-  while (q < end && *q >= '0' && *q <= '9') {
-    if (q - *p >= 20 || !tg__mul(v, 10, &v) ||
-        !tg__add(v, (uint64_t)(*q - '0'), &v))
-      return false;
-    q++;
-  }
+  while (q < fast && (unsigned char)(*q - '0') <= 9)
+    v = v * 10u + (uint64_t)(*q++ - '0');
   if (q == *p)
     return false;
+  if (q < end && (unsigned char)(*q - '0') <= 9) {
+    /* a 20th digit: checked; a 21st is too many */
+    if (!tg__mul(v, 10, &v) || !tg__add(v, (uint64_t)(*q++ - '0'), &v) ||
+        (q < end && (unsigned char)(*q - '0') <= 9))
+      return false;
+  }
   *p = q;
   *out = v;
   return true;
@@ -51,15 +55,57 @@ bool tg__rv_parse_state(tg_algorithm alg, const char *s, size_t len,
   return true;
 }
 
+/* "00" .. "99": two digits per division. */
+static const char DIGIT_PAIRS[201] = "00010203040506070809"
+                                     "10111213141516171819"
+                                     "20212223242526272829"
+                                     "30313233343536373839"
+                                     "40414243444546474849"
+                                     "50515253545556575859"
+                                     "60616263646566676869"
+                                     "70717273747576777879"
+                                     "80818283848586878889"
+                                     "90919293949596979899";
+
+/* 10^i for i in 1..19: a value's digit count by comparisons. */
+static const uint64_t POW10[20] = {0,
+                                   UINT64_C(10),
+                                   UINT64_C(100),
+                                   UINT64_C(1000),
+                                   UINT64_C(10000),
+                                   UINT64_C(100000),
+                                   UINT64_C(1000000),
+                                   UINT64_C(10000000),
+                                   UINT64_C(100000000),
+                                   UINT64_C(1000000000),
+                                   UINT64_C(10000000000),
+                                   UINT64_C(100000000000),
+                                   UINT64_C(1000000000000),
+                                   UINT64_C(10000000000000),
+                                   UINT64_C(100000000000000),
+                                   UINT64_C(1000000000000000),
+                                   UINT64_C(10000000000000000),
+                                   UINT64_C(100000000000000000),
+                                   UINT64_C(1000000000000000000),
+                                   UINT64_C(10000000000000000000)};
+
 size_t tg__u64_dec(char *out, uint64_t v) {
-  char tmp[20];
-  size_t n = 0;
-  do {
-    tmp[n++] = (char)('0' + v % 10);
-    v /= 10;
-  } while (v);
-  for (size_t i = 0; i < n; i++)
-    out[i] = tmp[n - 1 - i];
+  size_t n = 1;
+  while (n < 20 && v >= POW10[n])
+    n++;
+  char *p = out + n;
+  while (v >= 100) {
+    unsigned d = (unsigned)(v % 100) * 2;
+    v /= 100;
+    *--p = DIGIT_PAIRS[d + 1];
+    *--p = DIGIT_PAIRS[d];
+  }
+  if (v >= 10) {
+    *--p = DIGIT_PAIRS[v * 2 + 1];
+    *--p = DIGIT_PAIRS[v * 2];
+  } else {
+    *--p = (char)('0' + v);
+  }
   return n;
 }
 
