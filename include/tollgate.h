@@ -1065,7 +1065,12 @@ struct tg_custom_store {
  * that may write it): tollgate does not crash, abort or hang. Indices and
  * counts are range-checked before use; every lock word is either a live
  * holder, waited for within the bound, or taken over; state that makes no
- * sense is TG_ECORRUPT for the calls that meet it. The reclaim horizon (see
+ * sense is TG_ECORRUPT for the calls that meet it. A sliding log is met
+ * where a call reads it: its bounds, its newest entry, the entries the call
+ * expires and the first it keeps (their order, their costs within the sum),
+ * and, for a denial, whether its entries account for its sum; an entry
+ * further in is checked by the call that reaches it, so a decision costs
+ * the entries it reads, not the whole log. The reclaim horizon (see
  * "Operations") cannot be kept years ahead: a key the table does not hold
  * is evaluated no earlier than the latest expiry of a reclaimed state, but
  * never further past the call's time than the longest period any key has

@@ -1124,6 +1124,94 @@ static void horizon_beyond_range_cleared(void **state) {
   assert_int_equal(failures, 0);
 }
 
+/* The log of key k (sliding segment): its block's offset, or 0. Key k was
+ * hit k + 1 times, first at T0 + k, so its oldest entry names it. */
+static size_t log_of_key(const seg *s, unsigned k) {
+  uint64_t live[64];
+  unsigned n = live_slots(s, live, 64);
+  for (unsigned j = 0; j < n; j++) {
+    uint64_t bi = rd64(s, slot_at(s, live[j]));
+    if (bi == 0 || bi > s->pristine.nlogs)
+      continue;
+    size_t b = block_at(s, bi - 1);
+    uint32_t head;
+    memcpy(&head, s->base + b + offsetof(tg__log_block, head), 4);
+    if (head < LOG_ENTRIES && rd64(s, b + offsetof(tg__log_block, e) +
+                                          head * sizeof(tg__entry)) == T0 + k)
+      return b;
+  }
+  return 0;
+}
+
+/* A shared log is checked where a call reads it: a sum its entries cannot
+ * account for, an expiring entry out of order or a newest entry past any
+ * clock is TG_ECORRUPT; an entry further in is left to the call that
+ * reaches it (include/tollgate.h, "Shared memory"). */
+static void logs_checked_where_read(void **state) {
+  (void)state;
+  static const struct {
+    const char *what;
+    uint64_t now;   /* the call's time */
+    int field;      /* 0: sum, 1: entry i's time = entry i-1's, 2: newest t */
+    unsigned entry; /* for 1 */
+    uint64_t value; /* for 0 and 2 */
+    int want;
+  } rows[] = {
+      /* key 5: six entries of cost 1 at T0 + 5 + j ms */
+      {"sum above the entries, nothing expires", T0 + 6000, 0, 0, 100,
+       TG_ECORRUPT},
+      {"sum above the entries, all expire", T0 + 10 * 1000000, 0, 0, 7,
+       TG_ECORRUPT},
+      {"sum below an expiring entry", T0 + 1000000 + 1500, 0, 0, 0,
+       TG_ECORRUPT},
+      {"an expiring entry out of order", T0 + 1000000 + 1500, 1, 1, 0,
+       TG_ECORRUPT},
+      {"newest past any clock", T0 + 6000, 2, 0, TG_NOW_MAX_US + 1,
+       TG_ECORRUPT},
+      {"an entry further in out of order: not read yet", T0 + 6000, 1, 3, 0,
+       TG_OK},
+      {"the same entry, read once it expires", T0 + 1000000 + 3500, 1, 3, 0,
+       TG_ECORRUPT},
+      {"untouched: the control", T0 + 6000, 0, 0, 6, TG_OK},
+  };
+  unsigned failures = 0;
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    seg s;
+    seg_create(&s, TG_SLIDING_WINDOW);
+    size_t b = log_of_key(&s, 5);
+    assert_true(b != 0);
+    uint32_t head;
+    memcpy(&head, s.base + b + offsetof(tg__log_block, head), 4);
+    size_t e0 = b + offsetof(tg__log_block, e);
+#define ENTRY(j) (e0 + ((head + (j)) % LOG_ENTRIES) * sizeof(tg__entry))
+    uint64_t v = rows[i].value;
+    if (rows[i].field == 0) {
+      memcpy(s.base + b + offsetof(tg__log_block, sum), &v, 8);
+    } else if (rows[i].field == 1) {
+      v = rd64(&s, ENTRY(rows[i].entry - 1));
+      memcpy(s.base + ENTRY(rows[i].entry), &v, 8);
+    } else {
+      memcpy(s.base + ENTRY(LOG_ENTRIES - 1), &v, 8);
+    }
+#undef ENTRY
+    tg_config cfg = seg_config(s.alg);
+    tg_limiter *lim = NULL;
+    assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+    unsigned char key[TG_KEY_MAX];
+    size_t len = key_bytes(5, key);
+    tg_result r;
+    int rc = tg_hit_at(lim, rows[i].now, key, len, &quota, 1, &r);
+    if (rc != rows[i].want) {
+      print_error("%s: %s, want %s\n", rows[i].what, tg_err_name(rc),
+                  tg_err_name(rows[i].want));
+      failures++;
+    }
+    tg_limiter_destroy(lim);
+    seg_destroy(&s);
+  }
+  assert_int_equal(failures, 0);
+}
+
 static unsigned storms(void) {
   const char *e = getenv("TG_HOSTILE_STORMS");
   return e ? (unsigned)strtoul(e, NULL, 10) : 60u;
@@ -1244,6 +1332,7 @@ int main(void) {
       cmocka_unit_test(body_header_counters),
       cmocka_unit_test(body_horizon),
       cmocka_unit_test(horizon_beyond_range_cleared),
+      cmocka_unit_test(logs_checked_where_read),
       cmocka_unit_test(body_random_storms),
       cmocka_unit_test(header_geometry_after_attach),
   };

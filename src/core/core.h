@@ -250,6 +250,17 @@ bool tg__state_plausible(tg_algorithm alg, const tg__state *st);
  * TG_NOW_MAX_US and strictly increasing, sum equal to the costs' sum. */
 bool tg__log_plausible(const tg__log *log);
 
+/* What a shared table checks on every call instead, at the cost of the
+ * entries the call reads rather than all of them: head and n within the
+ * ring, a zero sum when empty, the newest entry's time at most
+ * TG_NOW_MAX_US, and from the oldest, each entry a call at now_us expires
+ * and the first it keeps strictly increasing in time up to the newest, with
+ * their costs and the newest's within the sum. An entry further in is
+ * checked when a later call reaches it; a denied call whose sum its entries
+ * cannot account for is caught by its caller (no wait found). */
+bool tg__log_sound_where_read(const tg__log *log, uint64_t period_us,
+                              uint64_t now_us);
+
 /* Restores a log whose writer died part way through a step (shared memory):
  * clamps head and n to the ring, keeps, in order, each entry newer than the
  * last one kept (which drops the stale slots a half-written prune or append

@@ -244,6 +244,32 @@ bool tg__log_plausible(const tg__log *log) {
   return ok && sum == log->sum;
 }
 
+bool tg__log_sound_where_read(const tg__log *log, uint64_t period_us,
+                              uint64_t now_us) {
+  if (log->cap == 0 || log->head >= log->cap || log->n > log->cap)
+    return false;
+  if (log->n == 0)
+    return log->sum == 0;
+  const tg__entry *newest = tg__log_at(log, log->n - 1);
+  uint64_t last = newest->t_us;
+  if (last > TG_NOW_MAX_US || newest->cost > log->sum)
+    return false;
+  /* from the oldest: every entry this call expires, then the first it
+   * keeps, in strictly increasing time up to the newest, their costs
+   * within the sum (the newest's too) */
+  uint64_t lo = 0, acc = 0;
+  for (uint32_t i = 0; i < log->n; i++) {
+    const tg__entry *e = tg__log_at(log, i);
+    uint64_t t = e->t_us;
+    if (t < lo || t > last || !tg__add(acc, e->cost, &acc) || acc > log->sum)
+      return false;
+    if (t > now_us || now_us - t < period_us) /* kept: the last one read */
+      return i + 1 == log->n || acc <= log->sum - newest->cost;
+    lo = t + 1;
+  }
+  return acc == log->sum; /* every entry expires: all of them were read */
+}
+
 void tg__log_repair(tg__log *log) {
   if (log->cap == 0) {
     log->head = log->n = 0;

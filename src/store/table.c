@@ -719,11 +719,16 @@ exec_log(tg__table *t, const kref *k, const tg__call *c, tg__outcome *o) {
       return TG_ENOMEM;
     }
     tg__log lg = log_view(t, b);
-    if (t->g.shared && !tg__log_plausible(&lg)) {
+    if (t->g.shared &&
+        !tg__log_sound_where_read(&lg, c->q.period_us, c->now_us)) {
       unlock_block(t, b);
       return TG_ECORRUPT;
     }
     rc = tg__log_step(c, &lg, o, &changed);
+    if (rc == TG_OK && log_sum_unaccounted(t, c, o)) {
+      unlock_block(t, b);
+      return TG_ECORRUPT;
+    }
     if (changed)
       log_store(b, &lg);
     b->period_us = c->q.period_us;
@@ -952,7 +957,8 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
       return TG_ENOMEM;
     }
     tg__log lg = log_view(t, b);
-    if (t->g.shared && !tg__log_plausible(&lg)) {
+    if (t->g.shared &&
+        !tg__log_sound_where_read(&lg, c->q.period_us, c->now_us)) {
       unlock_block(t, b);
       return TG_ECORRUPT;
     }
@@ -968,6 +974,12 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
       rc = TG_OK;
     } else {
       rc = tg__log_step(c, &lg, o, &changed);
+    }
+    if (rc == TG_OK && log_sum_unaccounted(t, c, o)) {
+      unlock_block(t, b);
+      return TG_ECORRUPT;
+    }
+    if (c->op != TG__OP_UNDO && c->op != TG__OP_CHECK) {
       bool took = rc == TG_OK && o->r.allowed && c->arg > 0;
       tok->taken = took;
       tok->gen = g;

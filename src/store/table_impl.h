@@ -304,4 +304,17 @@ static inline void unlock_block(const tg__table *t, tg__log_block *b) {
   tg__lock_release(&b->lock, t->g.shared);
 }
 
+/* A shared log's decision that its entries cannot account for: denied with
+ * no wait although the cost fits the limit, which only a sum larger than
+ * its entries' can give (tg__log_sound_where_read leaves the entries past
+ * the ones a call reads to the call that reaches them). */
+static inline bool log_sum_unaccounted(const tg__table *t, const tg__call *c,
+                                       const tg__outcome *o) {
+  return t->g.shared &&
+         (c->op == TG__OP_HIT || c->op == TG__OP_TAKE ||
+          c->op == TG__OP_CHECK) &&
+         !o->r.allowed && c->arg <= c->q.limit &&
+         o->r.retry_after_ms == TG_NEVER;
+}
+
 #endif
