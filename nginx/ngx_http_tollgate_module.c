@@ -471,6 +471,7 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
   z->algorithm = TG_FIXED_WINDOW;
   z->timeout = 100;
   z->on_error = TG_POLICY_FAIL_OPEN;
+  ngx_str_t zone_arg = ngx_null_string;
   z->file = cf->conf_file->file.name;
   z->line = cf->conf_file->line;
 
@@ -495,8 +496,10 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                            &z->name);
         return NGX_CONF_ERROR;
       }
-      if (colon == NULL)
-        continue; /* a Redis zone needs no size: checked below */
+      if (colon == NULL) {
+        zone_arg = *v; /* a Redis zone needs no size: checked below */
+        continue;
+      }
       ngx_str_t s = {(size_t)(v->data + v->len - colon - 1), colon + 1};
       ssize_t size = s.len ? ngx_parse_size(&s) : NGX_ERROR;
       if (size == NGX_ERROR) {
@@ -577,7 +580,15 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
       return NGX_CONF_ERROR;
     }
   }
-  if (z->name.len == 0 || (z->size == 0 && !z->redis)) {
+  if (z->name.len && z->size == 0 && !z->redis) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_zone: invalid zone size in \"%V\" "
+                       "(zone=NAME:SIZE, e.g. zone=api:10m, or a zone with "
+                       "store=redis://...)",
+                       &zone_arg);
+    return NGX_CONF_ERROR;
+  }
+  if (z->name.len == 0) {
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "tollgate_zone: \"zone=NAME:SIZE\" is required");
     return NGX_CONF_ERROR;
