@@ -1255,10 +1255,15 @@ static void tg_ngx_redis_resume(ngx_http_request_t *r) {
   ngx_http_core_run_phases(r);
 }
 
-static void redis_complete(tg_nb_req *req) {
+static void redis_complete(tg_ngx_zone *z, tg_nb_req *req) {
   tg_ngx_pending *p = req->data;
   ngx_queue_remove(&p->queue);
   tg_ngx_ctx *ctx = p->ctx;
+  if (ctx == NULL)
+    ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
+                  "tollgate: zone \"%V\": an answer for a request that "
+                  "has ended is dropped",
+                  &z->name);
   if (ctx) {
     ctx->pending = NULL;
     ctx->resume_rc = redis_answer(p->r, p->lcf, ctx, req->status, &req->result);
@@ -1290,7 +1295,7 @@ static void redis_pump(tg_ngx_zone *z) {
       redis_write(z);
     tg_nb_req *req;
     while ((req = tg_nb_done(z->nb)) != NULL)
-      redis_complete(req);
+      redis_complete(z, req);
   } while (z->pump_again && ++rounds < 8);
   ngx_connection_t *c = z->conn;
   if (c && !z->connecting) {

@@ -353,6 +353,8 @@ location /slow { tollgate zone=slow; add_header X-Status $tollgate_status always
         time.sleep(0.2)
         self.assertEqual(n.worker_pids(), pids)
         log = n.error_log()
+        self.assertEqual(log.count('zone "slow": an answer for a request '
+                                   'that has ended is dropped'), 5, log)
         self.assertNotIn("exited on signal", log)
         self.assertNotIn("[alert]", log)
 
