@@ -3,9 +3,13 @@
  * ngx_http_tollgate_module.c - tollgate inside nginx: rate limits on any
  * key, with tollgate's five algorithms, costs per request, several limits
  * decided as one atomic policy, limit_req's burst/delay queue (tollgate's
- * reservations), a dry run, and the RateLimit / Retry-After fields.
+ * reservations), a dry run, and the RateLimit / Retry-After fields; zones
+ * in nginx's shared memory, or in Redis, shared by several nginx hosts.
  *
  *   tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N];
+ *   tollgate_zone KEY zone=NAME algorithm=ALG rate=RATE [burst=N]
+ *                 store=redis://HOST[:PORT][/DB] | store=redis+unix:PATH
+ *                 [password=P] [timeout=100ms] [on_error=allow|deny];
  *   tollgate zone=NAME [cost=N|cost=$var] [burst=N] [nodelay|delay=N];
  *   tollgate_status CODE;  tollgate_dry_run on|off;
  *   tollgate_log_level info|notice|warn|error;
@@ -21,6 +25,12 @@
  * of its pool, where an internal redirect (which clears module contexts)
  * does not lose it: a request is decided once, whichever locations it goes
  * through.
+ *
+ * A Redis zone (see "Redis zones" below) is decided by each worker's
+ * client of the non-blocking API, on a connection nginx's event loop
+ * drives: the request is parked until the reply comes, then decided as a
+ * shared-memory zone's would be. It decides single limits only: a location
+ * that uses one has one tollgate line, which does not delay.
  */
 #include <ngx_config.h>
 #include <ngx_core.h>
