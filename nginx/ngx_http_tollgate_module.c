@@ -77,6 +77,7 @@ typedef struct {
   tg_nb *nb;
   ngx_connection_t *conn;
   unsigned connecting : 1; /* connect() in progress */
+  unsigned heard : 1;      /* the connection has had a reply */
   unsigned pumping : 1;
   unsigned pump_again : 1;
   ngx_msec_t backoff;     /* the last wait before trying a down server */
@@ -1134,6 +1135,7 @@ static void redis_backoff_done(ngx_event_t *ev) {
 
 static void redis_connected(tg_ngx_zone *z) {
   z->connecting = 0;
+  z->heard = 0;
   if (z->conn->write->timer_set)
     ngx_del_timer(z->conn->write);
   if (tg_nb_connected(z->nb, 0) != 0)
@@ -1202,10 +1204,14 @@ static void redis_read(tg_ngx_zone *z) {
     if (n == NGX_AGAIN)
       break;
     if (n == 0 || n == NGX_ERROR) {
-      ngx_log_error(NGX_LOG_INFO, c->log, 0,
-                    "tollgate: zone \"%V\": the connection to %V ended",
-                    &z->name, &z->store);
-      redis_fail(z, TG_ECONNECT, 0);
+      /* a server that closes before its first reply (the handshake's)
+       * is down: making the connection again at once would loop */
+      ngx_uint_t down = !z->heard;
+      ngx_uint_t level = down ? NGX_LOG_ERR : NGX_LOG_INFO;
+      ngx_log_error(level, c->log, 0,
+                    "tollgate: zone \"%V\": the connection to %V ended%s",
+                    &z->name, &z->store, down ? " before any reply" : "");
+      redis_fail(z, TG_ECONNECT, down);
       return;
     }
     if (c->read->timer_set) /* heard: redis_timers sets it again */
@@ -1219,6 +1225,7 @@ static void redis_read(tg_ngx_zone *z) {
       return;
     }
     z->backoff = 0; /* it answers */
+    z->heard = 1;
   }
   if (ngx_handle_read_event(c->read, 0) != NGX_OK)
     redis_fail(z, TG_ECONNECT, 1);

@@ -298,7 +298,7 @@ location /slow { tollgate zone=slow; add_header X-Status $tollgate_status always
             # backoff (100 ms, doubling while it stays down)
             st, h, dt = timed(n, "/open?k=b")
             self.assertEqual((st, h["x-status"]), (200, "FAILED"))
-            self.assertTrue(dt < 0.09, dt)
+            self.assertTrue(dt < 0.15, dt)  # a probe would take 0.2 s
             st, h, dt = timed(n, "/closed?k=a")
             self.assertEqual((st, h["x-status"]), (503, "FAILED"))
             self.assertTrue(0.15 < dt < 2, dt)
@@ -414,6 +414,48 @@ location /bad { tollgate zone=bad; add_header X-Status $tollgate_status always;
         finally:
             n.stop()
             redis.close()
+
+
+    def test_server_that_closes_at_once(self):
+        # something that accepts and closes before any reply: taken as
+        # down (on_error answers, quickly), not connected to again and
+        # again while the request waits
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(64)
+        accepted = [0]
+        stop = threading.Event()
+
+        def serve():
+            lsock.settimeout(0.1)
+            while not stop.is_set():
+                try:
+                    c, _ = lsock.accept()
+                except OSError:
+                    continue
+                accepted[0] += 1
+                c.close()
+        t = threading.Thread(target=serve)
+        t.start()
+        zones = ("tollgate_zone $arg_k zone=c algorithm=fixed_window rate=2/1d"
+                 " store=redis://127.0.0.1:%d;\n" % lsock.getsockname()[1])
+        locs = ("location / { tollgate zone=c; add_header X-Status "
+                "$tollgate_status always; try_files /index.html =404; }")
+        n = server(locs, zones, workers=1)
+        try:
+            for _ in range(5):
+                st, h, dt = timed(n, "/?k=a")
+                self.assertEqual((st, h["x-status"]), (200, "FAILED"))
+                self.assertTrue(dt < 1, dt)
+            time.sleep(0.5)
+            # one connection per backoff at most (100, 200, 400 ms...)
+            self.assertLess(accepted[0], 10, accepted[0])
+            self.assertIn("ended before any reply", n.error_log())
+        finally:
+            n.stop()
+            stop.set()
+            t.join()
+            lsock.close()
 
 
 class ConfigErrors(unittest.TestCase):
