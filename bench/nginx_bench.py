@@ -22,6 +22,12 @@ favours no case);
 the medians of the rounds are printed, one line per case, with the ratio to
 limit_req on the same keys. The machine's load average is printed before
 and after.
+
+--redis adds a token bucket zone kept in Redis (store=redis://, a private
+redis-server on a free loopback port that the script starts and stops, as
+tests/nginx/test_nginx_redis.py does): one round trip per request, decided
+without blocking the worker; its ratio to limit_req shows what sharing a
+limit between hosts costs on one host.
 """
 import argparse
 import os
@@ -38,7 +44,7 @@ ALGS = ["fixed_window", "fixed_window_per_key", "sliding_window",
         "token_bucket", "leaky_bucket"]
 
 
-def config():
+def config(redis_port=None):
     zones = ["limit_req_zone $arg_k zone=lr:32m rate=1000000r/s;"]
     locs = ["location /none { try_files /nope @ok; }",
             "location /limit_req { limit_req zone=lr burst=1000000 nodelay;"
@@ -60,6 +66,12 @@ def config():
     # what the RateLimit fields and Retry-After cost on top
     locs.append("location /token_bucket_hot_headers { tollgate "
                 "zone=token_bucket_hot; try_files /nope @ok; }")
+    if redis_port:
+        zones.append("tollgate_zone $arg_k zone=redis algorithm=token_bucket "
+                     "rate=1000000r/s burst=1000000 "
+                     "store=redis://127.0.0.1:%d;" % redis_port)
+        locs.append("location /redis { tollgate zone=redis;"
+                    " tollgate_headers off; try_files /nope @ok; }")
     locs.append("location @ok { return 204; }")
     return ("\n".join(zones) + "\nserver { listen 127.0.0.1:PORT; "
             + "\n".join(locs) + " }")
@@ -95,6 +107,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=int, default=3)
+    ap.add_argument("--redis", action="store_true",
+                    help="add a token bucket zone kept in Redis")
     ap.add_argument("module")
     args = ap.parse_args()
     os.environ["TG_NGINX_MODULE"] = os.path.abspath(args.module)
@@ -107,8 +121,19 @@ def main():
         cases.append(("tollgate " + a, "/%s_many" % a, True))
     cases.append(("tollgate token_bucket +headers",
                   "/token_bucket_hot_headers", False))
+    redis = None
+    if args.redis:
+        import test_nginx_redis
+        redis = test_nginx_redis.Redis()
+        cases.append(("tollgate token_bucket redis", "/redis", False))
+        cases.append(("tollgate token_bucket redis", "/redis", True))
     print("load average before: %.2f %.2f %.2f" % os.getloadavg())
-    n = ngx.Nginx(config(), workers=1)
+    try:
+        n = ngx.Nginx(config(redis.port if redis else None), workers=1)
+    except Exception:
+        if redis:
+            redis.close()
+        raise
     results = {c: [] for c in cases}
     try:
         with tempfile.TemporaryDirectory() as d:
@@ -124,6 +149,8 @@ def main():
                       file=sys.stderr)
     finally:
         n.stop()
+        if redis:
+            redis.close()
     print("load average after: %.2f %.2f %.2f" % os.getloadavg())
     print("%-36s %10s %8s %8s %9s" % ("case", "req/s", "p50 ms", "p99 ms",
                                       "vs limit_req"))

@@ -3,9 +3,13 @@
  * ngx_http_tollgate_module.c - tollgate inside nginx: rate limits on any
  * key, with tollgate's five algorithms, costs per request, several limits
  * decided as one atomic policy, limit_req's burst/delay queue (tollgate's
- * reservations), a dry run, and the RateLimit / Retry-After fields.
+ * reservations), a dry run, and the RateLimit / Retry-After fields; zones
+ * in nginx's shared memory, or in Redis, shared by several nginx hosts.
  *
  *   tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N];
+ *   tollgate_zone KEY zone=NAME algorithm=ALG rate=RATE [burst=N]
+ *                 store=redis://HOST[:PORT][/DB] | store=redis+unix:PATH
+ *                 [password=P] [timeout=100ms] [on_error=allow|deny];
  *   tollgate zone=NAME [cost=N|cost=$var] [burst=N] [nodelay|delay=N];
  *   tollgate_status CODE;  tollgate_dry_run on|off;
  *   tollgate_log_level info|notice|warn|error;
@@ -21,6 +25,12 @@
  * of its pool, where an internal redirect (which clears module contexts)
  * does not lose it: a request is decided once, whichever locations it goes
  * through.
+ *
+ * A Redis zone (see "Redis zones" below) is decided by each worker's
+ * client of the non-blocking API, on a connection nginx's event loop
+ * drives: the request is parked until the reply comes, then decided as a
+ * shared-memory zone's would be. It decides single limits only: a location
+ * that uses one has one tollgate line, which does not delay.
  */
 #include <ngx_config.h>
 #include <ngx_core.h>
@@ -51,6 +61,28 @@ typedef struct {
   ngx_shm_zone_t *shm_zone;
   ngx_str_t file; /* where it was defined, for messages */
   ngx_uint_t line;
+  /* store=redis (see "Redis zones" below): the zone's state is in Redis,
+   * decided through the non-blocking API, one client per worker */
+  unsigned redis : 1;
+  ngx_str_t store;    /* the store= value, for messages */
+  ngx_addr_t addr;    /* resolved once, at configuration time */
+  char *host;         /* for the client: "host" and port, or a path */
+  int port;           /* 0: host is a unix socket path */
+  int db;             /* SELECTed database (redis://HOST:PORT/DB) */
+  char *password;     /* password=: AUTH */
+  char *prefix;       /* key names: "tg:ngx:" and the zone's name */
+  ngx_msec_t timeout; /* timeout=: connect, and replies */
+  tg_policy on_error; /* on_error=allow|deny */
+  /* per worker, from init_process to exit_process */
+  tg_nb *nb;
+  ngx_connection_t *conn;
+  unsigned connecting : 1; /* connect() in progress */
+  unsigned heard : 1;      /* the connection has had a reply */
+  unsigned pumping : 1;
+  unsigned pump_again : 1;
+  ngx_msec_t backoff;     /* the last wait before trying a down server */
+  ngx_event_t backoff_ev; /* then tg_nb_up */
+  ngx_queue_t pending;    /* of tg_ngx_pending: submitted, not done */
 } tg_ngx_zone;
 
 /* One `tollgate` line. */
@@ -87,6 +119,8 @@ typedef struct {
   ngx_array_t zones; /* of tg_ngx_zone * */
 } tg_ngx_main_conf;
 
+typedef struct tg_ngx_pending tg_ngx_pending;
+
 /* What became of a request: $tollgate_status. */
 typedef enum {
   TG_NGX_UNDECIDED = 0,
@@ -115,11 +149,28 @@ typedef struct {
   ngx_uint_t n;       /* rules decided */
   tg_rule *rules;     /* n of them: keys, quotas, each rule's result */
   tg_ngx_limit **limits;
-  tg_rules_result rr;   /* the policy's answer (rr.r) */
-  tg_reservation res;   /* TG_NGX_RESERVE: the reservation */
-  unsigned waiting : 1; /* delayed and not yet resumed: cancel if the
-                           request ends first */
+  tg_rules_result rr;      /* the policy's answer (rr.r) */
+  tg_reservation res;      /* TG_NGX_RESERVE: the reservation */
+  unsigned waiting : 1;    /* delayed and not yet resumed: cancel if the
+                              request ends first */
+  tg_ngx_pending *pending; /* a Redis zone's decision not yet answered */
+  unsigned resume : 1;     /* answered: resume_rc is the handler's return,
+                              once, when the phases run again */
+  ngx_int_t resume_rc;
 } tg_ngx_ctx;
+
+/* A Redis zone's decision in flight: the worker's memory (not the
+ * request's pool), so the request may end first; it then only detaches
+ * (ctx NULL), and the answer, when it comes, is dropped. */
+struct tg_ngx_pending {
+  tg_nb_req req;
+  ngx_queue_t queue; /* in the zone's pending */
+  ngx_http_request_t *r;
+  tg_ngx_loc_conf *lcf;
+  tg_ngx_ctx *ctx;     /* NULL: the request ended */
+  unsigned parked : 1; /* the handler returned NGX_AGAIN: resume it */
+  u_char key[TG_KEY_MAX];
+};
 
 static ngx_int_t tg_ngx_preconfiguration(ngx_conf_t *cf);
 static ngx_int_t tg_ngx_postconfiguration(ngx_conf_t *cf);
@@ -131,6 +182,7 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 static char *tg_ngx_limit_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                                     void *conf);
 static ngx_int_t tg_ngx_init_process(ngx_cycle_t *cycle);
+static void tg_ngx_exit_process(ngx_cycle_t *cycle);
 static char *tg_ngx_set_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
 static char *tg_ngx_set_enum(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
 
@@ -195,7 +247,7 @@ ngx_module_t ngx_http_tollgate_module = {NGX_MODULE_V1,
                                          tg_ngx_init_process,
                                          NULL,
                                          NULL,
-                                         NULL,
+                                         tg_ngx_exit_process,
                                          NULL,
                                          NGX_MODULE_V1_PADDING};
 
@@ -328,7 +380,97 @@ static void tg_ngx_zone_cleanup(void *data) {
   z->lim = NULL;
 }
 
-/* tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N] */
+/* A Redis zone's client configuration (rc is filled too: cfg points to
+ * it). The client is one worker's, driven by nginx's events: no thread. */
+static void redis_config(const tg_ngx_zone *z, tg_config *cfg,
+                         tg_redis_config *rc) {
+  tg_config_init(cfg);
+  cfg->algorithm = z->algorithm;
+  cfg->sliding_max_entries = z->log_entries;
+  cfg->on_failure = z->on_error;
+  cfg->clean_period_ms = 0;
+  tg_redis_config_init(rc);
+  if (z->port == 0) {
+    rc->unix_path = z->host;
+  } else {
+    rc->host = z->host;
+    rc->port = z->port;
+  }
+  rc->db = z->db;
+  rc->password = z->password;
+  rc->key_prefix = z->prefix;
+  cfg->redis = rc;
+}
+
+static char *conf_cstr(ngx_conf_t *cf, u_char *p, size_t len) {
+  char *c = ngx_pnalloc(cf->pool, len + 1);
+  if (c) {
+    ngx_memcpy(c, p, len);
+    c[len] = '\0';
+  }
+  return c;
+}
+
+/* store=redis://HOST[:PORT][/DB] or store=redis+unix:PATH: the address,
+ * resolved now (as upstream servers are), and the client's settings. */
+static ngx_int_t parse_store(ngx_conf_t *cf, tg_ngx_zone *z, ngx_str_t *v) {
+  ngx_url_t u;
+  ngx_memzero(&u, sizeof(u));
+  u.default_port = 6379;
+  if (v->len > 8 && ngx_strncmp(v->data, "redis://", 8) == 0) {
+    u_char *p = v->data + 8, *end = v->data + v->len;
+    u_char *slash = ngx_strlchr(p, end, '/');
+    if (slash) {
+      ngx_int_t db = ngx_atoi(slash + 1, (size_t)(end - slash - 1));
+      if (db == NGX_ERROR || db > 1000000) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "tollgate_zone: invalid database in \"store=%V\" "
+                           "(redis://HOST:PORT/DB, DB a number)",
+                           v);
+        return NGX_ERROR;
+      }
+      z->db = (int)db;
+      end = slash;
+    }
+    u.url.data = p;
+    u.url.len = (size_t)(end - p);
+  } else if (v->len > 11 && ngx_strncmp(v->data, "redis+unix:", 11) == 0) {
+    /* nginx's own spelling of a socket: "unix:PATH" */
+    u.url.len = v->len - 11 + 5;
+    u.url.data = ngx_pnalloc(cf->pool, u.url.len);
+    if (u.url.data == NULL)
+      return NGX_ERROR;
+    ngx_memcpy(ngx_cpymem(u.url.data, "unix:", 5), v->data + 11, v->len - 11);
+  } else {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_zone: invalid \"store=%V\" (redis://HOST:"
+                       "PORT[/DB] or redis+unix:PATH)",
+                       v);
+    return NGX_ERROR;
+  }
+  if (u.url.len == 0 || ngx_parse_url(cf->pool, &u) != NGX_OK ||
+      u.naddrs == 0) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_zone: invalid \"store=%V\": %s", v,
+                       u.err ? u.err : "no address");
+    return NGX_ERROR;
+  }
+  z->addr = u.addrs[0];
+  if (u.family == AF_UNIX) {
+    z->host = conf_cstr(cf, v->data + 11, v->len - 11);
+    z->port = 0;
+  } else {
+    z->host = conf_cstr(cf, u.host.data, u.host.len);
+    z->port = u.port ? u.port : 6379;
+  }
+  z->store = *v;
+  z->redis = 1;
+  return z->host ? NGX_OK : NGX_ERROR;
+}
+
+/* tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N]
+ *   [store=redis://HOST:PORT[/DB] | store=redis+unix:PATH] [password=P]
+ *   [timeout=TIME] [on_error=allow|deny] */
 static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                                    void *conf) {
   tg_ngx_main_conf *mcf =
@@ -338,6 +480,9 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
   if (z == NULL)
     return NGX_CONF_ERROR;
   z->algorithm = TG_FIXED_WINDOW;
+  z->timeout = 100;
+  z->on_error = TG_POLICY_FAIL_OPEN;
+  ngx_str_t zone_arg = ngx_null_string;
   z->file = cf->conf_file->file.name;
   z->line = cf->conf_file->line;
 
@@ -362,11 +507,11 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                            &z->name);
         return NGX_CONF_ERROR;
       }
-      ngx_str_t s = {0, NULL};
-      if (colon) {
-        s.data = colon + 1;
-        s.len = (size_t)(v->data + v->len - s.data);
+      if (colon == NULL) {
+        zone_arg = *v; /* a Redis zone needs no size: checked below */
+        continue;
       }
+      ngx_str_t s = {(size_t)(v->data + v->len - colon - 1), colon + 1};
       ssize_t size = s.len ? ngx_parse_size(&s) : NGX_ERROR;
       if (size == NGX_ERROR) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
@@ -410,15 +555,61 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
       }
       z->q.burst = (uint64_t)b;
+    } else if (ngx_strncmp(v->data, "store=", 6) == 0) {
+      ngx_str_t st = {v->len - 6, v->data + 6};
+      if (parse_store(cf, z, &st) != NGX_OK)
+        return NGX_CONF_ERROR;
+    } else if (ngx_strncmp(v->data, "password=", 9) == 0 && v->len > 9) {
+      z->password = conf_cstr(cf, v->data + 9, v->len - 9);
+      if (z->password == NULL)
+        return NGX_CONF_ERROR;
+    } else if (ngx_strncmp(v->data, "timeout=", 8) == 0) {
+      ngx_str_t t = {v->len - 8, v->data + 8};
+      ngx_int_t ms = ngx_parse_time(&t, 0);
+      if (ms == NGX_ERROR || ms <= 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "tollgate_zone: invalid timeout \"%V\" (e.g. "
+                           "timeout=100ms)",
+                           &t);
+        return NGX_CONF_ERROR;
+      }
+      z->timeout = (ngx_msec_t)ms;
+    } else if (v->len == 14 &&
+               ngx_strncmp(v->data, "on_error=allow", 14) == 0) {
+      z->on_error = TG_POLICY_FAIL_OPEN;
+    } else if (v->len == 13 && ngx_strncmp(v->data, "on_error=deny", 13) == 0) {
+      z->on_error = TG_POLICY_FAIL_CLOSED;
+    } else if (ngx_strncmp(v->data, "on_error=", 9) == 0) {
+      ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                         "tollgate_zone: invalid \"%V\" (on_error=allow or "
+                         "on_error=deny)",
+                         v);
+      return NGX_CONF_ERROR;
     } else {
       ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                          "tollgate_zone: invalid parameter \"%V\"", v);
       return NGX_CONF_ERROR;
     }
   }
-  if (z->name.len == 0 || z->size == 0) {
+  if (z->name.len && z->size == 0 && !z->redis) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_zone: invalid zone size in \"%V\" "
+                       "(zone=NAME:SIZE, e.g. zone=api:10m, or a zone with "
+                       "store=redis://...)",
+                       &zone_arg);
+    return NGX_CONF_ERROR;
+  }
+  if (z->name.len == 0) {
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "tollgate_zone: \"zone=NAME:SIZE\" is required");
+    return NGX_CONF_ERROR;
+  }
+  if (!z->redis && (z->password || z->timeout != 100 ||
+                    z->on_error != TG_POLICY_FAIL_OPEN)) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_zone: \"password=\", \"timeout=\" and "
+                       "\"on_error=\" are for a zone with \"store=redis://"
+                       "...\"");
     return NGX_CONF_ERROR;
   }
   if (z->q.limit == 0) {
@@ -462,7 +653,7 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
       return NGX_CONF_ERROR;
     }
   }
-  if (size_zone(cf, z) != NGX_OK)
+  if (!z->redis && size_zone(cf, z) != NGX_OK)
     return NGX_CONF_ERROR;
 
   /* NUL-terminated copy: the headers want a C string */
@@ -472,6 +663,42 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
   ngx_memcpy(name, z->name.data, z->name.len);
   name[z->name.len] = '\0';
   z->name.data = name;
+
+  if (z->redis) {
+    /* no shared memory: every worker (of every host) has a client */
+    z->log_entries = z->algorithm == TG_SLIDING_WINDOW && z->q.limit < 1024
+                         ? (uint32_t)z->q.limit
+                         : 1024;
+    z->prefix = ngx_pnalloc(cf->pool, 7 + z->name.len + 1);
+    if (z->prefix == NULL)
+      return NGX_CONF_ERROR;
+    *ngx_cpymem(ngx_cpymem(z->prefix, "tg:ngx:", 7), z->name.data,
+                z->name.len) = '\0';
+    tg_config cfg;
+    tg_redis_config rc;
+    redis_config(z, &cfg, &rc);
+    tg_nb *nb;
+    int err = tg_nb_new(&nb, &cfg);
+    if (err == TG_ENOTSUP) {
+      ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                         "tollgate_zone: zone \"%V\": this module was built "
+                         "without hiredis, so without Redis zones",
+                         &z->name);
+      return NGX_CONF_ERROR;
+    }
+    if (err != 0) {
+      ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                         "tollgate_zone: zone \"%V\": \"store=%V\": %s",
+                         &z->name, &z->store, tg_strerror(err));
+      return NGX_CONF_ERROR;
+    }
+    tg_nb_destroy(nb);
+    tg_ngx_zone **slot = ngx_array_push(&mcf->zones);
+    if (slot == NULL)
+      return NGX_CONF_ERROR;
+    *slot = z;
+    return NGX_CONF_OK;
+  }
 
   z->shm_zone =
       ngx_shared_memory_add(cf, &z->name, z->size, &ngx_http_tollgate_module);
@@ -718,6 +945,31 @@ static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
           return NGX_CONF_ERROR;
         }
     }
+    for (ngx_uint_t i = 0; i < conf->limits->nelts; i++) {
+      if (!l[i].zone->redis)
+        continue;
+      /* the non-blocking Redis API decides one limit at once: not a
+       * policy of several, not a reservation (limit_req's queue) */
+      if (conf->limits->nelts > 1) {
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "tollgate: zone \"%V\" is kept in Redis (store=), "
+                      "and a tollgate line on a Redis zone must be the only "
+                      "one of its location (several lines are decided as "
+                      "one policy, which a Redis zone cannot do without "
+                      "blocking), in %V:%ui",
+                      &l[i].zone_name, &l[i].file, l[i].line);
+        return NGX_CONF_ERROR;
+      }
+      if (l[i].mode == TG_NGX_RESERVE) {
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "tollgate: zone \"%V\" is kept in Redis (store=), "
+                      "which cannot delay requests: \"burst=\" needs "
+                      "\"nodelay\" (or \"delay=\" at least as large) "
+                      "on a Redis zone, in %V:%ui",
+                      &l[i].zone_name, &l[i].file, l[i].line);
+        return NGX_CONF_ERROR;
+      }
+    }
     if (reserving && conf->limits->nelts > 1) {
       ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
                     "tollgate: a tollgate line that delays (burst= without "
@@ -822,12 +1074,322 @@ static void tg_ngx_clean(ngx_event_t *ev) {
     ngx_add_timer(ev, 60000);
 }
 
+/* ---- Redis zones ---------------------------------------------------------
+ * A zone with store=redis://... has no shared memory: its state is in
+ * Redis, under "tg:ngx:NAME:", where every worker of every nginx that has
+ * the zone decides on it. Each worker has one client per Redis zone (a
+ * tg_nb: the non-blocking API, which never touches a socket) and one nginx
+ * connection to the server, made with ngx_event_connect_peer (non-blocking
+ * connect). A request submits its decision and returns NGX_AGAIN; the
+ * connection's events feed the replies to the client, and each decision
+ * done is applied as a memory zone's would be, then the request's write
+ * event is posted and runs the phases again, which find it decided.
+ *
+ * A server that does not answer (connect or replies) within the zone's
+ * timeout, or refuses the connection, is marked down: the decisions it
+ * owed and every new one are answered at once by the zone's on_error
+ * policy (allow by default), and after a backoff (100 ms, doubling to 1 s
+ * while it stays down, back to 100 ms once it answers) the next decision
+ * tries it again. A connection that ends (the server restarted) is made
+ * again on demand; a decision already sent on it is answered by the policy
+ * (it may have been counted), one not yet sent is sent on the next. */
+
+#define TG_NGX_BACKOFF_MIN 100
+#define TG_NGX_BACKOFF_MAX 1000
+
+static void redis_pump(tg_ngx_zone *z);
+static ngx_int_t redis_answer(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
+                              tg_ngx_ctx *ctx, int rc, const tg_result *res);
+
+static void redis_close(tg_ngx_zone *z) {
+  if (z->conn) {
+    ngx_close_connection(z->conn); /* and its timers and events */
+    z->conn = NULL;
+  }
+  z->connecting = 0;
+}
+
+/* The connection failed. down: the server is not to be asked until the
+ * backoff has passed (code 0: the client has marked it down already);
+ * else closed only: written decisions are answered by the policy, the
+ * others go on the next connection. */
+static void redis_fail(tg_ngx_zone *z, int code, ngx_uint_t down) {
+  redis_close(z);
+  if (!down) {
+    (void)tg_nb_closed(z->nb, 0, code);
+    return;
+  }
+  if (code != 0)
+    (void)tg_nb_down(z->nb, 0, code);
+  z->backoff = z->backoff ? ngx_min(z->backoff * 2, TG_NGX_BACKOFF_MAX)
+                          : TG_NGX_BACKOFF_MIN;
+  if (!z->backoff_ev.timer_set)
+    ngx_add_timer(&z->backoff_ev, z->backoff);
+}
+
+static void redis_backoff_done(ngx_event_t *ev) {
+  tg_ngx_zone *z = ev->data;
+  (void)tg_nb_up(z->nb, 0);
+  redis_pump(z); /* connects when a decision waits */
+}
+
+static void redis_connected(tg_ngx_zone *z) {
+  z->connecting = 0;
+  z->heard = 0;
+  if (z->conn->write->timer_set)
+    ngx_del_timer(z->conn->write);
+  if (tg_nb_connected(z->nb, 0) != 0)
+    redis_fail(z, TG_ECONNECT, 1);
+}
+
+static void redis_event(ngx_event_t *ev);
+
+static void redis_connect(tg_ngx_zone *z) {
+  ngx_peer_connection_t pc;
+  ngx_memzero(&pc, sizeof(pc));
+  pc.sockaddr = z->addr.sockaddr;
+  pc.socklen = z->addr.socklen;
+  pc.name = &z->addr.name;
+  pc.get = ngx_event_get_peer;
+  pc.log = ngx_cycle->log;
+  pc.log_error = NGX_ERROR_ERR;
+  ngx_int_t rc = ngx_event_connect_peer(&pc);
+  if (rc != NGX_OK && rc != NGX_AGAIN) {
+    if (pc.connection)
+      ngx_close_connection(pc.connection);
+    redis_fail(z, TG_ECONNECT, 1);
+    return;
+  }
+  ngx_connection_t *c = pc.connection;
+  c->data = z;
+  c->read->handler = redis_event;
+  c->write->handler = redis_event;
+  z->conn = c;
+  if (rc == NGX_AGAIN) {
+    z->connecting = 1;
+    ngx_add_timer(c->write, z->timeout);
+    return;
+  }
+  redis_connected(z);
+}
+
+/* Everything the socket takes of what the client has to send. */
+static void redis_write(tg_ngx_zone *z) {
+  ngx_connection_t *c = z->conn;
+  for (;;) {
+    const void *data;
+    size_t len;
+    if (tg_nb_output(z->nb, 0, &data, &len) != 0 || len == 0)
+      return;
+    ssize_t n = c->send(c, (u_char *)data, len);
+    if (n == NGX_AGAIN) {
+      if (ngx_handle_write_event(c->write, 0) != NGX_OK)
+        redis_fail(z, TG_ECONNECT, 1);
+      return;
+    }
+    if (n == NGX_ERROR) {
+      redis_fail(z, TG_ECONNECT, 1);
+      return;
+    }
+    (void)tg_nb_written(z->nb, 0, (size_t)n);
+  }
+}
+
+/* Everything the socket has, to the client. */
+static void redis_read(tg_ngx_zone *z) {
+  ngx_connection_t *c = z->conn;
+  u_char buf[16384];
+  for (;;) {
+    ssize_t n = c->recv(c, buf, sizeof(buf));
+    if (n == NGX_AGAIN)
+      break;
+    if (n == 0 || n == NGX_ERROR) {
+      /* a server that closes before its first reply (the handshake's)
+       * is down: making the connection again at once would loop */
+      ngx_uint_t down = !z->heard;
+      ngx_uint_t level = down ? NGX_LOG_ERR : NGX_LOG_INFO;
+      ngx_log_error(level, c->log, 0,
+                    "tollgate: zone \"%V\": the connection to %V ended%s",
+                    &z->name, &z->store, down ? " before any reply" : "");
+      redis_fail(z, TG_ECONNECT, down);
+      return;
+    }
+    if (c->read->timer_set) /* heard: redis_timers sets it again */
+      ngx_del_timer(c->read);
+    int rc = tg_nb_input(z->nb, 0, buf, (size_t)n);
+    if (rc < 0) {
+      ngx_log_error(NGX_LOG_ERR, c->log, 0,
+                    "tollgate: zone \"%V\": %V: %s (%s)", &z->name, &z->store,
+                    tg_strerror(rc), tg_last_error());
+      redis_fail(z, 0, 1);
+      return;
+    }
+    z->backoff = 0; /* it answers */
+    z->heard = 1;
+  }
+  if (ngx_handle_read_event(c->read, 0) != NGX_OK)
+    redis_fail(z, TG_ECONNECT, 1);
+}
+
+static void redis_event(ngx_event_t *ev) {
+  ngx_connection_t *c = ev->data;
+  tg_ngx_zone *z = c->data;
+  if (ev->timedout) {
+    ngx_log_error(NGX_LOG_ERR, c->log, 0,
+                  "tollgate: zone \"%V\": %V did not answer within %M ms",
+                  &z->name, &z->store, z->timeout);
+    redis_fail(z, TG_ETIMEDOUT, 1);
+    redis_pump(z);
+    return;
+  }
+  if (z->connecting) {
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, (void *)&err, &len) == -1)
+      err = ngx_socket_errno;
+    if (err) {
+      ngx_log_error(NGX_LOG_ERR, c->log, err,
+                    "tollgate: zone \"%V\": connect() to %V failed", &z->name,
+                    &z->store);
+      redis_fail(z, TG_ECONNECT, 1);
+      redis_pump(z);
+      return;
+    }
+    if (!ev->write)
+      return; /* not connected yet */
+    redis_connected(z);
+  }
+  if (z->conn && c->read->ready)
+    redis_read(z);
+  redis_pump(z);
+}
+
+/* The client said a decision is done: apply it to its request, if that
+ * still exists, and have the request's phases run again. */
+static void tg_ngx_redis_resume(ngx_http_request_t *r) {
+  r->read_event_handler = ngx_http_block_reading;
+  r->write_event_handler = ngx_http_core_run_phases;
+  ngx_http_core_run_phases(r);
+}
+
+static void redis_complete(tg_ngx_zone *z, tg_nb_req *req) {
+  tg_ngx_pending *p = req->data;
+  ngx_queue_remove(&p->queue);
+  tg_ngx_ctx *ctx = p->ctx;
+  if (ctx == NULL)
+    ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
+                  "tollgate: zone \"%V\": an answer for a request that "
+                  "has ended is dropped",
+                  &z->name);
+  if (ctx) {
+    ctx->pending = NULL;
+    ctx->resume_rc = redis_answer(p->r, p->lcf, ctx, req->status, &req->result);
+    ctx->resume = 1;
+    if (p->parked) {
+      p->r->write_event_handler = tg_ngx_redis_resume;
+      ngx_post_event(p->r->connection->write, &ngx_posted_events);
+    }
+  }
+  ngx_free(p);
+}
+
+/* After anything happened to a zone's client: connect, write, hand out
+ * the decisions done, and keep a timer on replies that are due. */
+static void redis_pump(tg_ngx_zone *z) {
+  if (z->nb == NULL)
+    return;
+  if (z->pumping) {
+    z->pump_again = 1;
+    return;
+  }
+  z->pumping = 1;
+  ngx_uint_t rounds = 0;
+  do {
+    z->pump_again = 0;
+    if ((tg_nb_wants(z->nb, 0) & TG_NB_CONNECT) && z->conn == NULL)
+      redis_connect(z);
+    if (z->conn && !z->connecting)
+      redis_write(z);
+    tg_nb_req *req;
+    while ((req = tg_nb_done(z->nb)) != NULL)
+      redis_complete(z, req);
+  } while (z->pump_again && ++rounds < 8);
+  ngx_connection_t *c = z->conn;
+  if (c && !z->connecting) {
+    if (tg_nb_wants(z->nb, 0) & TG_NB_READ) {
+      if (!c->read->timer_set)
+        ngx_add_timer(c->read, z->timeout);
+    } else if (c->read->timer_set) {
+      ngx_del_timer(c->read);
+    }
+  }
+  z->pumping = 0;
+}
+
+static void redis_start(ngx_cycle_t *cycle, tg_ngx_zone *z) {
+  ngx_queue_init(&z->pending);
+  z->conn = NULL;
+  z->connecting = 0;
+  z->backoff = 0;
+  ngx_memzero(&z->backoff_ev, sizeof(z->backoff_ev));
+  z->backoff_ev.handler = redis_backoff_done;
+  z->backoff_ev.data = z;
+  z->backoff_ev.log = cycle->log;
+  z->backoff_ev.cancelable = 1;
+  tg_config cfg;
+  tg_redis_config rc;
+  redis_config(z, &cfg, &rc);
+  int err = tg_nb_new(&z->nb, &cfg);
+  if (err != 0)
+    ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                  "tollgate: zone \"%V\": no Redis client: %s; its "
+                  "decisions are answered by on_error",
+                  &z->name, tg_strerror(err));
+}
+
+static void redis_stop(tg_ngx_zone *z) {
+  redis_close(z);
+  if (z->backoff_ev.timer_set)
+    ngx_del_timer(&z->backoff_ev);
+  while (z->nb && !ngx_queue_empty(&z->pending)) {
+    ngx_queue_t *q = ngx_queue_head(&z->pending);
+    tg_ngx_pending *p = ngx_queue_data(q, tg_ngx_pending, queue);
+    ngx_queue_remove(q);
+    if (p->ctx)
+      p->ctx->pending = NULL;
+    ngx_free(p);
+  }
+  tg_nb_destroy(z->nb);
+  z->nb = NULL;
+}
+
+static void tg_ngx_exit_process(ngx_cycle_t *cycle) {
+  tg_ngx_main_conf *mcf =
+      ngx_http_cycle_get_module_main_conf(cycle, ngx_http_tollgate_module);
+  if (mcf == NULL)
+    return;
+  tg_ngx_zone **zp = mcf->zones.elts;
+  for (ngx_uint_t i = 0; i < mcf->zones.nelts; i++)
+    if (zp[i]->redis)
+      redis_stop(zp[i]);
+}
+
 static ngx_int_t tg_ngx_init_process(ngx_cycle_t *cycle) {
-  if (ngx_process != NGX_PROCESS_WORKER || ngx_worker != 0)
+  if (ngx_process != NGX_PROCESS_WORKER && ngx_process != NGX_PROCESS_SINGLE)
     return NGX_OK;
   tg_ngx_main_conf *mcf =
       ngx_http_cycle_get_module_main_conf(cycle, ngx_http_tollgate_module);
   if (mcf == NULL || mcf->zones.nelts == 0)
+    return NGX_OK;
+  tg_ngx_zone **zp = mcf->zones.elts;
+  ngx_uint_t shm = 0;
+  for (ngx_uint_t i = 0; i < mcf->zones.nelts; i++) {
+    if (zp[i]->redis)
+      redis_start(cycle, zp[i]);
+    else
+      shm++;
+  }
+  if (ngx_process != NGX_PROCESS_WORKER || ngx_worker != 0 || shm == 0)
     return NGX_OK;
   tg_ngx_clean_ev.handler = tg_ngx_clean;
   tg_ngx_clean_ev.data = cycle;
@@ -841,6 +1403,11 @@ static ngx_int_t tg_ngx_init_process(ngx_cycle_t *cycle) {
 
 static void tg_ngx_ctx_cleanup(void *data) {
   tg_ngx_ctx *ctx = data;
+  if (ctx->pending) {
+    /* the request ended while Redis decided: the answer will be dropped */
+    ctx->pending->ctx = NULL;
+    ctx->pending = NULL;
+  }
   if (ctx->waiting) {
     /* the request ended while it waited: give its slot back */
     tg_rule *rule = &ctx->rules[0];
@@ -994,24 +1561,111 @@ static ngx_int_t delay(ngx_http_request_t *r, tg_ngx_ctx *ctx,
   return NGX_AGAIN;
 }
 
+static ngx_int_t decided(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
+                         tg_ngx_ctx *ctx, int rc, uint64_t delay_ms);
+
+/* A Redis zone's answer (the only line of its location), as a memory
+ * zone's would be applied; a dry run lets a denial through, as shadow mode
+ * does (a failure policy's denial too). */
+static ngx_int_t redis_answer(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
+                              tg_ngx_ctx *ctx, int rc, const tg_result *res) {
+  tg_rule *rule = &ctx->rules[0];
+  rule->status = rc;
+  rule->result = *res;
+  if (lcf->dry_run && !rule->result.allowed) {
+    rule->result.allowed = 1;
+    rule->result.shadow_denied = 1;
+  }
+  ctx->rr.r = rule->result;
+  ctx->rr.tightest = 0;
+  ctx->rr.denied_by = res->allowed ? TG_RULE_NONE : 0;
+  return decided(r, lcf, ctx, rc, 0);
+}
+
+/* A Redis zone: submit the decision, and wait for it unless the client
+ * answered at once (a server marked down, invalid input). */
+static ngx_int_t redis_decide(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
+                              tg_ngx_ctx *ctx) {
+  tg_ngx_zone *z = ctx->limits[0]->zone;
+  tg_rule *rule = &ctx->rules[0];
+  if (z->nb == NULL) { /* no client in this worker (logged): the policy */
+    tg_result res;
+    ngx_memzero(&res, sizeof(res));
+    res.allowed = z->on_error == TG_POLICY_FAIL_OPEN;
+    res.degraded = 1;
+    res.retry_after_ms = res.allowed ? 0 : rule->q->period_ms;
+    return redis_answer(r, lcf, ctx, TG_ENOMEM, &res);
+  }
+  tg_ngx_pending *p = ngx_alloc(sizeof(*p), r->connection->log);
+  if (p == NULL)
+    return NGX_HTTP_INTERNAL_SERVER_ERROR;
+  ngx_memzero(&p->req, sizeof(p->req));
+  ngx_memcpy(p->key, rule->key, rule->key_len); /* the pool may go first */
+  p->req.key = p->key;
+  p->req.key_len = rule->key_len;
+  p->req.q = rule->q;
+  p->req.cost = rule->cost;
+  p->req.data = p;
+  p->r = r;
+  p->lcf = lcf;
+  p->ctx = ctx;
+  p->parked = 0;
+  int rc = tg_nb_submit(z->nb, &p->req);
+  if (rc != 0) { /* refused input: answered, not pending */
+    tg_result res = p->req.result;
+    ngx_free(p);
+    return redis_answer(r, lcf, ctx, rc, &res);
+  }
+  ngx_queue_insert_tail(&z->pending, &p->queue);
+  ctx->pending = p;
+  redis_pump(z);
+  if (ctx->pending == NULL) { /* done already */
+    ctx->resume = 0;
+    return ctx->resume_rc;
+  }
+  p->parked = 1;
+  if (ngx_handle_read_event(r->connection->read, 0) != NGX_OK)
+    return NGX_HTTP_INTERNAL_SERVER_ERROR; /* the cleanup detaches it */
+  r->read_event_handler = ngx_http_test_reading;
+  r->write_event_handler = ngx_http_request_empty_handler;
+  return NGX_AGAIN;
+}
+
 /* The preaccess handler: decide once, then pass, refuse or wait. */
 static ngx_int_t tg_ngx_handler(ngx_http_request_t *r) {
   tg_ngx_loc_conf *lcf =
       ngx_http_get_module_loc_conf(r, ngx_http_tollgate_module);
-  if (r != r->main || lcf->limits == NULL || get_ctx(r) != NULL)
+  if (r != r->main)
+    return NGX_DECLINED;
+  tg_ngx_ctx *ctx = ngx_http_get_module_ctx(r, ngx_http_tollgate_module);
+  if (ctx && ctx->pending)
+    return NGX_AGAIN;       /* Redis has not answered yet */
+  if (ctx && ctx->resume) { /* Redis answered: decided as then */
+    ctx->resume = 0;
+    return ctx->resume_rc;
+  }
+  if (lcf->limits == NULL || get_ctx(r) != NULL)
     return NGX_DECLINED; /* not limited, or decided already */
-  tg_ngx_ctx *ctx = new_ctx(r, lcf);
+  ctx = new_ctx(r, lcf);
   if (ctx == NULL || collect_rules(r, lcf, ctx) != NGX_OK)
     return NGX_HTTP_INTERNAL_SERVER_ERROR;
   if (ctx->n == 0) {
     ctx->state = TG_NGX_PASSED;
     return NGX_DECLINED;
   }
+  if (ctx->limits[0]->zone->redis)
+    return redis_decide(r, lcf, ctx);
   uint64_t delay_ms = 0;
   int rc = ctx->limits[0]->mode == TG_NGX_RESERVE
                ? reserve(lcf, ctx, &delay_ms)
                : tg_hit_rules(ctx->rules, ctx->n,
                               lcf->dry_run ? TG_RULES_SHADOW : 0, &ctx->rr);
+  return decided(r, lcf, ctx, rc, delay_ms);
+}
+
+/* The answer (ctx->rr, rc), as the request's fate: pass, refuse or wait. */
+static ngx_int_t decided(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
+                         tg_ngx_ctx *ctx, int rc, uint64_t delay_ms) {
   const tg_result *res = &ctx->rr.r;
   size_t blame = ctx->rr.denied_by == TG_RULE_NONE ? 0 : ctx->rr.denied_by;
   ngx_str_t *zname = &ctx->limits[blame]->zone->name;

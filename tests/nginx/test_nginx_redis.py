@@ -1,0 +1,513 @@
+# SPDX-License-Identifier: MIT
+"""test_nginx_redis.py - ngx_http_tollgate_module's Redis zones
+(store=redis://...) inside Debian's real nginx: a private redis-server on a
+free loopback port (and a unix socket) in a temporary directory, and TWO
+nginx instances (ngx.py: each its own prefix and port, two workers each)
+sharing one limit through it.
+
+Exactness across both hosts for every algorithm, the header fields,
+variables, status and dry run of a Redis zone, a Redis that stops answering
+(SIGSTOP: the zone's timeout, then on_error, quickly), a Redis that dies
+(SIGKILL: on_error at once) and comes back (decided by Redis again), a
+request that ends while Redis decides, `nginx -s reload` (counts kept, no
+connection left behind), a unix socket and a password, and the `nginx -t`
+messages for what a Redis zone refuses. Every server is stopped however
+the test ends (ngx.py's atexit, and Redis.close here).
+"""
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+import ngx
+
+ALGORITHMS = ["fixed_window", "fixed_window_per_key", "sliding_window",
+              "token_bucket", "leaky_bucket"]
+
+_redises = []
+
+
+@atexit.register
+def _close_all():
+    for r in list(_redises):
+        r.close()
+
+
+class Redis:
+    """A private redis-server: 127.0.0.1:port and dir/redis.sock, nothing
+    persisted; start() again after kill() comes back on the same port."""
+
+    def __init__(self, password=None):
+        self.dir = tempfile.mkdtemp(prefix="tg-redis-")
+        os.chmod(self.dir, 0o755)  # nginx's workers may run as nobody
+        self.sock = os.path.join(self.dir, "redis.sock")
+        self.port = ngx.free_port()
+        self.password = password
+        self.proc = None
+        _redises.append(self)
+        self.start()
+
+    def start(self):
+        args = ["redis-server", "--port", str(self.port),
+                "--bind", "127.0.0.1", "--unixsocket", self.sock,
+                "--unixsocketperm", "777", "--dir", self.dir,
+                "--save", "", "--appendonly", "no",
+                "--logfile", os.path.join(self.dir, "redis.log")]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if self.cli("PING") == "PONG":
+                    return
+            except (OSError, subprocess.SubprocessError):
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+
+    def cli(self, *args):
+        cmd = ["redis-cli", "-p", str(self.port)]
+        if self.password:
+            cmd += ["--no-auth-warning", "-a", self.password]
+        return subprocess.run(cmd + list(args), stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, timeout=10,
+                              check=True).stdout.decode().strip()
+
+    def clients(self):
+        """Connections other than the one asking."""
+        lines = self.cli("CLIENT", "LIST").splitlines()
+        return len([ln for ln in lines if "cmd=client" not in ln])
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.kill()
+        self.proc.wait()
+
+    def close(self):
+        if self.proc and self.proc.poll() is None:
+            self.kill()
+        if self in _redises:
+            _redises.remove(self)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def server(body, zones="", **kw):
+    return ngx.Nginx("%s\nserver { listen 127.0.0.1:PORT; %s }"
+                     % (zones, body), **kw)
+
+
+def statuses(n, path, count):
+    return [n.request(path)[0] for _ in range(count)]
+
+
+def timed(n, path):
+    t = time.monotonic()
+    st, h, _ = n.request(path, timeout=30)
+    return st, h, time.monotonic() - t
+
+
+def hammer(hosts, path, threads, per_thread):
+    """threads x per_thread concurrent requests, thread t to hosts[t % 2]:
+    (statuses, {host index: worker pids}, connection errors)."""
+    results, pids, errors = [], {}, [0]
+    lock = threading.Lock()
+
+    def run(t):
+        n = hosts[t % len(hosts)]
+        for _ in range(per_thread):
+            try:
+                st, h, _ = n.request(path, timeout=30)
+            except OSError:
+                with lock:
+                    errors[0] += 1
+                continue
+            with lock:
+                results.append(st)
+                pids.setdefault(t % len(hosts), set()).add(h.get("x-pid"))
+    ts = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return results, pids, errors[0]
+
+
+class Shared(unittest.TestCase):
+    """Two nginx hosts, two workers each, one Redis: one limit."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.redis = Redis()
+        store = "store=redis://127.0.0.1:%d" % cls.redis.port
+        zones = "".join(
+            "tollgate_zone $arg_k zone=%s algorithm=%s rate=%s %s;\n"
+            % (a, a, "40/1d" if "bucket" not in a else "40r/d burst=40",
+               store) for a in ALGORITHMS)
+        zones += ("tollgate_zone $arg_k zone=w algorithm=fixed_window_per_key"
+                  " rate=3/1d %s;\n" % store)
+        locs = "".join(
+            "location /%s { tollgate zone=%s; add_header X-Pid $pid always;"
+            " try_files /index.html =404; }\n" % (a, a) for a in ALGORITHMS)
+        locs += """
+location /vars { tollgate zone=w;
+                 add_header X-Status $tollgate_status always;
+                 add_header X-Remaining $tollgate_remaining always;
+                 add_header X-Retry $tollgate_retry_after always;
+                 try_files /index.html =404; }
+location /status { tollgate zone=w; tollgate_status 503;
+                   try_files /index.html =404; }
+location /legacy { tollgate zone=w; tollgate_headers legacy;
+                   try_files /index.html =404; }
+location /dry { tollgate zone=w; tollgate_dry_run on;
+                add_header X-Status $tollgate_status always;
+                try_files /index.html =404; }
+location /nodelay { tollgate zone=token_bucket burst=2 nodelay;
+                    try_files /index.html =404; }
+"""
+        cls.hosts = [server(locs, zones), server(locs, zones)]
+
+    @classmethod
+    def tearDownClass(cls):
+        for n in cls.hosts:
+            n.stop()
+        cls.redis.close()
+
+    def test_exact_across_two_hosts(self):
+        # per algorithm, 2 keys with a limit of 40; 8 threads, half on
+        # each host, offer 120 requests per key: exactly 40 are admitted,
+        # by all four workers together
+        a_host, b_host = self.hosts
+        for a in ALGORITHMS:
+            for key in ("a", "b"):
+                got, pids, errors = hammer(
+                    self.hosts, "/%s?k=%s" % (a, key), 8, 15)
+                self.assertEqual(errors, 0)
+                self.assertEqual(got.count(200), 40, (a, key))
+                self.assertEqual(got.count(429), 80, (a, key))
+                self.assertEqual(len(pids), 2, pids)
+            # and both hosts now refuse the key
+            self.assertEqual(a_host.request("/%s?k=a" % a)[0], 429, a)
+            self.assertEqual(b_host.request("/%s?k=a" % a)[0], 429, a)
+            # in Redis, under the zone's name
+            self.assertNotEqual(
+                self.redis.cli("KEYS", "tg:ngx:%s:*" % a), "", a)
+
+    def test_variables_headers_across_hosts(self):
+        a, b = self.hosts
+        got = [(a if i % 2 == 0 else b).request("/vars?k=v")
+               for i in range(4)]
+        self.assertEqual([g[0] for g in got], [200, 200, 200, 429])
+        hs = [g[1] for g in got]
+        self.assertEqual([h["x-status"] for h in hs],
+                         ["PASSED", "PASSED", "PASSED", "REJECTED"])
+        self.assertEqual([h["x-remaining"] for h in hs], ["2", "1", "0", "0"])
+        self.assertEqual([h["x-retry"] for h in hs[:3]], ["0"] * 3)
+        self.assertTrue(86000 < int(hs[3]["x-retry"]) <= 86400, hs[3])
+        self.assertEqual(hs[0]["ratelimit-policy"], '"w";q=3;w=86400')
+        self.assertTrue(hs[0]["ratelimit"].startswith('"w";r=2;t='), hs[0])
+        self.assertNotIn("retry-after", hs[0])
+        self.assertTrue(86000 < int(hs[3]["retry-after"]) <= 86400, hs[3])
+
+    def test_status_and_legacy_headers(self):
+        a, b = self.hosts
+        self.assertEqual(statuses(a, "/status?k=s", 2) +
+                         statuses(b, "/status?k=s", 2), [200, 200, 200, 503])
+        st, h, _ = b.request("/legacy?k=l")
+        self.assertEqual((st, h["ratelimit-remaining"]), (200, "2"))
+
+    def test_dry_run(self):
+        a, b = self.hosts
+        got = [(a, b)[i % 2].request("/dry?k=d") for i in range(5)]
+        self.assertEqual([g[0] for g in got], [200] * 5)
+        self.assertEqual([g[1]["x-status"] for g in got],
+                         ["PASSED"] * 3 + ["REJECTED_DRY_RUN"] * 2)
+        self.assertNotIn("retry-after", got[4][1])
+        self.assertTrue(got[4][1]["ratelimit"].startswith('"w";r=0;'))
+        log = a.error_log() + b.error_log()
+        self.assertIn('dry run: would reject request by zone "w"', log)
+
+    def test_burst_nodelay_on_a_redis_zone(self):
+        # burst=2 nodelay: 3 at once (limit_req's meaning), then refused
+        a, b = self.hosts
+        self.assertEqual(statuses(a, "/nodelay?k=n", 2) +
+                         statuses(b, "/nodelay?k=n", 2), [200, 200, 200, 429])
+
+
+class Outage(unittest.TestCase):
+    """Redis stopped (SIGSTOP), killed (SIGKILL) and started again."""
+
+    def setUp(self):
+        self.redis = Redis()
+        store = "store=redis://127.0.0.1:%d timeout=200ms" % self.redis.port
+        zones = ("tollgate_zone $arg_k zone=open algorithm=fixed_window_per_key"
+                 " rate=1000/1d %s;\n"
+                 "tollgate_zone $arg_k zone=closed algorithm=token_bucket"
+                 " rate=1000r/d burst=1000 %s on_error=deny;\n"
+                 "tollgate_zone $arg_k zone=slow algorithm=fixed_window_per_key"
+                 " rate=1000/1d store=redis://127.0.0.1:%d timeout=3s;\n"
+                 % (store, store, self.redis.port))
+        locs = """
+location /open { tollgate zone=open; add_header X-Status $tollgate_status always;
+                 try_files /index.html =404; }
+location /closed { tollgate zone=closed; tollgate_status 503;
+                   add_header X-Status $tollgate_status always;
+                   try_files /index.html =404; }
+location /slow { tollgate zone=slow; add_header X-Status $tollgate_status always;
+                 try_files /index.html =404; }
+"""
+        self.n = server(locs, zones, workers=1)
+
+    def tearDown(self):
+        self.n.stop()
+        self.redis.close()
+
+    def wait_decided(self, path, deadline_s=5):
+        """Requests until Redis decides one again (PASSED)."""
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            st, h, _ = self.n.request(path)
+            if h.get("x-status") == "PASSED":
+                return True
+            time.sleep(0.05)
+        return False
+
+    def test_stopped_redis_times_out_into_the_policy(self):
+        n = self.n
+        self.assertEqual(n.request("/open?k=a")[1]["x-status"], "PASSED")
+        self.assertEqual(n.request("/closed?k=a")[1]["x-status"], "PASSED")
+        self.redis.signal(signal.SIGSTOP)
+        try:
+            # the first waits the zone's timeout (200 ms), then on_error
+            st, h, dt = timed(n, "/open?k=a")
+            self.assertEqual((st, h["x-status"]), (200, "FAILED"))
+            self.assertTrue(0.15 < dt < 2, dt)
+            self.assertNotIn("ratelimit", h)  # no count to report
+            # then the server is down: answered at once during the
+            # backoff (100 ms, doubling while it stays down)
+            st, h, dt = timed(n, "/open?k=b")
+            self.assertEqual((st, h["x-status"]), (200, "FAILED"))
+            self.assertTrue(dt < 0.15, dt)  # a probe would take 0.2 s
+            st, h, dt = timed(n, "/closed?k=a")
+            self.assertEqual((st, h["x-status"]), (503, "FAILED"))
+            self.assertTrue(0.15 < dt < 2, dt)
+            # never a request hanging: ten in a row, each within ~timeout
+            t = time.monotonic()
+            for _ in range(10):
+                self.assertEqual(n.request("/closed?k=c")[0], 503)
+            self.assertTrue(time.monotonic() - t < 5)
+            self.assertIn("did not answer within 200 ms", n.error_log())
+        finally:
+            self.redis.signal(signal.SIGCONT)
+        # back: decided by Redis again after the backoff (at most 1 s)
+        self.assertTrue(self.wait_decided("/open?k=d"))
+        self.assertTrue(self.wait_decided("/closed?k=d"))
+
+    def test_killed_redis_then_restarted(self):
+        n = self.n
+        self.assertEqual(n.request("/open?k=a")[1]["x-status"], "PASSED")
+        self.redis.kill()
+        for _ in range(3):
+            st, h, dt = timed(n, "/open?k=a")
+            self.assertEqual((st, h["x-status"]), (200, "FAILED"))
+            self.assertTrue(dt < 1, dt)
+            st, h, dt = timed(n, "/closed?k=a")
+            self.assertEqual((st, h["x-status"]), (503, "FAILED"))
+            self.assertTrue(dt < 1, dt)
+        self.redis.start()  # the same port, empty
+        self.assertTrue(self.wait_decided("/open?k=b"))
+        self.assertTrue(self.wait_decided("/closed?k=b"))
+        st, h, _ = n.request("/open?k=b")
+        self.assertEqual((st, h["x-status"]), (200, "PASSED"))
+
+    def test_request_ending_while_redis_decides(self):
+        # Redis stopped, a 3 s timeout: clients that send a request and
+        # leave while it is pending; the worker must survive them and the
+        # answers that come later must be dropped, not applied
+        n = self.n
+        self.assertEqual(n.request("/slow?k=a")[0], 200)
+        pids = n.worker_pids()
+        self.redis.signal(signal.SIGSTOP)
+        try:
+            for _ in range(5):
+                c = socket.create_connection(("127.0.0.1", n.port))
+                c.sendall(b"GET /slow?k=a HTTP/1.1\r\nHost: x\r\n\r\n")
+                time.sleep(0.05)
+                c.close()
+            time.sleep(0.3)  # nginx has seen them go
+        finally:
+            self.redis.signal(signal.SIGCONT)
+        st, h, _ = n.request("/slow?k=a")
+        self.assertEqual((st, h["x-status"]), (200, "PASSED"))
+        time.sleep(0.2)
+        self.assertEqual(n.worker_pids(), pids)
+        log = n.error_log()
+        self.assertEqual(log.count('zone "slow": an answer for a request '
+                                   'that has ended is dropped'), 5, log)
+        self.assertNotIn("exited on signal", log)
+        self.assertNotIn("[alert]", log)
+
+
+class Reload(unittest.TestCase):
+    def test_reload_keeps_counts_and_leaves_no_connection(self):
+        redis = Redis()
+        conf = ("tollgate_zone $arg_k zone=r algorithm=fixed_window_per_key "
+                "rate=10/1d store=redis://127.0.0.1:%d;\n" % redis.port)
+        body = ("location / { tollgate zone=r; %s"
+                "add_header X-Remaining $tollgate_remaining always; "
+                "try_files /index.html =404; }")
+        n = server(body % "", conf)
+        try:
+            remaining = []
+            for i in range(4):
+                remaining.append(int(n.request("/?k=a")[1]["x-remaining"]))
+                for _ in range(4):  # let both workers connect
+                    n.request("/?k=other%d" % i)
+                self.assertTrue(n.reload(conf + "server { listen "
+                                         "127.0.0.1:PORT; %s }" %
+                                         (body % ("tollgate_status %d; "
+                                                  % (429 + i % 2)))))
+            self.assertEqual(remaining, [9, 8, 7, 6])
+            # old workers closed theirs: at most one per live worker
+            deadline = time.monotonic() + 10
+            while redis.clients() > 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            self.assertLessEqual(redis.clients(), 2)
+            self.assertNotIn("open socket", n.error_log())
+        finally:
+            n.stop()
+            redis.close()
+
+
+class Transports(unittest.TestCase):
+    def test_unix_socket_and_password(self):
+        redis = Redis(password="s3cret")
+        zones = ("tollgate_zone $arg_k zone=u algorithm=sliding_window "
+                 "rate=2/1d store=redis+unix:%s password=s3cret;\n"
+                 "tollgate_zone $arg_k zone=bad algorithm=sliding_window "
+                 "rate=2/1d store=redis://127.0.0.1:%d password=wrong;\n"
+                 % (redis.sock, redis.port))
+        locs = """
+location /u { tollgate zone=u; add_header X-Status $tollgate_status always;
+              try_files /index.html =404; }
+location /bad { tollgate zone=bad; add_header X-Status $tollgate_status always;
+                try_files /index.html =404; }
+"""
+        n = server(locs, zones, workers=1)
+        try:
+            self.assertEqual(statuses(n, "/u?k=a", 3), [200, 200, 429])
+            self.assertNotEqual(redis.cli("KEYS", "tg:ngx:u:*"), "")
+            # a refused AUTH: the policy answers (allow), and it is logged
+            st, h, _ = n.request("/bad?k=a")
+            self.assertEqual((st, h["x-status"]), (200, "FAILED"))
+        finally:
+            n.stop()
+            redis.close()
+
+
+    def test_server_that_closes_at_once(self):
+        # something that accepts and closes before any reply: taken as
+        # down (on_error answers, quickly), not connected to again and
+        # again while the request waits
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(64)
+        accepted = [0]
+        stop = threading.Event()
+
+        def serve():
+            lsock.settimeout(0.1)
+            while not stop.is_set():
+                try:
+                    c, _ = lsock.accept()
+                except OSError:
+                    continue
+                accepted[0] += 1
+                c.close()
+        t = threading.Thread(target=serve)
+        t.start()
+        zones = ("tollgate_zone $arg_k zone=c algorithm=fixed_window rate=2/1d"
+                 " store=redis://127.0.0.1:%d;\n" % lsock.getsockname()[1])
+        locs = ("location / { tollgate zone=c; add_header X-Status "
+                "$tollgate_status always; try_files /index.html =404; }")
+        n = server(locs, zones, workers=1)
+        try:
+            for _ in range(5):
+                st, h, dt = timed(n, "/?k=a")
+                self.assertEqual((st, h["x-status"]), (200, "FAILED"))
+                self.assertTrue(dt < 1, dt)
+            time.sleep(0.5)
+            # one connection per backoff at most (100, 200, 400 ms...)
+            self.assertLess(accepted[0], 10, accepted[0])
+            self.assertIn("ended before any reply", n.error_log())
+        finally:
+            n.stop()
+            stop.set()
+            t.join()
+            lsock.close()
+
+
+class ConfigErrors(unittest.TestCase):
+    def expect(self, http, message):
+        rc, out = ngx.check(http)
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn(message, out)
+
+    def test_messages(self):
+        z = ("tollgate_zone $arg_k zone=r algorithm=token_bucket rate=1r/s "
+             "store=redis://127.0.0.1:6379;\n"
+             "tollgate_zone $arg_k zone=m:1m algorithm=token_bucket "
+             "rate=1r/s;\n")
+        ok = z + ("server { listen 127.0.0.1:PORT; location / { tollgate "
+                  "zone=r burst=5 nodelay; } }")
+        rc, out = ngx.check(ok)
+        self.assertEqual(rc, 0, out)
+
+        def loc(body):
+            return z + "server { listen 127.0.0.1:PORT; location / { %s } }" \
+                % body
+        self.expect(loc("tollgate zone=r; tollgate zone=m;"),
+                    'tollgate: zone "r" is kept in Redis (store=), and a '
+                    'tollgate line on a Redis zone must be the only one')
+        self.expect(loc("tollgate zone=m; tollgate zone=r nodelay;"),
+                    'zone "r" is kept in Redis')
+        self.expect(loc("tollgate zone=r burst=5;"),
+                    'tollgate: zone "r" is kept in Redis (store=), which '
+                    'cannot delay requests')
+        self.expect(loc("tollgate zone=r burst=5 delay=2;"),
+                    "cannot delay requests")
+        cases = [
+            ("store=redis:/x", 'tollgate_zone: invalid "store=redis:/x"'),
+            ("store=memcached://h", "invalid \"store=memcached://h\""),
+            ("store=redis://127.0.0.1:0", 'invalid "store=redis://127.0.0.1:0"'),
+            ("store=redis://127.0.0.1:6379/x",
+             'tollgate_zone: invalid database in "store=redis://'),
+            ("store=redis://127.0.0.1 timeout=0",
+             'tollgate_zone: invalid timeout "0"'),
+            ("store=redis://127.0.0.1 on_error=maybe",
+             'tollgate_zone: invalid "on_error=maybe"'),
+        ]
+        for args, message in cases:
+            self.expect("tollgate_zone $a zone=x algorithm=token_bucket "
+                        "rate=1r/s %s;" % args, message)
+        # Redis options on a shared-memory zone
+        self.expect("tollgate_zone $a zone=x:1m rate=1r/s on_error=deny;",
+                    '"on_error=" are for a zone with "store=redis://...')
+        # a shared-memory zone still needs its size
+        self.expect("tollgate_zone $a zone=x rate=1r/s;",
+                    'tollgate_zone: invalid zone size in "zone=x"')
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
