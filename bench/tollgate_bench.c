@@ -56,7 +56,7 @@ static struct {
   uint64_t capacity; /* capacity of their limiters */
   uint32_t seq_len;  /* length of each random index sequence (power of 2) */
   int attempts;      /* measurements of a figure while others_cpu > NOISY */
-} opt = {false, NULL, 0.3, 5, 1000000, 1u << 20, 1u << 24, 3};
+} opt = {false, NULL, 0.2, 5, 1000000, 1u << 20, 1u << 24, 3};
 
 /* others_cpu above which a figure is measured again (see cpu_snap). */
 #define NOISY 0.10
@@ -1297,7 +1297,7 @@ static void usage(FILE *f) {
              "threads=T\" contains TEXT\n"
              "  --reps N      repetitions per figure, 1..15 (default 5; "
              "the median is printed)\n"
-             "  --min-time S  seconds per repetition (default 0.3)\n"
+             "  --min-time S  seconds per repetition (default 0.2)\n"
              "  --attempts N  measure a figure up to N times while others_cpu "
              "> 0.10,\n"
              "                keeping the quietest (default 3; 1 with "
