@@ -847,6 +847,50 @@ static uint64_t op_policy2(void *ctx, unsigned tid, uint64_t n) {
   return ok;
 }
 
+/* Calibrates n for f as measure_once does (one thread). */
+static uint64_t calibrate(op_fn f, void *ctx) {
+  uint64_t target = (uint64_t)(opt.min_s * 1e9), n = 256;
+  for (;;) {
+    uint64_t ns = run_once(f, ctx, 1, n);
+    if (ns >= target / 8 || n >= (UINT64_C(1) << 40))
+      return (uint64_t)((double)n * ((double)target / (double)(ns ? ns : 1)) *
+                        1.05) +
+             1;
+    n *= 4;
+  }
+}
+
+/* The policy and its baseline, one repetition of each in turn (the
+ * baseline first, then the policy, opt.reps times), so both are measured
+ * under the same load: measured minutes apart, as hot() and measure() did,
+ * the ratio moved 1.3-3.5x on a shared machine with the code unchanged.
+ * *ratio is the median of the repetitions' own ratios. Retried like
+ * measure() while others_cpu is high. */
+static void measure_pair(op_fn fb, void *cb, op_fn fp, void *cp, figure *base,
+                         figure *pol, double *ratio) {
+  for (int attempt = 1;; attempt++) {
+    cpu_snap c0 = cpu_snap_take();
+    uint64_t nb = calibrate(fb, cb), np = calibrate(fp, cp);
+    double vb[16] = {0}, vp[16] = {0}, vr[16] = {0};
+    for (int r = 0; r < opt.reps; r++) {
+      vb[r] = (double)run_once(fb, cb, 1, nb) / (double)nb;
+      vp[r] = (double)run_once(fp, cp, 1, np) / (double)np;
+      vr[r] = vp[r] / vb[r];
+    }
+    cpu_snap c1 = cpu_snap_take();
+    double others = others_cpu(&c0, &c1);
+    if (attempt == 1 || others < pol->others) {
+      double mb = bench_median(vb, opt.reps), mp = bench_median(vp, opt.reps);
+      *base = (figure){mb, vb[0], nb, 1, nb * (uint64_t)opt.reps, others, 1};
+      *pol = (figure){mp, vp[0], np, 1, np * (uint64_t)opt.reps, others, 1};
+      *ratio = bench_median(vr, opt.reps);
+    }
+    pol->attempts = attempt;
+    if (pol->others <= NOISY || attempt >= opt.attempts)
+      break;
+  }
+}
+
 static void suite_policy(void) {
   static const int which[] = {0, 3}; /* fixed window, token bucket */
   for (size_t i = 0; i < sizeof which / sizeof which[0]; i++) {
@@ -854,15 +898,21 @@ static void suite_policy(void) {
     const char *an = tg_algorithm_name(alg);
     if (!want("policy2_hot", an, 1))
       continue;
-    const figure *one = hot(which[i]);
+    /* the baseline as hot_key measures it (its limiter, key 42, quota,
+     * a now 1 us later each call), the policy on keys 42 and 43 */
+    work wh;
+    work_init(&wh, new_limiter(alg, 0, 0, 0), Q_BIG);
     policy_work w = {new_limiter(alg, 0, 0, 0), T0_US};
-    figure f = measure(op_policy2, &w, 1);
-    double ratio = f.med_ns / one->med_ns;
-    char ex[96];
-    snprintf(ex, sizeof ex, "rules=2 target=ratio<=2.2 met=%s",
-             yes_no(ratio <= 2.2));
-    report("policy2_hot", an, &f, "hot_key", one->med_ns, ex);
+    figure fb = {0}, f = {0};
+    double ratio = 0;
+    measure_pair(op_hot, &wh, op_policy2, &w, &fb, &f, &ratio);
+    char ex[128];
+    snprintf(ex, sizeof ex,
+             "rules=2 interleaved=yes rep_ratio=%.2f target=ratio<=2.2 met=%s",
+             ratio, yes_no(ratio <= 2.2));
+    report("policy2_hot", an, &f, "hot_key", fb.med_ns, ex);
     tg_limiter_destroy(w.lim);
+    tg_limiter_destroy(wh.lim);
   }
 }
 

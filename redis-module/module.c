@@ -676,7 +676,9 @@ static int step_ro_command(RedisModuleCtx *ctx, RedisModuleString **argv,
  *   [now_us, the value found at each key or "", 1 passed / 0 not]
  * and it checks that its own decision on those values is the server's.
  * Errors: "TGARG ..." (a client bug), "TGCORRUPT rule I ..." for the first
- * rule whose value is not a sound state (I from 0; nothing written). Keys
+ * rule whose value is not a sound state (I from 0; nothing written). A
+ * rule whose step fails with TG_EOVERFLOW makes the reply "not passed"
+ * (nothing written): the library's own step names the rule. Keys
  * are found by parsing (getkeys-api): Cluster routes the command, and
  * refuses keys of several slots (CROSSSLOT) before it runs. */
 
@@ -768,6 +770,15 @@ static int steps_command(RedisModuleCtx *ctx, RedisModuleString **argv,
       char text[64];
       (void)snprintf(text, sizeof text, "TGCORRUPT rule %u", (unsigned)r);
       return RedisModule_ReplyWithError(ctx, text);
+    }
+    if (rc == TG_EOVERFLOW) {
+      /* the rule's step fails (a window's count past 2^64): the policy
+       * does not pass and nothing is written; the library's decide_rules
+       * finds the same failure on the same values and reports it for this
+       * rule, as the memory store does (an error reply here named none) */
+      pass = false;
+      o[r].r.allowed = false;
+      continue;
     }
     if (rc != TG_OK)
       return reply_code(ctx, rc, NULL);

@@ -275,7 +275,8 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
                  ? tg__limiter_prepare(ru->lim, TG__OP_CHECK, tp, ru->key,
                                        ru->key_len, ru->q, ru->cost, &pr.c[i])
                  : TG_EINVAL;
-    if (rc == TG_OK && ru->lim->store_time != rules[0].lim->store_time)
+    if (rc == TG_OK && ru->lim != rules[0].lim &&
+        ru->lim->store_time != rules[0].lim->store_time)
       rc = TG_EINVAL;
     if (rc != TG_OK) {
       fail(rules, n, i, rc, out);
@@ -287,7 +288,7 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
       }
       return rc;
     }
-    fit = fit && store_fits(rules, i);
+    fit = fit && (i == 0 ? ru->lim->ident_ok : store_fits(rules, i));
     /* the flags (the stores fill the rest before reading it), and the
      * generation and entry a give-back would compare: zeroing the whole
      * token cost a tenth of a two-rule decision */

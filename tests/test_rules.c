@@ -702,7 +702,7 @@ static void model_run(kind k, uint64_t steps) {
 
 static uint64_t model_steps(void) {
   uint64_t def = getenv("TG_TEST_REDIS_PORT") || cluster_seeds()
-                     ? 20000 /* two round trips */
+                     ? 20000 /* a round trip each */
                  : SANITIZED ? 100000
                              : 1000000;
   return env_u64("TG_RULES_STEPS", def);

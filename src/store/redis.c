@@ -932,9 +932,10 @@ static int step_key(mkey *m, const tg__call *orig, bool write, tg__outcome *o,
 typedef int (*decide_fn)(mkey *m, size_t n, const tg__call *orig, void *ctx,
                          bool *write, size_t *failed);
 
-/* The same decision in one command of the module's, on a connection whose
- * server has it (see rules_native); *ran false: the module is gone and the
- * connection has turned to the script, which then decides. */
+/* The same decision in one command (see rules_native): the module's, or the
+ * script's; *ran false: the module is gone and the connection has turned
+ * to the script (multi then calls it again), or NULL (decide_one) for the
+ * read and the conditional write. */
 typedef int (*native_fn)(conn *k, mkey *m, size_t n, const tg__call *orig,
                          void *ctx, size_t *failed, bool *ran);
 
@@ -949,8 +950,10 @@ static int multi(redis_store *s, mkey *m, size_t n, const tg__call *orig,
   rc = conn_open(s, k);
   bool open_failed = rc != TG_OK;
   bool done = false;
-  if (rc == TG_OK && native && k->module)
+  for (int t = 0; rc == TG_OK && native && !done && t < 2; t++)
     rc = native(k, m, n, orig, ctx, failed, &done);
+  if (rc == TG_OK && native && !done)
+    rc = TG_ESTORE; /* the script was not run after it was loaded again */
   for (int t = 0; rc == TG_OK && !done; t++) {
     if (t == MULTI_TRIES) {
       rc = TG_EBUSY; /* the keys kept changing under it */
@@ -1038,20 +1041,58 @@ static int decide_rules(mkey *m, size_t n, const tg__call *orig, void *p,
   return TG_OK;
 }
 
-/* A policy in one round trip, with the module: TG.STEPS (see
- * redis-module/module.c) checks every rule and takes them all when the
- * policy passes, as decide_rules does, and answers the values it found and
- * whether it passed. decide_rules then runs here on those values, so every
- * number reported comes from this process's core, and its verdict must be
- * the server's (a difference is a bug: TG_ESTORE). Without the module the
- * policy is a read and a conditional write (multi's loop): two round trips,
- * and more when another client changes a key in between. */
+/* A policy in one round trip: with the module TG.STEPS (see
+ * redis-module/module.c), without it the script's P (redis.lua) checks
+ * every rule and takes them all when the policy passes, as decide_rules
+ * does, and answers the values it found and whether it passed.
+ * decide_rules then runs here on those values, so every number reported
+ * comes from this process's core, and its verdict must be the server's (a
+ * difference is a bug: TG_ESTORE). */
 #define STEPS_PER_RULE 7
+
+/* The script's arguments of rule c for P (redis.lua): algorithm, op, the
+ * op's four numbers, shadow. A bucket's cost above the burst is sent as
+ * tau + 1 ns (denied all the same: cost * T could pass 2^64). */
+static void script_rule(const redis_store *s, const tg__call *c, bool shadow,
+                        const char **argv, size_t *len, char (*num)[24]) {
+  static const char ALG[TG_ALGORITHM_COUNT][2] = {"0", "1", "2", "3", "4"};
+  uint64_t v[4] = {0, 0, 0, 0};
+  switch (c->alg) {
+  case TG_FIXED_WINDOW:
+  case TG_FIXED_WINDOW_PER_KEY:
+    v[0] = c->arg;
+    v[1] = c->q.period_us / 1000;
+    v[2] = c->q.limit;
+    break;
+  case TG_TOKEN_BUCKET:
+  case TG_LEAKY_BUCKET:
+    v[0] = c->arg > c->q.burst ? c->q.tau_ns + 1 : c->arg * c->q.t_ns;
+    v[1] = c->q.tau_ns;
+    break;
+  case TG_SLIDING_WINDOW:
+    v[0] = c->arg;
+    v[1] = c->q.limit;
+    v[2] = c->q.period_us;
+    v[3] = s->log_entries;
+    break;
+  }
+  argv[0] = ALG[c->alg];
+  len[0] = 1;
+  argv[1] = c->alg == TG_SLIDING_WINDOW ? "h" : "p";
+  len[1] = 1;
+  for (int j = 0; j < 4; j++) {
+    argv[2 + j] = num[j];
+    len[2 + j] = tg__u64_dec(num[j], v[j]);
+  }
+  argv[6] = shadow ? "1" : "0";
+  len[6] = 1;
+}
 
 static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
                         void *p, size_t *failed, bool *ran) {
   rules_ctx *x = p;
-  size_t argc = 3 + n + STEPS_PER_RULE * n;
+  bool module = k->module;
+  size_t argc = 4 + n + STEPS_PER_RULE * n;
   const char **argv = malloc(argc * sizeof *argv);
   size_t *len = malloc(argc * sizeof *len);
   char(*num)[24] = malloc((2 + STEPS_PER_RULE * n) * sizeof *num);
@@ -1063,16 +1104,29 @@ static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
   size_t a = 0, nn = 0;
 #define ARG(s, l) (argv[a] = (s), len[a++] = (l))
 #define NUM(v) (ARG(num[nn], tg__u64_dec(num[nn], (v))), nn++)
-  ARG("TG.STEPS", 8);
+  if (module) {
+    ARG("TG.STEPS", 8);
+  } else {
+    ARG("EVALSHA", 7);
+    ARG("", 40); /* the SHA1: eval_script sets it */
+  }
   NUM(n);
   for (size_t i = 0; i < n; i++)
     ARG(m[i].name, m[i].name_len);
+  if (!module)
+    ARG("P", 1);
   if (orig->store_time)
     ARG("", 0);
   else
     NUM(orig->now_us);
   for (size_t i = 0; i < n; i++) {
     const tg__call *c = &m[i].c;
+    if (!module) {
+      script_rule(m[i].s, c, x->shadow[i], &argv[a], &len[a], &num[nn]);
+      a += STEPS_PER_RULE;
+      nn += 4;
+      continue;
+    }
     NUM((uint64_t)c->alg);
     NUM(c->q.limit);
     NUM(c->q.period_us / 1000);
@@ -1083,10 +1137,11 @@ static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
   }
 #undef NUM
 #undef ARG
-  rc = command(k, (int)a, argv, len, &r);
+  rc = module ? command(k, (int)a, argv, len, &r)
+              : eval_script(k, (int)a, argv, len, &r);
   if (rc != TG_OK)
     goto out;
-  if (not_run(k, r)) {
+  if (module && not_run(k, r)) {
     rc = fix_conn(k); /* unloaded since this connection found it */
     goto out;
   }
