@@ -1068,7 +1068,8 @@ struct tg_custom_store {
  * sense is TG_ECORRUPT for the calls that meet it. A sliding log is met
  * where a call reads it: its bounds, its newest entry, the entries the call
  * expires and the first it keeps (their order, their costs within the sum),
- * and, for a denial, whether its entries account for its sum; an entry
+ * and a denial that no entry can account for (a sum larger than all of
+ * them); an entry
  * further in is checked by the call that reaches it, so a decision costs
  * the entries it reads, not the whole log. The reclaim horizon (see
  * "Operations") cannot be kept years ahead: a key the table does not hold

@@ -77,7 +77,7 @@ typedef struct {
   tg_nb *nb;
   ngx_connection_t *conn;
   unsigned connecting : 1; /* connect() in progress */
-  unsigned heard : 1;      /* the connection has had a reply */
+  unsigned heard : 1;      /* a decision was answered on the connection */
   unsigned pumping : 1;
   unsigned pump_again : 1;
   ngx_msec_t backoff;     /* the last wait before trying a down server */
@@ -1204,13 +1204,16 @@ static void redis_read(tg_ngx_zone *z) {
     if (n == NGX_AGAIN)
       break;
     if (n == 0 || n == NGX_ERROR) {
-      /* a server that closes before its first reply (the handshake's)
-       * is down: making the connection again at once would loop */
-      ngx_uint_t down = !z->heard;
+      /* a server that ends the connection while decisions wait, before
+       * it has answered one of them on it, is down: making the connection
+       * again at once would loop (a reply to the handshake alone is not
+       * progress); with nothing waiting, it only closed an idle one */
+      ngx_uint_t down = !z->heard && !ngx_queue_empty(&z->pending);
       ngx_uint_t level = down ? NGX_LOG_ERR : NGX_LOG_INFO;
       ngx_log_error(level, c->log, 0,
                     "tollgate: zone \"%V\": the connection to %V ended%s",
-                    &z->name, &z->store, down ? " before any reply" : "");
+                    &z->name, &z->store,
+                    down ? " before answering a decision" : "");
       redis_fail(z, TG_ECONNECT, down);
       return;
     }
@@ -1224,8 +1227,6 @@ static void redis_read(tg_ngx_zone *z) {
       redis_fail(z, 0, 1);
       return;
     }
-    z->backoff = 0; /* it answers */
-    z->heard = 1;
   }
   if (ngx_handle_read_event(c->read, 0) != NGX_OK)
     redis_fail(z, TG_ECONNECT, 1);
@@ -1276,6 +1277,10 @@ static void redis_complete(tg_ngx_zone *z, tg_nb_req *req) {
   tg_ngx_pending *p = req->data;
   ngx_queue_remove(&p->queue);
   tg_ngx_ctx *ctx = p->ctx;
+  if (req->status == TG_OK && !req->result.degraded) {
+    z->backoff = 0; /* it answers decisions */
+    z->heard = 1;
+  }
   if (ctx == NULL)
     ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
                   "tollgate: zone \"%V\": an answer for a request that "
@@ -1624,8 +1629,13 @@ static ngx_int_t redis_decide(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
     return ctx->resume_rc;
   }
   p->parked = 1;
-  if (ngx_handle_read_event(r->connection->read, 0) != NGX_OK)
-    return NGX_HTTP_INTERNAL_SERVER_ERROR; /* the cleanup detaches it */
+  if (ngx_handle_read_event(r->connection->read, 0) != NGX_OK) {
+    /* finalised with an error, maybe not freed yet (post_action): the
+     * answer must not run its phases again */
+    p->ctx = NULL;
+    ctx->pending = NULL;
+    return NGX_HTTP_INTERNAL_SERVER_ERROR;
+  }
   r->read_event_handler = ngx_http_test_reading;
   r->write_event_handler = ngx_http_request_empty_handler;
   return NGX_AGAIN;

@@ -256,8 +256,9 @@ bool tg__log_plausible(const tg__log *log);
  * TG_NOW_MAX_US, and from the oldest, each entry a call at now_us expires
  * and the first it keeps strictly increasing in time up to the newest, with
  * their costs and the newest's within the sum. An entry further in is
- * checked when a later call reaches it; a denied call whose sum its entries
- * cannot account for is caught by its caller (no wait found). */
+ * checked when a later call reaches it; a denied call that no entry can
+ * account for (no wait found: a sum beyond all of them) is caught by its
+ * caller. */
 bool tg__log_sound_where_read(const tg__log *log, uint64_t period_us,
                               uint64_t now_us);
 

@@ -416,8 +416,9 @@ location /bad { tollgate zone=bad; add_header X-Status $tollgate_status always;
             redis.close()
 
 
-    def test_server_that_closes_at_once(self):
-        # something that accepts and closes before any reply: taken as
+    def closing_server(self, reply):
+        # something that accepts, answers `reply` to the first bytes (b"":
+        # nothing) and closes, before answering any decision: taken as
         # down (on_error answers, quickly), not connected to again and
         # again while the request waits
         lsock = socket.socket()
@@ -434,6 +435,13 @@ location /bad { tollgate zone=bad; add_header X-Status $tollgate_status always;
                 except OSError:
                     continue
                 accepted[0] += 1
+                if reply:
+                    try:
+                        c.settimeout(1)
+                        c.recv(65536)
+                        c.sendall(reply)
+                    except OSError:
+                        pass
                 c.close()
         t = threading.Thread(target=serve)
         t.start()
@@ -450,12 +458,20 @@ location /bad { tollgate zone=bad; add_header X-Status $tollgate_status always;
             time.sleep(0.5)
             # one connection per backoff at most (100, 200, 400 ms...)
             self.assertLess(accepted[0], 10, accepted[0])
-            self.assertIn("ended before any reply", n.error_log())
+            self.assertIn("ended before answering a decision", n.error_log())
         finally:
             n.stop()
             stop.set()
             t.join()
             lsock.close()
+
+    def test_server_that_closes_at_once(self):
+        self.closing_server(b"")
+
+    def test_server_that_answers_the_handshake_then_closes(self):
+        # a valid reply to the first handshake command (COMMAND INFO),
+        # then the end: a reply, but no decision answered
+        self.closing_server(b"*1\r\n*-1\r\n")
 
 
 class ConfigErrors(unittest.TestCase):
