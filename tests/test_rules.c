@@ -826,8 +826,11 @@ static void *stress_main(void *p) {
     tg_rules_result out;
     int rc = tg_hit_rules_at(T0, r, 3, 0, &out);
     /* Redis gives up with TG_EBUSY when the keys keep changing under a
-     * decision (it then wrote nothing: the states below stay exact) */
-    if (rc == TG_EBUSY && kind_ready[K_REDIS])
+     * decision, and the custom store when two policies keep meeting on
+     * its shared lock stripes (a loaded machine that deschedules a lock's
+     * holder makes that happen); either wrote nothing: the states below
+     * stay exact */
+    if (rc == TG_EBUSY && (kind_ready[K_REDIS] || s->w->k == K_CUSTOM))
       continue;
     if (rc != 0) {
       s->errors++;
@@ -1228,6 +1231,11 @@ static void *rstress_main(void *p) {
     }
     tg_rules_reservation out;
     int rc = tg_reserve_rules_at(T0, r, 3, wait, 0, &out, NULL);
+    /* the custom store gives up with TG_EBUSY when two policies keep
+     * meeting on its shared lock stripes (documented; it then wrote
+     * nothing: the states below stay exact) */
+    if (rc == TG_EBUSY && s->w->k == K_CUSTOM)
+      continue;
     if (rc != 0) {
       s->errors++;
       s->last_error = rc;
