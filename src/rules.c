@@ -143,8 +143,9 @@ static int exec_policy(policy_run *pr, size_t n, tg__policy_marks *pm) {
 /* The optimistic protocol (see the top of the file) for stores without
  * exec_rules. Fills pr->o[i] as CHECK would, then, when the call passed,
  * each taken rule's o[i].r with its TAKE's answer. */
-static int optimistic(tg_rule *rules, policy_run *pr, size_t n, bool at,
-                      bool *passed, size_t *failed) {
+static inline __attribute__((always_inline)) int
+optimistic(tg_rule *rules, policy_run *pr, size_t n, bool at, bool *passed,
+           size_t *failed) {
   tg__policy_marks pm = {0, 0, 0, 0};
   int (*each)(tg__store *const *, tg__call *, size_t, uint32_t, tg__outcome *,
               tg__outcome *, tg__policy_marks *) =
