@@ -1134,6 +1134,45 @@ static void resv_cancel_shadow(kind k) {
   world_free(&w);
 }
 
+/* A limiter in shadow mode: its rule's delay is not the call's (its
+ * result says shadow_denied), and when its reservation would be refused
+ * the call passes on the other rule, the shadow rule consuming nothing. */
+static void resv_limiter_shadow(void) {
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_TOKEN_BUCKET;
+  cfg.clock = hand_clock;
+  cfg.clean_period_ms = 0;
+  tg_limiter *real, *shadow;
+  assert_int_equal(tg_limiter_new(&real, &cfg), 0);
+  cfg.shadow = true;
+  assert_int_equal(tg_limiter_new(&shadow, &cfg), 0);
+  const tg_quota qs = {5, 1000, 1}, qr = {10, 1000, 1}; /* 200, 100 ms */
+  const uint64_t wait[2] = {250, 1000};
+  for (uint64_t i = 0; i < 4; i++) {
+    tg_rule r[2] = {{shadow, "s", 1, &qs, 1, 0, {0}},
+                    {real, "r", 1, &qr, 1, 0, {0}}};
+    tg_rules_reservation out;
+    tg_reservation res[2];
+    assert_int_equal(tg_reserve_rules_at(T0, r, 2, wait, 0, &out, res), 0);
+    assert_true(out.ok);
+    assert_int_equal(out.delay_ns, i * 100000000); /* the real rule's */
+    assert_int_equal(res[0].delay_ns, 0);
+    /* call 1 delayed by the shadow rule (200 ms: shadow_denied), calls 2
+     * and 3 refused by it (400 ms > 250): shadow_denied, nothing taken */
+    assert_int_equal(r[0].result.shadow_denied, i > 0);
+    assert_int_equal(out.rules.r.shadow_denied, i > 0);
+    assert_int_equal(out.rules.denied_by, i > 0 ? 0 : TG_RULE_NONE);
+  }
+  /* the shadow bucket holds calls 0 and 1 only: full again at +400 ms (at
+   * +800 ms had the refused ones consumed) */
+  uint64_t at_ms;
+  assert_int_equal(tg_expires_at_at(shadow, T0, "s", 1, &qs, &at_ms), 0);
+  assert_int_equal(at_ms, T0 / 1000 + 400);
+  tg_limiter_destroy(real);
+  tg_limiter_destroy(shadow);
+}
+
 /* Invalid waits: too long (TG_EINVAL), or on a window (TG_ENOTSUP), with
  * nothing consumed. */
 static void resv_refusals(kind k) {
@@ -1183,6 +1222,8 @@ static void test_reserve_rules(void **state) {
     resv_nothing_consumed((kind)k);
     resv_cancel_shadow((kind)k);
     resv_refusals((kind)k);
+    if (k == K_MEMORY)
+      resv_limiter_shadow();
   }
 }
 
