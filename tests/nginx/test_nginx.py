@@ -649,7 +649,6 @@ class LimitReqTwoLines(unittest.TestCase):
             got = staggered(self.n, ["/%s?k=a" % loc] * 5)
             self.assertEqual([g[0] for g in got], [200, 200, 200, 429, 429],
                              (loc, got))
-            self.assertLess(got[0][1], 0.5, (loc, got))
             self.assertGreater(got[1][1], 0.85, (loc, got))
             self.assertGreater(got[2][1], 1.8, (loc, got))
             if loc == "tg":
@@ -662,7 +661,7 @@ class LimitReqTwoLines(unittest.TestCase):
         # waits 950 ms, x3 and x4 overflow the key's queue and are rejected
         # without being charged to the server line; so y1, 150 ms after x2,
         # waits 1.8 s behind x1 and x2 only (3.8 s if x3 and x4 had been
-        # charged)
+        # charged: the bound between leaves a loaded machine 1.7 s)
         for loc in ("lr1", "tg1"):
             paths = ["/%s?k=x" % loc] * 4 + ["/%s?k=y" % loc]
             got = staggered(self.n, paths)
@@ -670,7 +669,7 @@ class LimitReqTwoLines(unittest.TestCase):
                              (loc, got))
             self.assertGreater(got[1][1], 0.85, (loc, got))
             self.assertGreater(got[4][1], 1.7, (loc, got))
-            self.assertLess(got[4][1], 3.0, (loc, got))
+            self.assertLess(got[4][1], 3.5, (loc, got))
             if loc == "tg1":
                 self.assertEqual([g[2] for g in got],
                                  ["PASSED", "DELAYED", "REJECTED", "REJECTED",
