@@ -814,6 +814,86 @@ TG_EXTERN int tg_cancel_at(tg_limiter *lim, uint64_t now_us, const void *key,
                            size_t key_len, const tg_quota *q,
                            tg_reservation *res);
 
+/* ---- Policies of reservations: several limits, one delay ------------------
+ * tg_reserve_rules is tg_hit_rules (see "Policies") in which a rule may
+ * reserve: rule i waits at most max_wait_ms[i] (0: a plain hit, as in
+ * tg_hit_rules; above 0 only for the two buckets, else TG_ENOTSUP for that
+ * rule; at most TG_PERIOD_MAX_MS, else TG_EINVAL). It is nginx's limit_req
+ * with several lines in one location:
+ *
+ *   - a bucket rule with a wait passes when its reservation would be
+ *     accepted (its delay <= its max_wait_ms), any other rule as in
+ *     tg_hit_rules; the call passes only if every rule passes, and then
+ *     every rule consumes (a reserving rule queues, as tg_reserve does);
+ *   - if any rule refuses, NOTHING is consumed anywhere; the answer names
+ *     the first rule that refused (denied_by) and the largest
+ *     retry_after_ms of the rules that refused (a reserving rule's is the
+ *     wait after which the same reservation would be accepted);
+ *   - the call's delay is the largest of its rules' delays: the caller goes
+ *     after it (each rule's own delay is in its receipt, below).
+ *
+ * The decision is made exactly as tg_hit_rules's (the same stores, the same
+ * concurrency: on memory and shm an optimistic check then take, a rule that
+ * changed meanwhile decided again and, if it now refuses, the rules taken
+ * given back; so concurrent callers admit at most what some serial order
+ * of the same calls would). Every rule's status and result are filled as
+ * tg_hit_rules fills them (an accepted reservation's result is allowed).
+ * Stores: memory, shm and custom stores; on Redis (and Redis Cluster) it is
+ * TG_ENOTSUP and decides nothing (its policy runs in one server-side step
+ * that knows no waits).
+ *
+ * Shadow mode: a rule whose limiter is in shadow mode does not refuse the
+ * call (as in tg_hit_rules) and delays nothing: when its reservation was
+ * accepted with a delay its result says shadow_denied, and its delay is not
+ * the call's. With TG_RULES_SHADOW the call is decided and recorded as
+ * without it and answered ok with delay 0, rules.r.shadow_denied saying
+ * that the real answer was a refusal or a delay.
+ *
+ * Receipts: res, when not NULL, is an array of n tg_reservation that
+ * receives each rule's: ok (the call is ok and this rule allowed), the
+ * rule's own delay, its result, and what tg_cancel_rules needs to give the
+ * rule back. tg_cancel_rules gives back a policy's reservation that will not
+ * be used (e.g. nginx: the client went away while its request waited): each
+ * bucket rule's consumption is cancelled as tg_cancel does (only as far as
+ * no later reservation was scheduled behind it), in reverse rule order; a
+ * rule on another algorithm stays consumed (a window cannot take a call
+ * back once others may have counted on it: like tg_hit's). */
+typedef struct tg_rules_reservation {
+  /* The call passed: every rule consumed; go after the delay. */
+  bool ok;
+  /* The largest of the rules' delays, ns (0 when not ok), and the same
+   * rounded up to ms. */
+  uint64_t delay_ns;
+  uint64_t delay_ms;
+  /* The policy's answer, as tg_hit_rules's (rules.r.allowed = ok). */
+  tg_rules_result rules;
+} tg_rules_reservation;
+
+/* Decides one call on rules[0..n) (1 <= n <= TG_RULES_MAX), rule i waiting
+ * at most max_wait_ms[i] (max_wait_ms NULL: 0 for every rule), as
+ * described above; now is read once, as in tg_hit_rules. res: NULL, or n
+ * receipts to fill. Returns 0 when the call was decided (look at out->ok),
+ * else a TG_E* code as tg_hit_rules returns them (an invalid wait: that
+ * rule's TG_EINVAL or TG_ENOTSUP; a Redis store: TG_ENOTSUP), with nothing
+ * consumed and no receipt to cancel. flags: 0 or TG_RULES_SHADOW. */
+TG_EXTERN int tg_reserve_rules(tg_rule *rules, size_t n,
+                               const uint64_t *max_wait_ms, unsigned flags,
+                               tg_rules_reservation *out, tg_reservation *res);
+TG_EXTERN int tg_reserve_rules_at(uint64_t now_us, tg_rule *rules, size_t n,
+                                  const uint64_t *max_wait_ms, unsigned flags,
+                                  tg_rules_reservation *out,
+                                  tg_reservation *res);
+
+/* Gives back the reservation res[0..n) that tg_reserve_rules made on these
+ * rules (the same limiters, keys and quotas), as described above. Receipts
+ * of a call that was not ok, or already cancelled, do nothing; each
+ * receipt cancelled is marked so. Returns 0, or the first failure's code
+ * (every rule is still tried); TG_EINVAL when rules or res is NULL or
+ * n > TG_RULES_MAX. */
+TG_EXTERN int tg_cancel_rules(tg_rule *rules, size_t n, tg_reservation *res);
+TG_EXTERN int tg_cancel_rules_at(uint64_t now_us, tg_rule *rules, size_t n,
+                                 tg_reservation *res);
+
 /* ---- Shadow mode ----------------------------------------------------------
  * A limiter with tg_config.shadow = true (or a policy decided with
  * TG_RULES_SHADOW) decides and records every call exactly as it would for

@@ -150,7 +150,9 @@ typedef struct {
   tg_rule *rules;     /* n of them: keys, quotas, each rule's result */
   tg_ngx_limit **limits;
   tg_rules_result rr;      /* the policy's answer (rr.r) */
-  tg_reservation res;      /* TG_NGX_RESERVE: the reservation */
+  tg_reservation *res;     /* a location with a TG_NGX_RESERVE line: the
+                              receipt of each rule */
+  ngx_uint_t delayed_by;   /* the rule whose delay the request waits */
   unsigned waiting : 1;    /* delayed and not yet resumed: cancel if the
                               request ends first */
   tg_ngx_pending *pending; /* a Redis zone's decision not yet answered */
@@ -930,11 +932,9 @@ static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
     conf->limits = prev->limits;
   if (conf->limits) {
     tg_ngx_limit *l = conf->limits->elts;
-    ngx_uint_t reserving = 0;
     for (ngx_uint_t i = 0; i < conf->limits->nelts; i++) {
       if (!l[i].resolved && resolve_limit(cf, mcf, &l[i]) != NGX_CONF_OK)
         return NGX_CONF_ERROR;
-      reserving += l[i].mode == TG_NGX_RESERVE;
       for (ngx_uint_t j = 0; j < i; j++)
         if (l[j].zone == l[i].zone) {
           /* one state cannot be two rules of a policy */
@@ -969,15 +969,6 @@ static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
                       &l[i].zone_name, &l[i].file, l[i].line);
         return NGX_CONF_ERROR;
       }
-    }
-    if (reserving && conf->limits->nelts > 1) {
-      ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
-                    "tollgate: a tollgate line that delays (burst= without "
-                    "nodelay) must be the only one of its location; add "
-                    "nodelay to decide several lines as one policy, in "
-                    "%V:%ui",
-                    &l[0].file, l[0].line);
-      return NGX_CONF_ERROR;
     }
   }
   ngx_conf_merge_uint_value(conf->status, prev->status, 429);
@@ -1414,9 +1405,8 @@ static void tg_ngx_ctx_cleanup(void *data) {
     ctx->pending = NULL;
   }
   if (ctx->waiting) {
-    /* the request ended while it waited: give its slot back */
-    tg_rule *rule = &ctx->rules[0];
-    (void)tg_cancel(rule->lim, rule->key, rule->key_len, rule->q, &ctx->res);
+    /* the request ended while it waited: give its slots back */
+    (void)tg_cancel_rules(ctx->rules, ctx->n, ctx->res);
     ctx->waiting = 0;
   }
 }
@@ -1528,25 +1518,47 @@ static ngx_int_t collect_rules(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
   return NGX_OK;
 }
 
-/* A delaying line (the only one of its location): tg_reserve, its answer
- * copied where a policy's would be. *delay_ms: how long to wait. */
-static int reserve(tg_ngx_loc_conf *lcf, tg_ngx_ctx *ctx, uint64_t *delay_ms) {
-  tg_rule *rule = &ctx->rules[0];
-  int rc = tg_reserve(rule->lim, rule->key, rule->key_len, rule->q, rule->cost,
-                      ctx->limits[0]->max_wait_ms, &ctx->res);
-  rule->status = rc;
-  rule->result = ctx->res.result;
-  ctx->rr.r = ctx->res.result;
-  ctx->rr.tightest = 0;
-  ctx->rr.denied_by = ctx->res.ok ? TG_RULE_NONE : 0;
-  *delay_ms = ctx->res.ok ? ctx->res.delay_ms : 0;
-  if (lcf->dry_run && (!ctx->res.ok || *delay_ms)) {
+/* Whether one of the request's lines delays (limit_req's queue). */
+static ngx_int_t reserving(const tg_ngx_ctx *ctx) {
+  for (ngx_uint_t i = 0; i < ctx->n; i++)
+    if (ctx->limits[i]->mode == TG_NGX_RESERVE)
+      return 1;
+  return 0;
+}
+
+/* Lines of which one or more delay: one policy of reservations, as
+ * limit_req decides several lines (every line checked; one that rejects
+ * rejects the request and charges no line; else every line is charged and
+ * the request waits the longest of their delays). *delay_ms: how long. */
+static int reserve(ngx_http_request_t *r, tg_ngx_loc_conf *lcf, tg_ngx_ctx *ctx,
+                   uint64_t *delay_ms) {
+  uint64_t wait[TG_RULES_MAX];
+  for (ngx_uint_t i = 0; i < ctx->n; i++)
+    wait[i] = ctx->limits[i]->mode == TG_NGX_RESERVE
+                  ? ctx->limits[i]->max_wait_ms
+                  : 0; /* a nodelay line: a plain hit */
+  ctx->res = ngx_palloc(r->pool, ctx->n * sizeof(tg_reservation));
+  if (ctx->res == NULL)
+    return TG_ENOMEM;
+  tg_rules_reservation out;
+  int rc = tg_reserve_rules(ctx->rules, ctx->n, wait, 0, &out, ctx->res);
+  ctx->rr = out.rules;
+  *delay_ms = out.ok ? out.delay_ms : 0;
+  for (ngx_uint_t i = 0; i < ctx->n; i++)
+    if (ctx->res[i].delay_ns > ctx->res[ctx->delayed_by].delay_ns)
+      ctx->delayed_by = i;
+  if (rc == 0 && lcf->dry_run && (!out.ok || *delay_ms)) {
     /* what shadow mode does: decided and recorded, let through now */
     ctx->rr.r.shadow_denied = 1;
     ctx->rr.r.allowed = 1;
-    rule->result.shadow_denied = 1;
-    rule->result.allowed = 1; /* no Retry-After in a dry run */
-    ctx->state = ctx->res.ok ? TG_NGX_DELAYED_DRY_RUN : TG_NGX_REJECTED_DRY_RUN;
+    for (ngx_uint_t i = 0; i < ctx->n; i++) {
+      tg_result *res = &ctx->rules[i].result;
+      if (!res->allowed || ctx->res[i].delay_ns) {
+        res->shadow_denied = 1;
+        res->allowed = 1; /* no Retry-After in a dry run */
+      }
+    }
+    ctx->state = out.ok ? TG_NGX_DELAYED_DRY_RUN : TG_NGX_REJECTED_DRY_RUN;
     *delay_ms = 0;
   }
   return rc;
@@ -1666,8 +1678,8 @@ static ngx_int_t tg_ngx_handler(ngx_http_request_t *r) {
   if (ctx->limits[0]->zone->redis)
     return redis_decide(r, lcf, ctx);
   uint64_t delay_ms = 0;
-  int rc = ctx->limits[0]->mode == TG_NGX_RESERVE
-               ? reserve(lcf, ctx, &delay_ms)
+  int rc = reserving(ctx)
+               ? reserve(r, lcf, ctx, &delay_ms)
                : tg_hit_rules(ctx->rules, ctx->n,
                               lcf->dry_run ? TG_RULES_SHADOW : 0, &ctx->rr);
   return decided(r, lcf, ctx, rc, delay_ms);
@@ -1677,7 +1689,8 @@ static ngx_int_t tg_ngx_handler(ngx_http_request_t *r) {
 static ngx_int_t decided(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
                          tg_ngx_ctx *ctx, int rc, uint64_t delay_ms) {
   const tg_result *res = &ctx->rr.r;
-  size_t blame = ctx->rr.denied_by == TG_RULE_NONE ? 0 : ctx->rr.denied_by;
+  size_t blame =
+      ctx->rr.denied_by == TG_RULE_NONE ? ctx->delayed_by : ctx->rr.denied_by;
   ngx_str_t *zname = &ctx->limits[blame]->zone->name;
   ngx_log_t *log = r->connection->log;
 

@@ -109,6 +109,13 @@ static inline int tg__limiter_prepare(const tg_limiter *lim, tg__op op,
   return TG_OK;
 }
 
+/* Fills the private words of *out, tg_cancel's receipt, from what a
+ * reservation (or a policy's TAKE) consumed: tok's record of it, when
+ * something was consumed on an algorithm tg_cancel gives back (the
+ * buckets); *out is left as it is otherwise (reserve.c). */
+void tg__reservation_receipt(tg_reservation *out, tg_algorithm alg,
+                             const tg__token *tok, uint64_t cost);
+
 /* True for the codes a store fails with (the failure policy answers). */
 bool tg__store_failure(int rc);
 

@@ -15,6 +15,18 @@
 /* The private words of a tg_reservation. */
 enum { P_TAKEN, P_GEN, P_BEFORE, P_AFTER, P_NOW, P_COST, P_COUNT_ };
 
+void tg__reservation_receipt(tg_reservation *out, tg_algorithm alg,
+                             const tg__token *tok, uint64_t cost) {
+  if (!tok->taken || !tg__op_supported(alg, TG__OP_CANCEL))
+    return;
+  out->private_[P_TAKEN] = 1;
+  out->private_[P_GEN] = tok->gen;
+  out->private_[P_BEFORE] = tg__tat(&tok->before);
+  out->private_[P_AFTER] = tg__tat(&tok->after);
+  out->private_[P_NOW] = tok->now_us;
+  out->private_[P_COST] = cost;
+}
+
 static int reserve(tg_limiter *lim, const uint64_t *now, const void *key,
                    size_t key_len, const tg_quota *q, uint64_t cost,
                    uint64_t max_wait_ms, tg_reservation *out) {
@@ -37,14 +49,7 @@ static int reserve(tg_limiter *lim, const uint64_t *now, const void *key,
     out->result = o.r;
     out->delay_ns = o.r.allowed ? o.value : 0;
     out->delay_ms = tg__div_ceil(out->delay_ns, 1000000);
-    if (tok.taken) {
-      out->private_[P_TAKEN] = 1;
-      out->private_[P_GEN] = tok.gen;
-      out->private_[P_BEFORE] = tg__tat(&tok.before);
-      out->private_[P_AFTER] = tg__tat(&tok.after);
-      out->private_[P_NOW] = tok.now_us;
-      out->private_[P_COST] = cost;
-    }
+    tg__reservation_receipt(out, lim->cfg.algorithm, &tok, cost);
   } else {
     tg__limiter_failure(lim, rc, q, &out->result);
   }
@@ -108,4 +113,31 @@ int tg_cancel(tg_limiter *lim, const void *key, size_t key_len,
 int tg_cancel_at(tg_limiter *lim, uint64_t now_us, const void *key,
                  size_t key_len, const tg_quota *q, tg_reservation *res) {
   return cancel(lim, &now_us, key, key_len, q, res);
+}
+
+/* A policy's receipts, in reverse order (as a denied policy gives back):
+ * every rule that holds one, whatever fails; the first failure's code. */
+static int cancel_rules(const uint64_t *now, tg_rule *rules, size_t n,
+                        tg_reservation *res) {
+  if (!rules || !res || n > TG_RULES_MAX)
+    return TG_EINVAL;
+  int first = TG_OK;
+  for (size_t j = n; j-- > 0;) {
+    if (res[j].private_[P_TAKEN] != 1)
+      continue; /* nothing consumed there, or nothing a cancel gives back */
+    const tg_rule *ru = &rules[j];
+    int rc = cancel(ru->lim, now, ru->key, ru->key_len, ru->q, &res[j]);
+    if (rc != TG_OK && first == TG_OK)
+      first = rc;
+  }
+  return first;
+}
+
+int tg_cancel_rules(tg_rule *rules, size_t n, tg_reservation *res) {
+  return cancel_rules(NULL, rules, n, res);
+}
+
+int tg_cancel_rules_at(uint64_t now_us, tg_rule *rules, size_t n,
+                       tg_reservation *res) {
+  return cancel_rules(&now_us, rules, n, res);
 }

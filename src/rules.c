@@ -143,8 +143,9 @@ static int exec_policy(policy_run *pr, size_t n, tg__policy_marks *pm) {
 /* The optimistic protocol (see the top of the file) for stores without
  * exec_rules. Fills pr->o[i] as CHECK would, then, when the call passed,
  * each taken rule's o[i].r with its TAKE's answer. */
-static int optimistic(tg_rule *rules, policy_run *pr, size_t n, bool at,
-                      bool *passed, size_t *failed) {
+static inline __attribute__((always_inline)) int
+optimistic(tg_rule *rules, policy_run *pr, size_t n, bool at, bool *passed,
+           size_t *failed) {
   tg__policy_marks pm = {0, 0, 0, 0};
   int (*each)(tg__store *const *, tg__call *, size_t, uint32_t, tg__outcome *,
               tg__outcome *, tg__policy_marks *) =
@@ -162,9 +163,10 @@ static int optimistic(tg_rule *rules, policy_run *pr, size_t n, bool at,
    * nothing: it keeps its CHECK answer's verdict as what it says */
   for (uint32_t m = pm.stepped & ~(k < n ? 1u << k : 0u); m; m &= m - 1) {
     size_t i = (size_t)__builtin_ctz(m);
-    if (pr->took[i].r.allowed)
+    if (pr->took[i].r.allowed) {
       pr->o[i].r = pr->took[i].r;
-    else
+      pr->o[i].value = pr->took[i].value; /* a reservation's delay */
+    } else
       pr->o[i].r.allowed = false;
   }
   if (rc != TG_OK) {
@@ -246,8 +248,49 @@ static int fail(tg_rule *rules, size_t n, size_t at, int rc,
   return rc;
 }
 
-static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
-                     unsigned flags, tg_rules_result *out) {
+/* What a policy of reservations (tg_reserve_rules) adds to a decision:
+ * NULL for tg_hit_rules, whose code then folds every use of it away. */
+typedef struct reserving {
+  const uint64_t *wait_ms; /* per rule; NULL: 0 for all */
+  tg_reservation *res;     /* per rule receipts; NULL: none wanted */
+  uint64_t delay_ns;       /* out: the largest rule's delay */
+} reserving;
+
+/* A rule's wait, validated as tg_reserve's max_wait_ms (and only the
+ * buckets reserve: any other algorithm with a wait is TG_ENOTSUP). */
+static int rule_wait(const tg_rule *ru, uint64_t wait_ms, tg__call *c) {
+  if (wait_ms > TG_PERIOD_MAX_MS)
+    return TG_EINVAL;
+  if (wait_ms > 0 && !tg__op_supported(ru->lim->cfg.algorithm, TG__OP_RESERVE))
+    return TG_ENOTSUP;
+  c->wait_ns = wait_ms * UINT64_C(1000000);
+  return TG_OK;
+}
+
+/* A passed rule's reservation: its delay (a rule in shadow mode delays
+ * nothing: its result says shadow_denied, as tg_reserve's does), and its
+ * receipt. */
+static uint64_t rule_reserved(const policy_run *pr, size_t i, tg_rule *ru,
+                              reserving *rv) {
+  uint64_t delay = rv->wait_ms && rv->wait_ms[i] > 0 && ru->result.allowed
+                       ? pr->o[i].value
+                       : 0;
+  if (delay > 0 && (pr->shadow >> i & 1u)) {
+    ru->result.shadow_denied = true;
+    delay = 0;
+  }
+  if (rv->res) {
+    tg_reservation *x = &rv->res[i];
+    tg__reservation_receipt(x, ru->lim->cfg.algorithm, &pr->tok[i], ru->cost);
+    x->delay_ns = delay;
+    x->delay_ms = tg__div_ceil(delay, 1000000);
+  }
+  return delay;
+}
+
+static inline __attribute__((always_inline)) int
+hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
+          tg_rules_result *out, reserving *rv) {
   if (!out)
     return TG_EINVAL;
   if (!rules || n == 0 || n > TG_RULES_MAX || (flags & ~TG_RULES_SHADOW)) {
@@ -278,6 +321,8 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
     if (rc == TG_OK && ru->lim != rules[0].lim &&
         ru->lim->store_time != rules[0].lim->store_time)
       rc = TG_EINVAL;
+    if (rv && rv->wait_ms && rc == TG_OK)
+      rc = rule_wait(ru, rv->wait_ms[i], &pr.c[i]);
     if (rc != TG_OK) {
       fail(rules, n, i, rc, out);
       if (ru->lim) {
@@ -303,6 +348,10 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
   }
   if (!fit)
     return fail(rules, n, 0, TG_EINVAL, out);
+  /* a store that decides a policy by itself must say it honours waits */
+  if (rv && rules[0].lim->store->ops->exec_rules &&
+      !(rules[0].lim->store->ops->caps & TG__STORE_RULES_WAIT))
+    return fail(rules, n, 0, TG_ENOTSUP, out);
 
   bool passed = false;
   size_t failed = 0;
@@ -345,6 +394,11 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
         tg__state_peek(&pr.c[i], &pr.tok[i].peek_from, &pr.o[i].peek);
       ru->result = unpassed(&pr.o[i]);
     }
+    if (rv && passed) {
+      uint64_t d = rule_reserved(&pr, i, ru, rv);
+      if (d > rv->delay_ns)
+        rv->delay_ns = d;
+    }
     summary_add(out, i, &ru->result);
     if (passed || !ru->result.allowed) {
       tg__limiter_done(ru->lim, TG_OK, &ru->result, all_shadow, ru->key,
@@ -361,10 +415,53 @@ static int hit_rules(const uint64_t *now, tg_rule *rules, size_t n,
 
 int tg_hit_rules(tg_rule *rules, size_t n, unsigned flags,
                  tg_rules_result *out) {
-  return hit_rules(NULL, rules, n, flags, out);
+  return hit_rules(NULL, rules, n, flags, out, NULL);
 }
 
 int tg_hit_rules_at(uint64_t now_us, tg_rule *rules, size_t n, unsigned flags,
                     tg_rules_result *out) {
-  return hit_rules(&now_us, rules, n, flags, out);
+  return hit_rules(&now_us, rules, n, flags, out, NULL);
+}
+
+/* tg_reserve_rules: the same decision, each rule's CHECK and TAKE admitting
+ * its wait (gcra.c), then the policy's delay and the receipts. */
+static int reserve_rules(const uint64_t *now, tg_rule *rules, size_t n,
+                         const uint64_t *max_wait_ms, unsigned flags,
+                         tg_rules_reservation *out, tg_reservation *res) {
+  if (!out)
+    return TG_EINVAL;
+  if (res && rules && n <= TG_RULES_MAX)
+    for (size_t i = 0; i < n; i++)
+      res[i] = (tg_reservation){0};
+  reserving rv = {max_wait_ms, res, 0};
+  int rc = hit_rules(now, rules, n, flags, &out->rules, &rv);
+  out->ok = out->rules.r.allowed;
+  out->delay_ns = out->ok ? rv.delay_ns : 0;
+  if ((flags & TG_RULES_SHADOW) && out->delay_ns > 0) {
+    /* shadow mode lets it go at once, saying it would have waited */
+    out->rules.r.shadow_denied = true;
+    out->delay_ns = 0;
+  }
+  out->delay_ms = tg__div_ceil(out->delay_ns, 1000000);
+  if (res && rules && n <= TG_RULES_MAX)
+    for (size_t i = 0; i < n; i++) {
+      /* each rule's answer as the call left it (shadow mode's included) */
+      res[i].result = rules[i].result;
+      res[i].ok = out->ok && rules[i].result.allowed;
+      if (!res[i].ok)
+        res[i].delay_ns = res[i].delay_ms = 0;
+    }
+  return rc;
+}
+
+int tg_reserve_rules(tg_rule *rules, size_t n, const uint64_t *max_wait_ms,
+                     unsigned flags, tg_rules_reservation *out,
+                     tg_reservation *res) {
+  return reserve_rules(NULL, rules, n, max_wait_ms, flags, out, res);
+}
+
+int tg_reserve_rules_at(uint64_t now_us, tg_rule *rules, size_t n,
+                        const uint64_t *max_wait_ms, unsigned flags,
+                        tg_rules_reservation *out, tg_reservation *res) {
+  return reserve_rules(&now_us, rules, n, max_wait_ms, flags, out, res);
 }

@@ -18,7 +18,14 @@
  *     list of admitted calls, buckets as water draining 1 ns per ns);
  *   - threads: 4 threads on overlapping policies with time standing still
  *     admit at most what any serial order allows, and every rule's state
- *     ends equal to exactly what was admitted through it.
+ *     ends equal to exactly what was admitted through it;
+ *   - policies of reservations (tg_reserve_rules, "Policies of
+ *     reservations"): exact spacing through two bucket rules (the tighter
+ *     one's delay wins), nothing consumed when a rule refuses (beside a
+ *     fixed window), cancelling, shadow mode, refused waits, Redis's
+ *     TG_ENOTSUP; the model test again with bucket rules that wait, delays
+ *     compared; and the threads again, reserving, admitting at most the
+ *     21 slots a serial run hands out, each slot once.
  *
  * Environment: TG_RULES_STEPS (model steps per store, default 1000000;
  * 100000 under sanitizers).
@@ -473,11 +480,15 @@ static uint64_t burst(const tg_quota *q) {
 
 static uint64_t ms_up(uint64_t us) { return us / 1000 + (us % 1000 != 0); }
 
-/* One rule's verdict at now on the reference, and its wait. */
+/* One rule's verdict at now on the reference, and its wait; a bucket rule
+ * reserving (tg_reserve_rules) is admitted up to wait_ns late, its delay
+ * in *delay. */
 static bool model_check(tg_algorithm alg, model_key *m, const tg_quota *q,
-                        uint64_t cost, uint64_t now, uint64_t *retry) {
+                        uint64_t cost, uint64_t now, uint64_t wait_ns,
+                        uint64_t *retry, uint64_t *delay) {
   uint64_t period_us = q->period_ms * 1000;
   *retry = 0;
+  *delay = 0;
   switch (alg) {
   case TG_FIXED_WINDOW: {
     uint64_t end = (now / period_us + 1) * period_us;
@@ -534,6 +545,11 @@ static bool model_check(tg_algorithm alg, model_key *m, const tg_quota *q,
     if (water + cost * t <= burst(q) * t)
       return true;
     uint64_t over = water + cost * t - burst(q) * t;
+    if (over <= wait_ns) {
+      *delay = over;
+      return true;
+    }
+    over -= wait_ns;
     *retry = over / 1000000 + (over % 1000000 != 0);
     return false;
   }
@@ -605,7 +621,9 @@ typedef struct mrule {
   tg_quota q;
 } mrule;
 
-static void model_run(kind k, uint64_t steps) {
+/* resv: every call through tg_reserve_rules_at, bucket rules waiting
+ * from 0 (a plain hit) to 3 s, the delays compared too. */
+static void model_run(kind k, uint64_t steps, bool resv) {
   static const char *const KEYS[MODEL_KEYS] = {"k0", "k1", "k2"};
   memset(model, 0, sizeof model);
   world w;
@@ -652,13 +670,18 @@ static void model_run(kind k, uint64_t steps) {
     size_t expect_by = TG_RULE_NONE;
     uint64_t expect_retry = 0;
     bool verdict[3];
+    uint64_t wait[3], delay[3], expect_delay = 0;
     for (unsigned j = 0; j < len[p]; j++) {
       const mrule *m = &pol[p][j];
       uint64_t cost = rnd(5) == 0 ? 0 : 1 + rnd(3);
       r[j] = rule(w.lim[m->alg], names[m->alg][m->key], &pol[p][j].q, cost);
+      bool bucket = m->alg == TG_TOKEN_BUCKET || m->alg == TG_LEAKY_BUCKET;
+      wait[j] = resv && bucket && rnd(3) != 0 ? rnd(3000) : 0;
       uint64_t retry;
-      verdict[j] =
-          model_check(m->alg, &model[m->alg][m->key], &m->q, cost, now, &retry);
+      verdict[j] = model_check(m->alg, &model[m->alg][m->key], &m->q, cost, now,
+                               wait[j] * 1000000, &retry, &delay[j]);
+      if (verdict[j] && delay[j] > expect_delay)
+        expect_delay = delay[j];
       if (!verdict[j]) {
         expect = false;
         if (expect_by == TG_RULE_NONE)
@@ -668,10 +691,23 @@ static void model_run(kind k, uint64_t steps) {
       }
     }
     tg_rules_result out;
-    int rc = tg_hit_rules_at(now, r, len[p], 0, &out);
-    bool ok = rc == 0 && out.r.allowed == expect &&
-              out.denied_by == expect_by &&
-              (expect || out.r.retry_after_ms == expect_retry);
+    tg_rules_reservation rout;
+    tg_reservation res[3];
+    int rc;
+    bool ok = true;
+    if (resv) {
+      rc = tg_reserve_rules_at(now, r, len[p], wait, 0, &rout, res);
+      out = rout.rules;
+      ok = rout.ok == expect && rout.delay_ns == (expect ? expect_delay : 0) &&
+           rout.delay_ms == (rout.delay_ns + 999999) / 1000000;
+      for (unsigned j = 0; ok && expect && j < len[p]; j++)
+        ok = res[j].ok && res[j].delay_ns == delay[j];
+    } else {
+      rc = tg_hit_rules_at(now, r, len[p], 0, &out);
+    }
+    ok = ok && rc == 0 && out.r.allowed == expect &&
+         out.denied_by == expect_by &&
+         (expect || out.r.retry_after_ms == expect_retry);
     for (unsigned j = 0; ok && j < len[p]; j++)
       ok = r[j].result.allowed == verdict[j];
     if (!ok) {
@@ -684,11 +720,13 @@ static void model_run(kind k, uint64_t steps) {
       for (unsigned j = 0; j < len[p]; j++)
         fprintf(stderr,
                 "  rule %u: %s %s q=%" PRIu64 "/%" PRIu64 "ms b%" PRIu64
-                " cost %" PRIu64 ": %d (model %d)\n",
+                " cost %" PRIu64 " wait %" PRIu64 " ms: %d (model %d), "
+                "delay %" PRIu64 " ns (model %" PRIu64 ")\n",
                 j, tg_algorithm_name(pol[p][j].alg),
                 names[pol[p][j].alg][pol[p][j].key], pol[p][j].q.limit,
-                pol[p][j].q.period_ms, pol[p][j].q.burst, r[j].cost,
-                r[j].result.allowed, verdict[j]);
+                pol[p][j].q.period_ms, pol[p][j].q.burst, r[j].cost, wait[j],
+                r[j].result.allowed, verdict[j], resv ? res[j].delay_ns : 0,
+                delay[j]);
       fail();
     }
     if (expect)
@@ -715,7 +753,23 @@ static void test_model(void **state) {
       continue;
     rnd_state = test_seed("TG_RULES_SEED", UINT64_C(0x5eed0fa11)) + (uint64_t)k;
     printf("model: %s, %" PRIu64 " steps\n", KIND_NAME[k], model_steps());
-    model_run((kind)k, model_steps());
+    model_run((kind)k, model_steps(), false);
+  }
+}
+
+/* The same reference for tg_reserve_rules: bucket rules that wait (a
+ * reservation's verdict, delay and retry), the call's delay the largest. */
+static void test_model_reserve(void **state) {
+  (void)state;
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k] || k == K_REDIS)
+      continue;
+    rnd_state =
+        test_seed("TG_RULES_SEED", UINT64_C(0x5eed0fa11)) + (uint64_t)k + 99;
+    uint64_t steps = model_steps() / 4;
+    printf("model (reservations): %s, %" PRIu64 " steps\n", KIND_NAME[k],
+           steps);
+    model_run((kind)k, steps, true);
   }
 }
 
@@ -772,8 +826,11 @@ static void *stress_main(void *p) {
     tg_rules_result out;
     int rc = tg_hit_rules_at(T0, r, 3, 0, &out);
     /* Redis gives up with TG_EBUSY when the keys keep changing under a
-     * decision (it then wrote nothing: the states below stay exact) */
-    if (rc == TG_EBUSY && kind_ready[K_REDIS])
+     * decision, and the custom store when two policies keep meeting on
+     * its shared lock stripes (a loaded machine that deschedules a lock's
+     * holder makes that happen); either wrote nothing: the states below
+     * stay exact */
+    if (rc == TG_EBUSY && (kind_ready[K_REDIS] || s->w->k == K_CUSTOM))
       continue;
     if (rc != 0) {
       s->errors++;
@@ -943,6 +1000,364 @@ static void test_processes(void **state) {
   }
 }
 
+/* ---- policies of reservations (tg_reserve_rules) ---- */
+
+/* Two reserving bucket rules, 3/s (T = 333333334 ns, rounded up) and 7/s
+ * (T = 142857143 ns), burst 1, at one moment: the k-th call's rules are
+ * delayed k * T each, exactly, and the call by the tighter's k * T. */
+static void resv_spacing(kind k) {
+  world w;
+  world_new(&w, k);
+  const tg_quota q3 = {3, 1000, 1}, q7 = {7, 1000, 1};
+  const uint64_t t3 = 333333334, t7 = 142857143;
+  const uint64_t wait[2] = {5000, 5000};
+  for (uint64_t i = 0; i < 12; i++) {
+    tg_rule r[2] = {rule(w.lim[TG_LEAKY_BUCKET], "fast", &q7, 1),
+                    rule(w.lim[TG_TOKEN_BUCKET], "slow", &q3, 1)};
+    tg_rules_reservation out;
+    tg_reservation res[2];
+    assert_int_equal(tg_reserve_rules_at(T0, r, 2, wait, 0, &out, res), 0);
+    if (i * t3 <= MS(5000) * 1000) {
+      assert_true(out.ok);
+      assert_int_equal(out.delay_ns, i * t3);
+      assert_int_equal(out.delay_ms, (i * t3 + 999999) / 1000000);
+      assert_int_equal(res[0].delay_ns, i * t7);
+      assert_int_equal(res[1].delay_ns, i * t3);
+      assert_true(res[0].ok && res[1].ok);
+      assert_true(out.rules.r.allowed);
+      assert_int_equal(out.rules.denied_by, TG_RULE_NONE);
+    } else {
+      /* 16 * T3 > 5 s: never reached in 12 calls */
+      fail();
+    }
+  }
+  /* a plain hit on the slow key now waits behind all twelve */
+  tg_result hr;
+  const char *slow = tk("slow");
+  assert_int_equal(
+      tg_hit_at(w.lim[TG_TOKEN_BUCKET], T0, slow, strlen(slow), &q3, 1, &hr),
+      0);
+  assert_false(hr.allowed);
+  world_free(&w);
+}
+
+/* A rule that refuses consumes nothing anywhere: a reserving bucket beside
+ * a fixed window (a plain hit); the window's refusal leaves the bucket as
+ * it was, the bucket's (its wait exceeded) leaves the window as it was. */
+static void resv_nothing_consumed(kind k) {
+  world w;
+  world_new(&w, k);
+  const tg_quota qb = {10, 1000, 1}; /* T = 100 ms */
+  const tg_quota qw = {4, 60000, 0};
+  const uint64_t wait[2] = {250, 0}; /* the bucket: 3 calls at one moment */
+  tg_rules_reservation out;
+  tg_reservation res[2];
+  for (int i = 0; i < 3; i++) {
+    tg_rule r[2] = {rule(w.lim[TG_LEAKY_BUCKET], "b", &qb, 1),
+                    rule(w.lim[TG_FIXED_WINDOW], "w", &qw, 1)};
+    assert_int_equal(tg_reserve_rules_at(T0, r, 2, wait, 0, &out, res), 0);
+    assert_true(out.ok);
+    assert_int_equal(out.delay_ns, (uint64_t)i * 100000000);
+    assert_int_equal(res[1].delay_ns, 0);
+  }
+  /* the bucket refuses (a 300 ms delay > 250): the window is not charged */
+  tg_rule r[2] = {rule(w.lim[TG_LEAKY_BUCKET], "b", &qb, 1),
+                  rule(w.lim[TG_FIXED_WINDOW], "w", &qw, 1)};
+  assert_int_equal(tg_reserve_rules_at(T0, r, 2, wait, 0, &out, res), 0);
+  assert_false(out.ok);
+  assert_int_equal(out.delay_ns, 0);
+  assert_int_equal(out.rules.denied_by, 0);
+  assert_int_equal(out.rules.r.retry_after_ms, 50); /* 300 - 250 */
+  assert_false(res[0].ok || res[1].ok);
+  assert_false(r[0].result.allowed);
+  assert_true(r[1].result.allowed);
+  uint64_t v;
+  assert_int_equal(get_at(w.lim[TG_FIXED_WINDOW], T0, "w", &qw, &v), 0);
+  assert_int_equal(v, 3);
+  /* 100 ms later the bucket would take one more (delay 200 ms), but the
+   * window has room for 1, not 2: refused by it, the bucket not charged */
+  uint64_t later = T0 + MS(100);
+  const uint64_t wait2[2] = {250, 0};
+  r[0] = rule(w.lim[TG_LEAKY_BUCKET], "b", &qb, 1);
+  r[1] = rule(w.lim[TG_FIXED_WINDOW], "w", &qw, 2);
+  assert_int_equal(tg_reserve_rules_at(later, r, 2, wait2, 0, &out, NULL), 0);
+  assert_false(out.ok);
+  assert_int_equal(out.rules.denied_by, 1);
+  assert_true(r[0].result.allowed);
+  /* proof that the bucket was left alone: alone, it still takes exactly
+   * the reservation it would have (delay 200 ms), and no more */
+  const char *b = tk("b");
+  tg_reservation one;
+  assert_int_equal(tg_reserve_at(w.lim[TG_LEAKY_BUCKET], later, b, strlen(b),
+                                 &qb, 1, 250, &one),
+                   0);
+  assert_true(one.ok);
+  assert_int_equal(one.delay_ns, 200000000);
+  world_free(&w);
+}
+
+/* Cancelling: the last of three policy reservations given back frees its
+ * slot (the next one gets its delay), and the window rule stays charged;
+ * shadow mode answers ok at once and says it would have waited. */
+static void resv_cancel_shadow(kind k) {
+  world w;
+  world_new(&w, k);
+  const tg_quota qb = {10, 1000, 1}, qw = {100, 60000, 0};
+  const uint64_t wait[2] = {1000, 0};
+  tg_rules_reservation out;
+  tg_reservation res[2];
+  tg_rule r[2];
+  for (int i = 0; i < 3; i++) {
+    r[0] = rule(w.lim[TG_TOKEN_BUCKET], "cb", &qb, 1);
+    r[1] = rule(w.lim[TG_FIXED_WINDOW], "cw", &qw, 1);
+    assert_int_equal(tg_reserve_rules_at(T0, r, 2, wait, 0, &out, res), 0);
+    assert_int_equal(out.delay_ns, (uint64_t)i * 100000000);
+  }
+  assert_int_equal(tg_cancel_rules_at(T0, r, 2, res), 0);
+  assert_int_equal(tg_cancel_rules_at(T0, r, 2, res), 0); /* a no-op */
+  r[0] = rule(w.lim[TG_TOKEN_BUCKET], "cb", &qb, 1);
+  r[1] = rule(w.lim[TG_FIXED_WINDOW], "cw", &qw, 1);
+  assert_int_equal(tg_reserve_rules_at(T0, r, 2, wait, 0, &out, res), 0);
+  assert_int_equal(out.delay_ns, 200000000);
+  uint64_t v;
+  assert_int_equal(get_at(w.lim[TG_FIXED_WINDOW], T0, "cw", &qw, &v), 0);
+  assert_int_equal(v, 4); /* the window keeps the cancelled call's count */
+  /* shadow: the next would wait 300 ms; answered ok at once */
+  assert_int_equal(
+      tg_reserve_rules_at(T0, r, 2, wait, TG_RULES_SHADOW, &out, res), 0);
+  assert_true(out.ok);
+  assert_int_equal(out.delay_ns, 0);
+  assert_true(out.rules.r.shadow_denied);
+  /* ... and it was recorded: the one after waits 400 ms */
+  assert_int_equal(tg_reserve_rules_at(T0, r, 2, wait, 0, &out, res), 0);
+  assert_int_equal(out.delay_ns, 400000000);
+  world_free(&w);
+}
+
+/* A limiter in shadow mode: its rule's delay is not the call's (its
+ * result says shadow_denied), and when its reservation would be refused
+ * the call passes on the other rule, the shadow rule consuming nothing. */
+static void resv_limiter_shadow(void) {
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_TOKEN_BUCKET;
+  cfg.clock = hand_clock;
+  cfg.clean_period_ms = 0;
+  tg_limiter *real, *shadow;
+  assert_int_equal(tg_limiter_new(&real, &cfg), 0);
+  cfg.shadow = true;
+  assert_int_equal(tg_limiter_new(&shadow, &cfg), 0);
+  const tg_quota qs = {5, 1000, 1}, qr = {10, 1000, 1}; /* 200, 100 ms */
+  const uint64_t wait[2] = {250, 1000};
+  for (uint64_t i = 0; i < 4; i++) {
+    tg_rule r[2] = {{shadow, "s", 1, &qs, 1, 0, {0}},
+                    {real, "r", 1, &qr, 1, 0, {0}}};
+    tg_rules_reservation out;
+    tg_reservation res[2];
+    assert_int_equal(tg_reserve_rules_at(T0, r, 2, wait, 0, &out, res), 0);
+    assert_true(out.ok);
+    assert_int_equal(out.delay_ns, i * 100000000); /* the real rule's */
+    assert_int_equal(res[0].delay_ns, 0);
+    /* call 1 delayed by the shadow rule (200 ms: shadow_denied), calls 2
+     * and 3 refused by it (400 ms > 250): shadow_denied, nothing taken */
+    assert_int_equal(r[0].result.shadow_denied, i > 0);
+    assert_int_equal(out.rules.r.shadow_denied, i > 0);
+    assert_int_equal(out.rules.denied_by, i > 0 ? 0 : TG_RULE_NONE);
+  }
+  /* the shadow bucket holds calls 0 and 1 only: full again at +400 ms (at
+   * +800 ms had the refused ones consumed) */
+  uint64_t at_ms;
+  assert_int_equal(tg_expires_at_at(shadow, T0, "s", 1, &qs, &at_ms), 0);
+  assert_int_equal(at_ms, T0 / 1000 + 400);
+  tg_limiter_destroy(real);
+  tg_limiter_destroy(shadow);
+}
+
+/* Invalid waits: too long (TG_EINVAL), or on a window (TG_ENOTSUP), with
+ * nothing consumed. */
+static void resv_refusals(kind k) {
+  world w;
+  world_new(&w, k);
+  const tg_quota qb = {10, 1000, 1}, qw = {3, 60000, 0};
+  tg_rules_reservation out;
+  tg_rule r[2] = {rule(w.lim[TG_TOKEN_BUCKET], "rb", &qb, 1),
+                  rule(w.lim[TG_FIXED_WINDOW], "rw", &qw, 1)};
+  const uint64_t too_long[2] = {TG_PERIOD_MAX_MS + 1, 0};
+  assert_int_equal(tg_reserve_rules_at(T0, r, 2, too_long, 0, &out, NULL),
+                   TG_EINVAL);
+  assert_int_equal(r[0].status, TG_EINVAL);
+  assert_false(out.ok);
+  const uint64_t on_window[2] = {10, 10};
+  assert_int_equal(tg_reserve_rules_at(T0, r, 2, on_window, 0, &out, NULL),
+                   TG_ENOTSUP);
+  assert_int_equal(out.rules.denied_by, 1);
+  uint64_t v;
+  assert_int_equal(get_at(w.lim[TG_FIXED_WINDOW], T0, "rw", &qw, &v), 0);
+  assert_int_equal(v, 0);
+  assert_int_equal(tg_reserve_rules_at(T0, r, 2, NULL, 0, NULL, NULL),
+                   TG_EINVAL);
+  assert_int_equal(tg_cancel_rules(r, 2, NULL), TG_EINVAL);
+  world_free(&w);
+}
+
+static void test_reserve_rules(void **state) {
+  (void)state;
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k])
+      continue;
+    if (k == K_REDIS) {
+      /* documented: Redis decides policies in one step that knows no wait */
+      world w;
+      world_new(&w, K_REDIS);
+      const tg_quota qb = {10, 1000, 1};
+      tg_rule r[1] = {rule(w.lim[TG_TOKEN_BUCKET], "x", &qb, 1)};
+      tg_rules_reservation out;
+      const uint64_t wait[1] = {100};
+      assert_int_equal(tg_reserve_rules_at(T0, r, 1, wait, 0, &out, NULL),
+                       TG_ENOTSUP);
+      world_free(&w);
+      continue;
+    }
+    resv_spacing((kind)k);
+    resv_nothing_consumed((kind)k);
+    resv_cancel_shadow((kind)k);
+    resv_refusals((kind)k);
+    if (k == K_MEMORY)
+      resv_limiter_shadow();
+  }
+}
+
+/* Four threads, time standing still, reserve through {A, C, B_i} in
+ * varying orders: C a shared token bucket of burst 1 at 1/s waiting up to
+ * 20 s (so any serial order admits 21: delays 0, 1 s ... 20 s), A a shared
+ * fixed window (a plain hit, limit 100), B_i thread i's own (a plain hit,
+ * limit 40). Admitted at most 21 in all and 40 per thread; the delays
+ * handed out are distinct whole seconds below the total (no two
+ * reservations share a slot), and every rule's state ends equal to
+ * exactly what was admitted (a refused call left nothing behind). */
+#define R_CALLS 60
+typedef struct rstress {
+  world *w;
+  unsigned id;
+  unsigned admitted;
+  uint64_t delays[R_CALLS];
+  int errors;
+  int last_error;
+  pthread_barrier_t *go;
+} rstress;
+
+static const tg_quota RC = {1, 1000, 1};
+
+static void *rstress_main(void *p) {
+  rstress *s = p;
+  char key[16];
+  snprintf(key, sizeof key, "RB%u", s->id);
+  pthread_barrier_wait(s->go);
+  for (unsigned i = 0; i < R_CALLS; i++) {
+    tg_rule a = rule(s->w->lim[TG_FIXED_WINDOW], "RA", &QA, 1),
+            b = rule(s->w->lim[B_ALG[s->id]], key, &QB, 1),
+            c = rule(s->w->lim[TG_TOKEN_BUCKET], "RC", &RC, 1);
+    tg_rule r[3];
+    uint64_t wait[3] = {0, 0, 0};
+    switch ((s->id + i) % 3) {
+    case 0:
+      r[0] = a, r[1] = c, r[2] = b, wait[1] = 20000;
+      break;
+    case 1:
+      r[0] = b, r[1] = a, r[2] = c, wait[2] = 20000;
+      break;
+    default:
+      r[0] = c, r[1] = b, r[2] = a, wait[0] = 20000;
+      break;
+    }
+    tg_rules_reservation out;
+    int rc = tg_reserve_rules_at(T0, r, 3, wait, 0, &out, NULL);
+    /* the custom store gives up with TG_EBUSY when two policies keep
+     * meeting on its shared lock stripes (documented; it then wrote
+     * nothing: the states below stay exact) */
+    if (rc == TG_EBUSY && s->w->k == K_CUSTOM)
+      continue;
+    if (rc != 0) {
+      s->errors++;
+      s->last_error = rc;
+    } else if (out.ok) {
+      s->delays[s->admitted++] = out.delay_ns;
+    }
+  }
+  return NULL;
+}
+
+static void test_reserve_threads(void **state) {
+  (void)state;
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k] || k == K_REDIS)
+      continue;
+    for (int round = 0; round < 25; round++) {
+      world w;
+      world_new(&w, (kind)k);
+      pthread_t th[THREADS];
+      rstress s[THREADS];
+      pthread_barrier_t go;
+      pthread_barrier_init(&go, NULL, THREADS);
+      for (unsigned i = 0; i < THREADS; i++) {
+        memset(&s[i], 0, sizeof s[i]);
+        s[i].w = &w;
+        s[i].id = i;
+        s[i].go = &go;
+        assert_int_equal(pthread_create(&th[i], NULL, rstress_main, &s[i]), 0);
+      }
+      unsigned total = 0;
+      bool slot[21] = {false};
+      for (unsigned i = 0; i < THREADS; i++) {
+        pthread_join(th[i], NULL);
+        if (s[i].errors)
+          fail_msg("%s: %d calls failed, the last with %s", KIND_NAME[k],
+                   s[i].errors, tg_err_name(s[i].last_error));
+        assert_true(s[i].admitted <= 40);
+        total += s[i].admitted;
+      }
+      pthread_barrier_destroy(&go);
+      if (total > 21)
+        fail_msg("%s: admitted %u, a serial run admits 21", KIND_NAME[k],
+                 total);
+      for (unsigned i = 0; i < THREADS; i++)
+        for (unsigned j = 0; j < s[i].admitted; j++) {
+          uint64_t d = s[i].delays[j];
+          if (d % 1000000000 != 0 || d / 1000000000 >= total ||
+              slot[d / 1000000000])
+            fail_msg("%s: a delay of %" PRIu64 " ns among %u admitted",
+                     KIND_NAME[k], d, total);
+          slot[d / 1000000000] = true;
+        }
+      uint64_t v;
+      assert_int_equal(get_at(w.lim[TG_FIXED_WINDOW], T0, "RA", &QA, &v), 0);
+      if (v != total)
+        fail_msg("%s: RA holds %" PRIu64 ", admitted %u", KIND_NAME[k], v,
+                 total);
+      /* C: the next reservation is due exactly after the admitted ones */
+      tg_reservation probe;
+      const char *ck = tk("RC");
+      assert_int_equal(tg_reserve_at(w.lim[TG_TOKEN_BUCKET], T0, ck, strlen(ck),
+                                     &RC, 1, 60000, &probe),
+                       0);
+      if (probe.delay_ns != (uint64_t)total * 1000000000)
+        fail_msg("%s: RC's next delay %" PRIu64 " ns, admitted %u",
+                 KIND_NAME[k], probe.delay_ns, total);
+      for (unsigned i = 0; i < THREADS; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "RB%u", i);
+        assert_int_equal(get_at(w.lim[B_ALG[i]], T0, key, &QB, &v), 0);
+        uint64_t used = B_ALG[i] == TG_TOKEN_BUCKET ? 40 - v : v;
+        if (used != s[i].admitted)
+          fail_msg("%s: rule RB%u (%s) holds %" PRIu64 ", admitted %u",
+                   KIND_NAME[k], i, tg_algorithm_name(B_ALG[i]), used,
+                   s[i].admitted);
+      }
+      world_free(&w);
+    }
+  }
+}
+
 int main(void) {
   /* Redis only where tests/redis/with_redis.sh started a server (or
    * with_cluster.sh a Cluster); then only Redis (the other kinds ran
@@ -952,10 +1367,16 @@ int main(void) {
     kind_ready[k] = (k == K_REDIS) == redis;
   tagged = redis;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_scenario),  cmocka_unit_test(test_answer),
-      cmocka_unit_test(test_shadow),    cmocka_unit_test(test_refusals),
-      cmocka_unit_test(test_model),     cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_scenario),
+      cmocka_unit_test(test_answer),
+      cmocka_unit_test(test_shadow),
+      cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_model),
+      cmocka_unit_test(test_threads),
       cmocka_unit_test(test_processes),
+      cmocka_unit_test(test_reserve_rules),
+      cmocka_unit_test(test_model_reserve),
+      cmocka_unit_test(test_reserve_threads),
   };
   return test_report(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -88,20 +88,21 @@ static uint64_t debt(const tg__call *c, const tg__state *st) {
 }
 
 /* CHECK, TAKE, RESERVE: a hit (a CHECK reports the consumed state without
- * it being published, and its peek when `with_peek`), a reservation
- * accepted up to c->wait_ns late (<= TG__WAIT_MAX_NS: with tau and the TAT
- * bounds every sum stays below 2^64), its delay in o->value. d is the debt
+ * it being published, and its peek when `with_peek`) accepted up to
+ * c->wait_ns late (<= TG__WAIT_MAX_NS: with tau and the TAT bounds every
+ * sum stays below 2^64), its delay in o->value. wait_ns is 0 but for a
+ * reservation: tg_reserve's RESERVE, or a policy's CHECK and TAKE of a
+ * rule that reserves (tg_reserve_rules), which decide alike. d is the debt
  * at now. */
 static inline int take(const tg__call *c, tg__state *st, uint64_t d,
                        tg__outcome *o, bool *changed, bool with_peek) {
   const tg__quota *q = &c->q;
   uint64_t now = c->now_us * 1000;
   uint64_t cost = c->arg;
-  uint64_t late = c->op == TG__OP_RESERVE ? c->wait_ns : 0;
+  uint64_t late = c->wait_ns;
   if (with_peek)
     peek(c, d, &o->peek);
-  if (c->op == TG__OP_RESERVE)
-    o->value = 0;
+  o->value = 0;
   if (cost > q->burst) {
     tg__result_set(&o->r, false, report(c, d), tokens(q, d), TG_NEVER,
                    tg__div_ceil(d, NS_PER_MS));
@@ -113,7 +114,7 @@ static inline int take(const tg__call *c, tg__state *st, uint64_t d,
     *st = tg__tat_state(now + d2);
     *changed = true;
   }
-  if (allowed && c->op == TG__OP_RESERVE && d2 > q->tau_ns)
+  if (allowed && d2 > q->tau_ns)
     o->value = d2 - q->tau_ns;
   uint64_t after = allowed ? d2 : d;
   tg__result_set(&o->r, allowed, report(c, after), tokens(q, after),

@@ -283,7 +283,16 @@ static int release(held *h, bool take) {
       ttl = tg__log_ttl_ms(&h->lg, c->q.period_us, c->now_us);
     }
   } else if (take) {
-    if (tg__state_step(&t, &h->st, &o, &changed) == TG_OK && changed) {
+    tg__state before = h->st;
+    int rc = tg__state_step(&t, &h->st, &o, &changed);
+    if (c->tok) {
+      /* the receipt tg_cancel_rules gives back from (tg_reserve_rules) */
+      c->tok->taken = rc == TG_OK && changed;
+      c->tok->before = before;
+      c->tok->after = h->st;
+      c->tok->now_us = c->now_us;
+    }
+    if (rc == TG_OK && changed) {
       put_head(h->buf, c->alg, 0);
       put64(h->buf + HEAD_BYTES, tg__state_word(&h->st, 0));
       put64(h->buf + HEAD_BYTES + 8, tg__state_word(&h->st, 1));
@@ -409,6 +418,7 @@ static size_t custom_zero(const tg__store *s) {
 static void custom_destroy(tg__store *s) { free(s); }
 
 static const tg__store_ops custom_ops = {
+    .caps = TG__STORE_RULES_WAIT, /* the core's steps, under the locks */
     .exec = custom_exec,
     .reset = custom_reset,
     .key_count = custom_zero, /* the caller's store keeps its own count */

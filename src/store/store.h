@@ -69,6 +69,12 @@ typedef struct tg__policy_marks {
   1u /* decides on its own clock (Redis's TIME)                                \
         when the caller gives no now: the limiter                              \
         then reads none */
+#define TG__STORE_RULES_WAIT                                                   \
+  2u /* its exec_rules honours calls[i].wait_ns                                \
+        (a rule's CHECK and TAKE admit that late,                              \
+        o[i].value the delay) and fills the TAKEs'                             \
+        tokens' receipts: tg_reserve_rules may use                             \
+        it (without: TG_ENOTSUP) */
 
 typedef struct tg__store_ops {
   unsigned caps; /* TG__STORE_* */

@@ -95,6 +95,10 @@ location /big { tollgate zone=big;
 location /dryq { tollgate zone=lb burst=1; tollgate_dry_run on;
                  add_header X-Status $tollgate_status always;
                  try_files /index.html =404; }
+location /dryq2 { tollgate zone=lb burst=1; tollgate zone=w;
+                  tollgate_dry_run on;
+                  add_header X-Status $tollgate_status always;
+                  try_files /index.html =404; }
 location /level { tollgate zone=w; tollgate_log_level info;
                   try_files /index.html =404; }
 location /redir { tollgate zone=w; try_files /nope @named; }
@@ -166,6 +170,20 @@ location /free { try_files /index.html =404;
                          ["PASSED", "DELAYED_DRY_RUN", "REJECTED_DRY_RUN"])
         for g in got:
             self.assertNotIn("retry-after", g[1])
+
+    def test_dry_run_of_two_lines_one_queue(self):
+        # as test_dry_run_of_a_queue, with a window beside the queue: the
+        # would-be refusal (by lb) charges w nothing, the would-be delay
+        # charges both
+        got = [self.n.request("/dryq2?k=q2") for _ in range(3)]
+        self.assertEqual([g[0] for g in got], [200] * 3)
+        self.assertEqual([g[1]["x-status"] for g in got],
+                         ["PASSED", "DELAYED_DRY_RUN", "REJECTED_DRY_RUN"])
+        for g in got:
+            self.assertNotIn("retry-after", g[1])
+        self.assertIn("dry run: would delay request by zone \"lb\"",
+                      self.n.error_log())
+        self.assertEqual(statuses(self.n, "/on?k=q2", 2), [200, 429])
 
     def test_variables(self):
         got = [self.n.request("/vars?k=v")[1] for _ in range(4)]
@@ -261,6 +279,14 @@ class ConfigErrors(unittest.TestCase):
         rc, out = ngx.check(ok + "server { listen 127.0.0.1:PORT; "
                             "location / { tollgate zone=a; } }")
         self.assertEqual(rc, 0, out)
+        # several lines that delay, beside one that does not, in one place
+        rc, out = ngx.check(
+            ok + "tollgate_zone $arg_b zone=b:1m algorithm=leaky_bucket "
+            "rate=1r/s; tollgate_zone $arg_c zone=c:1m algorithm=fixed_window "
+            "rate=1r/s; server { listen 127.0.0.1:PORT; location / { "
+            "tollgate zone=a burst=3; tollgate zone=b burst=2 delay=1; "
+            "tollgate zone=c; } }")
+        self.assertEqual(rc, 0, out)
         cases = [
             ("tollgate_zone $a zone=a:1m algorithm=nope rate=1r/s;",
              'tollgate_zone: unknown algorithm "nope"'),
@@ -307,10 +333,6 @@ class ConfigErrors(unittest.TestCase):
              'tollgate: "burst=" and "delay=" need a zone with '
              'algorithm=token_bucket or leaky_bucket, and zone "w" is '
              'fixed_window'),
-            (ok + "tollgate_zone $b zone=b:1m algorithm=leaky_bucket "
-             "rate=1r/s; server { location / { tollgate zone=a burst=3; "
-             "tollgate zone=b nodelay; } }",
-             "tollgate: a tollgate line that delays"),
             (ok + "server { location / { tollgate zone=a; "
              "tollgate zone=a cost=2; } }",
              'tollgate: zone "a" is used twice in one place'),
@@ -549,6 +571,109 @@ class LimitReq(unittest.TestCase):
                                       "REJECTED"])
         finally:
             n.stop()
+
+
+def staggered(n, paths, gap=0.05):
+    """Requests paths[i] at i * gap seconds, each on its own connection,
+    waiting for none: [(status, seconds it took, X-Status)]."""
+    out = [None] * len(paths)
+    t0 = time.monotonic()
+
+    def one(i):
+        pause = t0 + i * gap - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        t = time.monotonic()
+        st, h, _ = n.request(paths[i])
+        out[i] = (st, time.monotonic() - t, h.get("x-status"))
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(paths))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out
+
+
+class LimitReqTwoLines(unittest.TestCase):
+    """Two lines that delay in one location, through limit_req and through
+    tollgate (leaky buckets, one policy of reservations): the same
+    admit/delay/reject sequence. limit_req checks every line, rejects
+    without charging any line when one rejects, else charges all and
+    delays by the longest; so does tg_reserve_rules. Requests go 50 ms
+    apart (nginx counts in ms: the slots below are 50 ms or more from any
+    boundary); waits are checked from below (a loaded machine can only
+    make them longer) and, where a charge that should not be would show,
+    from above."""
+
+    ZONES = ("limit_req_zone $arg_k zone=lrk:1m rate=2r/s;\n"
+             "limit_req_zone $server_port zone=lrs:1m rate=1r/s;\n"
+             "tollgate_zone $arg_k zone=tgk:1m algorithm=leaky_bucket "
+             "rate=2r/s;\n"
+             "tollgate_zone $server_port zone=tgs:1m algorithm=leaky_bucket "
+             "rate=1r/s;\n"
+             "limit_req_zone $arg_k zone=lrk1:1m rate=1r/s;\n"
+             "limit_req_zone $server_port zone=lrs1:1m rate=1r/s;\n"
+             "tollgate_zone $arg_k zone=tgk1:1m algorithm=leaky_bucket "
+             "rate=1r/s;\n"
+             "tollgate_zone $server_port zone=tgs1:1m algorithm=leaky_bucket "
+             "rate=1r/s;\n")
+    LOCS = ("limit_req_status 429;\n"
+            "location /lr { limit_req zone=lrk burst=3;"
+            " limit_req zone=lrs burst=2; try_files /index.html =404; }\n"
+            "location /tg { tollgate zone=tgk burst=3;"
+            " tollgate zone=tgs burst=2;"
+            " add_header X-Status $tollgate_status always;"
+            " try_files /index.html =404; }\n"
+            "location /lr1 { limit_req zone=lrk1 burst=1;"
+            " limit_req zone=lrs1 burst=5; try_files /index.html =404; }\n"
+            "location /tg1 { tollgate zone=tgk1 burst=1;"
+            " tollgate zone=tgs1 burst=5;"
+            " add_header X-Status $tollgate_status always;"
+            " try_files /index.html =404; }\n")
+
+    @classmethod
+    def setUpClass(cls):
+        cls.n = server(cls.LOCS, cls.ZONES)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.n.stop()
+
+    def test_the_longest_delay_and_the_server_line_rejects(self):
+        # per key 2r/s burst=3 (T 500 ms), per server 1r/s burst=2 (T 1 s),
+        # five requests of one key 50 ms apart: the first passes, the next
+        # two wait the server line's 950 ms and 1.9 s (the key line's would
+        # be 450 ms and 900 ms), the last two overflow the server line's
+        # queue and are rejected
+        for loc in ("lr", "tg"):
+            got = staggered(self.n, ["/%s?k=a" % loc] * 5)
+            self.assertEqual([g[0] for g in got], [200, 200, 200, 429, 429],
+                             (loc, got))
+            self.assertGreater(got[1][1], 0.85, (loc, got))
+            self.assertGreater(got[2][1], 1.8, (loc, got))
+            if loc == "tg":
+                self.assertEqual([g[2] for g in got],
+                                 ["PASSED", "DELAYED", "DELAYED", "REJECTED",
+                                  "REJECTED"])
+
+    def test_a_rejecting_line_charges_no_other(self):
+        # per key 1r/s burst=1, per server 1r/s burst=5: x1 passes, x2
+        # waits 950 ms, x3 and x4 overflow the key's queue and are rejected
+        # without being charged to the server line; so y1, 150 ms after x2,
+        # waits 1.8 s behind x1 and x2 only (3.8 s if x3 and x4 had been
+        # charged: the bound between leaves a loaded machine 1.7 s)
+        for loc in ("lr1", "tg1"):
+            paths = ["/%s?k=x" % loc] * 4 + ["/%s?k=y" % loc]
+            got = staggered(self.n, paths)
+            self.assertEqual([g[0] for g in got], [200, 200, 429, 429, 200],
+                             (loc, got))
+            self.assertGreater(got[1][1], 0.85, (loc, got))
+            self.assertGreater(got[4][1], 1.7, (loc, got))
+            self.assertLess(got[4][1], 3.5, (loc, got))
+            if loc == "tg1":
+                self.assertEqual([g[2] for g in got],
+                                 ["PASSED", "DELAYED", "REJECTED", "REJECTED",
+                                  "DELAYED"])
 
 
 class Cancel(unittest.TestCase):
