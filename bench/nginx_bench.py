@@ -18,10 +18,10 @@ Tollgate's locations write no header (`tollgate_headers off`), as limit_req
 writes none; one more case shows what the RateLimit fields cost on the hot
 token bucket. Rounds are interleaved: each round runs every case once, each
 round starting one case later (a load that drifts during a round then
-favours no case);
-the medians of the rounds are printed, one line per case, with the ratio to
-limit_req on the same keys. The machine's load average is printed before
-and after.
+favours no case); wrk runs on CPU 1 and nginx's worker on CPU 0. The
+medians of the rounds are printed, one line per case, with the median of
+each round's own ratio to limit_req on the same keys (and their range).
+The machine's load average is printed before and after.
 
 --redis adds a token bucket zone kept in Redis (store=redis://, a private
 redis-server on a free loopback port that the script starts and stops, as
@@ -78,7 +78,11 @@ def config(redis_port=None):
 
 
 def wrk(port, path, many, seconds, script_dir):
-    cmd = ["wrk", "-t1", "-c32", "-d%ds" % seconds, "--latency"]
+    # wrk on CPU 1, nginx's worker on CPU 0 (worker_cpu_affinity): on two
+    # vCPUs, the scheduler putting both on one CPU now and then moved a
+    # case's figure by a third between rounds
+    cmd = ["taskset", "-c", "1", "wrk", "-t1", "-c32", "-d%ds" % seconds,
+           "--latency"]
     if many:
         script = os.path.join(script_dir, path.strip("/") + ".lua")
         with open(script, "w") as f:
@@ -129,12 +133,14 @@ def main():
         cases.append(("tollgate token_bucket redis", "/redis", True))
     print("load average before: %.2f %.2f %.2f" % os.getloadavg())
     try:
-        n = ngx.Nginx(config(redis.port if redis else None), workers=1)
+        n = ngx.Nginx(config(redis.port if redis else None), workers=1,
+                      main="worker_cpu_affinity 01;")
     except Exception:
         if redis:
             redis.close()
         raise
     results = {c: [] for c in cases}
+    rounds = []  # each round's requests/s per case, for per-round ratios
     try:
         with tempfile.TemporaryDirectory() as d:
             for c in cases:  # warm-up: the keys exist before the rounds
@@ -143,8 +149,11 @@ def main():
                 # each round starts one case later, so a load that rises or
                 # falls during a round does not always favour the same cases
                 k = r % len(cases)
+                this = {}
                 for c in cases[k:] + cases[:k]:
-                    results[c].append(wrk(n.port, c[1], c[2], args.seconds, d))
+                    this[c] = wrk(n.port, c[1], c[2], args.seconds, d)
+                    results[c].append(this[c])
+                rounds.append(this)
                 print("round %d done, load %.2f" % (r + 1, os.getloadavg()[0]),
                       file=sys.stderr)
     finally:
@@ -152,17 +161,22 @@ def main():
         if redis:
             redis.close()
     print("load average after: %.2f %.2f %.2f" % os.getloadavg())
-    print("%-36s %10s %8s %8s %9s" % ("case", "req/s", "p50 ms", "p99 ms",
-                                      "vs limit_req"))
+    print("%-36s %10s %8s %8s %9s %s" % ("case", "req/s", "p50 ms", "p99 ms",
+                                         "vs limit_req",
+                                         "(median of the rounds' own ratios,"
+                                         " range)"))
     med = {}
     for c in cases:
         rps = statistics.median(x[0] for x in results[c])
         p50 = statistics.median(x[1] for x in results[c])
         p99 = statistics.median(x[2] for x in results[c])
         med[c] = rps
-        base = med.get(("limit_req", "/limit_req", c[2]))
-        ratio = "%.3f" % (rps / base) if base and c[0] != "none" else "-"
-        print("%-36s %10.0f %8.3f %8.3f %9s" % (
+        base = ("limit_req", "/limit_req", c[2])
+        ratio = "-"
+        if c[0] != "none" and base in results:
+            rr = sorted(x[c][0] / x[base][0] for x in rounds)
+            ratio = "%.3f (%.3f-%.3f)" % (statistics.median(rr), rr[0], rr[-1])
+        print("%-36s %10.0f %8.3f %8.3f %s" % (
             c[0] + (" 100k keys" if c[2] else " hot key"), rps, p50, p99,
             ratio))
 
