@@ -4,14 +4,15 @@
  *
  * A decision must not write a cache line other threads write, or counting
  * would cost more than deciding on a hot key. So the counters live in
- * shards of their own cache lines, one per thread: threads are numbered
- * once, from 1, in the order of their first decision, and numbers are
- * never reused, so thread k (k < TG__SHARDS) alone ever writes shard k and
- * counts there with plain relaxed loads and stores (no locked instruction,
- * no ownership to check). Threads numbered beyond count in one shared
- * shard with atomic adds: correct and only slower, for programs that have
- * run more threads than that. Reading adds every shard up with relaxed
- * loads: each counter is exact, the set is not one snapshot.
+ * shards of their own cache lines, one per thread: a thread takes a free
+ * shard (1 .. TG__SHARDS - 1) at its first decision and gives it back when
+ * it exits, so only one live thread ever writes a shard and counts there
+ * with plain relaxed loads and stores (no locked instruction, no ownership
+ * to check); the release as it exits and the acquire of the next owner
+ * order their increments. Threads beyond TG__SHARDS - 1 alive at once count
+ * in one shared shard with atomic adds: correct and only slower. Reading
+ * adds every shard up with relaxed loads: each counter is exact, the set is
+ * not one snapshot.
  */
 #ifndef TG_STATS_H
 #define TG_STATS_H
@@ -60,22 +61,23 @@ typedef struct tg__stats {
 /* The calling thread's number once it has one, else 0. */
 extern _Thread_local uint64_t tg__my_number TG__TLS_FAST;
 
-/* The shard the calling thread owns (its number), or 0 until it has a
- * number and forever for threads numbered beyond the owned shards: the one
- * test on a decision's counting path (tg__count_one). */
+/* The shard the calling thread owns, or 0 until it has a number, when no
+ * owned shard was free then, and after it gave its shard back (exiting):
+ * the one test on a decision's counting path (tg__count_one). */
 extern _Thread_local unsigned tg__my_shard TG__TLS_FAST;
 
-/* Gives the calling thread its number (>= 1, never reused). */
+/* Gives the calling thread its number (>= 1, never reused) and a free
+ * owned shard if there is one (given back when the thread exits). */
 uint64_t tg__thread_number_new(void);
 
 /* The shard the calling thread counts in; *own: it is the thread's own
  * (else the shared one). */
 static inline tg__shard *tg__shard_get(tg__stats *st, bool *own) {
-  uint64_t me = tg__my_number;
-  if (__builtin_expect(me == 0, 0))
-    me = tg__thread_number_new();
-  *own = me < TG__SHARDS;
-  return &st->shard[*own ? me : TG__SHARDS];
+  if (__builtin_expect(tg__my_number == 0, 0))
+    (void)tg__thread_number_new();
+  unsigned s = tg__my_shard;
+  *own = s != 0;
+  return &st->shard[*own ? s : TG__SHARDS];
 }
 
 /* Adds 1 to counter i of shard sh. */

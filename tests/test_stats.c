@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "stats.h"
 #include "tollgate.h"
 
 #define T0 UINT64_C(1699999980000000)
@@ -199,10 +200,71 @@ static void test_threads(void **state) {
   tg_limiter_destroy(lim);
 }
 
+/* Threads give their counter shard back as they exit: a program that
+ * starts and ends threads all its life (300 here, far more than the 63
+ * owned shards) keeps every thread on a shard of its own, where threads
+ * numbered once and for all sent all but the first 63 to the shared
+ * shard's atomic adds (two of them ran at half the speed of one). Counts
+ * stay exact across the hand-overs. */
+typedef struct churn {
+  tg_limiter *lim;
+  pthread_barrier_t *alive; /* NULL, or held until every thread counted */
+  unsigned shard;           /* out: the shard the thread counted in */
+} churn;
+
+static void *churn_one(void *p) {
+  churn *c = p;
+  const tg_quota q = {1000000, 1000, 0};
+  tg_result r;
+  for (int i = 0; i < 10; i++)
+    (void)tg_hit_at(c->lim, UINT64_C(1700000000000000) + (uint64_t)i, "k", 1,
+                    &q, 1, &r);
+  c->shard = tg__my_shard;
+  if (c->alive)
+    pthread_barrier_wait(c->alive);
+  return NULL;
+}
+
+static void test_shards_recycled(void **state) {
+  (void)state;
+  tg_limiter *lim = make(false, NULL, 1, false);
+  enum { SEQ = 300, PAR = 4 };
+  for (int i = 0; i < SEQ; i++) {
+    pthread_t th;
+    churn c = {lim, NULL, 0};
+    assert_int_equal(pthread_create(&th, NULL, churn_one, &c), 0);
+    pthread_join(th, NULL);
+    if (c.shard == 0)
+      fail_msg("thread %d counted in the shared shard", i);
+  }
+  pthread_t th[PAR];
+  churn c[PAR];
+  pthread_barrier_t alive;
+  pthread_barrier_init(&alive, NULL, PAR);
+  for (int i = 0; i < PAR; i++) {
+    c[i] = (churn){lim, &alive, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, churn_one, &c[i]), 0);
+  }
+  for (int i = 0; i < PAR; i++)
+    pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&alive);
+  for (int i = 0; i < PAR; i++) {
+    assert_int_not_equal(c[i].shard, 0);
+    for (int j = 0; j < i; j++)
+      assert_int_not_equal(c[i].shard, c[j].shard); /* alive at once */
+  }
+  tg_stats st;
+  assert_int_equal(tg_limiter_stats(lim, &st, sizeof st), 0);
+  assert_int_equal(st.allowed + st.denied, (SEQ + PAR) * 10);
+  tg_limiter_destroy(lim);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_counts), cmocka_unit_test(test_shadow),
-      cmocka_unit_test(test_shadow_invalid_rule),
-      cmocka_unit_test(test_sampling), cmocka_unit_test(test_threads)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_counts),
+                                     cmocka_unit_test(test_shadow),
+                                     cmocka_unit_test(test_shadow_invalid_rule),
+                                     cmocka_unit_test(test_sampling),
+                                     cmocka_unit_test(test_threads),
+                                     cmocka_unit_test(test_shards_recycled)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
