@@ -1092,7 +1092,9 @@ static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
                         void *p, size_t *failed, bool *ran) {
   rules_ctx *x = p;
   bool module = k->module;
-  size_t argc = 4 + n + STEPS_PER_RULE * n;
+  /* EVALSHA sha numkeys keys... P now (5 + n; TG.STEPS numkeys keys...
+   * now: 3 + n), then each rule's */
+  size_t argc = 5 + n + STEPS_PER_RULE * n;
   const char **argv = malloc(argc * sizeof *argv);
   size_t *len = malloc(argc * sizeof *len);
   char(*num)[24] = malloc((2 + STEPS_PER_RULE * n) * sizeof *num);
