@@ -38,5 +38,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" >"$stamp"
 fi
 unset MAKEFLAGS MFLAGS MAKELEVEL
+# nginx's Makefile knows the module's own sources, not the library it links
+# (TG_NGX_LIBS): CMake runs this script when either changed, so the module
+# is linked again every time, or a changed library would never reach it
+rm -f "$build/objs/ngx_http_tollgate_module.so"
 make -s -f "$build/objs/Makefile" -C "$tree" modules
 cp "$build/objs/ngx_http_tollgate_module.so" "$out"
