@@ -413,13 +413,23 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
   return TG_OK;
 }
 
+/* A policy of one rule (an nginx location with one limit) is compiled
+ * apart: with n known, the loops fold away. */
 int tg_hit_rules(tg_rule *rules, size_t n, unsigned flags,
                  tg_rules_result *out) {
+  if (n == 1)
+    return hit_rules(NULL, rules, 1, flags, out, NULL);
+  if (n == 2)
+    return hit_rules(NULL, rules, 2, flags, out, NULL);
   return hit_rules(NULL, rules, n, flags, out, NULL);
 }
 
 int tg_hit_rules_at(uint64_t now_us, tg_rule *rules, size_t n, unsigned flags,
                     tg_rules_result *out) {
+  if (n == 1)
+    return hit_rules(&now_us, rules, 1, flags, out, NULL);
+  if (n == 2)
+    return hit_rules(&now_us, rules, 2, flags, out, NULL);
   return hit_rules(&now_us, rules, n, flags, out, NULL);
 }
 

@@ -1131,9 +1131,9 @@ take_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
  * case of each (check_found, take_as_checked) runs inline, without a call
  * and a dispatch per rule and phase. The last rule is taken at once when
  * the others allowed: its state is stepped once, like a hit's. */
-int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
-                     uint32_t shadow, tg__outcome *o, tg__outcome *took,
-                     tg__policy_marks *pm) {
+static inline __attribute__((always_inline)) int
+table_policy(tg__table *const *ts, tg__call *calls, size_t n, uint32_t shadow,
+             tg__outcome *o, tg__outcome *took, tg__policy_marks *pm) {
   uint32_t ok = 0;
   bool blocked = false; /* a rule outside `shadow` denied */
   int rc = TG_OK;
@@ -1203,6 +1203,18 @@ int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
   }
   pm->taken = taken;
   return TG_OK;
+}
+
+/* A policy of one rule (what an nginx location with one limit decides) is
+ * compiled apart: with n known, the loops fold away. */
+int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
+                     uint32_t shadow, tg__outcome *o, tg__outcome *took,
+                     tg__policy_marks *pm) {
+  if (n == 1)
+    return table_policy(ts, calls, 1, shadow, o, took, pm);
+  if (n == 2)
+    return table_policy(ts, calls, 2, shadow, o, took, pm);
+  return table_policy(ts, calls, n, shadow, o, took, pm);
 }
 
 static inline __attribute__((always_inline)) int
