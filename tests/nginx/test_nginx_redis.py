@@ -159,6 +159,8 @@ class Shared(unittest.TestCase):
                   " rate=3/1d %s;\n" % store)
         zones += ("tollgate_zone $arg_k zone=c algorithm=token_bucket"
                   " rate=10r/d %s;\n" % store)
+        zones += ("tollgate_zone $arg_k zone=fw algorithm=fixed_window_per_key"
+                  " rate=10/1d %s;\n" % store)
         locs = "".join(
             "location /%s { tollgate zone=%s; add_header X-Pid $pid always;"
             " try_files /index.html =404; }\n" % (a, a) for a in ALGORITHMS)
@@ -177,6 +179,9 @@ location /dry { tollgate zone=w; tollgate_dry_run on;
                 try_files /index.html =404; }
 location /nodelay { tollgate zone=token_bucket burst=2 nodelay;
                     try_files /index.html =404; }
+location /wcost { tollgate zone=fw cost=$arg_cost;
+                  add_header X-Status $tollgate_status always;
+                  try_files /index.html =404; }
 location /cost { tollgate zone=c cost=$arg_cost;
                  add_header X-Status $tollgate_status always;
                  add_header X-Remaining $tollgate_remaining always;
@@ -271,6 +276,17 @@ location /cost { tollgate zone=c cost=$arg_cost;
         self.assertEqual((st, h["x-remaining"]), (200, "2"))
         self.assertEqual(a.request("/cost?k=c&cost=x")[0], 500)
         self.assertIn('cost "x" is not a whole number', a.error_log())
+
+
+    def test_refused_cost_counts_on_a_redis_fixed_window(self):
+        # README: on a Redis fixed window a refused request is counted
+        # (tg_hit): 8 of 10 taken, a cost of 3 refused, and then a cost of
+        # 1, which a memory zone would admit, is refused too
+        a, b = self.hosts
+        self.assertEqual(statuses(a, "/wcost?k=f&cost=4", 2), [200, 200])
+        self.assertEqual(b.request("/wcost?k=f&cost=3")[0], 429)
+        st, h, _ = b.request("/wcost?k=f&cost=1")
+        self.assertEqual((st, h["x-status"]), (429, "REJECTED"))
 
 
 class Outage(unittest.TestCase):
