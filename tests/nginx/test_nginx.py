@@ -427,12 +427,13 @@ class Subrequests(unittest.TestCase):
                    " try_files /index.html =404; }\n"
                    "location = /authz { tollgate zone=sub;"
                    " try_files /index.html =404; }\n",
-                   "tollgate_zone $arg_k zone=sub:1m "
+                   # a key the subrequest has too (not its arguments)
+                   "tollgate_zone $binary_remote_addr zone=sub:1m "
                    "algorithm=fixed_window_per_key rate=1/1d;")
         try:
-            self.assertEqual(statuses(n, "/main?k=s", 3), [200] * 3)
+            self.assertEqual(statuses(n, "/main", 3), [200] * 3)
             # the location itself is limited, as a main request
-            self.assertEqual(statuses(n, "/authz?k=s", 2), [200, 429])
+            self.assertEqual(statuses(n, "/authz", 2), [200, 429])
         finally:
             n.stop()
 
