@@ -465,6 +465,36 @@ class FullZone(unittest.TestCase):
             n.stop()
 
 
+    def test_long_keys_take_a_quarter_of_the_zone(self):
+        # keys over 24 bytes fit in a quarter of the zone's keys; past
+        # that a new long key is let through (FAILED) and logged, while a
+        # short key still finds room
+        n = server("location / { tollgate zone=z;"
+                   " add_header X-Status $tollgate_status always;"
+                   " try_files /index.html =404; }",
+                   "tollgate_zone $arg_k zone=z:64k "
+                   "algorithm=fixed_window_per_key rate=1/1d;")
+        try:
+            m = re.search(r'tollgate_zone "z": fixed_window_per_key, room '
+                          r'for (\d+) keys', n.error_log())
+            capacity = int(m.group(1))
+            passed = 0
+            for i in range(capacity):
+                st, h, _ = n.request("/?k=%s%d" % ("L" * 40, i))
+                self.assertEqual(st, 200)
+                if h["x-status"] == "FAILED":
+                    break
+                passed += 1
+            self.assertLessEqual(abs(passed - capacity // 4), 2,
+                                 (passed, capacity))
+            self.assertIn("store is full (TG_EFULL); the request is let "
+                          "through", n.error_log())
+            st, h, _ = n.request("/?k=short")
+            self.assertEqual((st, h["x-status"]), (200, "PASSED"))
+        finally:
+            n.stop()
+
+
 class ConfigErrors(unittest.TestCase):
     def expect(self, http, message):
         rc, out = ngx.check(http)

@@ -567,6 +567,14 @@ class ConfigErrors(unittest.TestCase):
                   "zone=r burst=5 nodelay; } }")
         rc, out = ngx.check(ok)
         self.assertEqual(rc, 0, out)
+        # HOST is resolved when the configuration is read
+        rc, out = ngx.check("tollgate_zone $arg_k zone=x algorithm="
+                            "token_bucket rate=1r/s store=redis://localhost;")
+        self.assertEqual(rc, 0, out)
+        self.expect("tollgate_zone $arg_k zone=x algorithm=token_bucket "
+                    "rate=1r/s store=redis://no-such-host.invalid;",
+                    'invalid "store=redis://no-such-host.invalid": host not '
+                    'found')
         # a size on a Redis zone: no shared memory, ignored
         rc, out = ngx.check(z.replace("zone=r ", "zone=r:10m ") + ok[len(z):])
         self.assertEqual(rc, 0, out)
