@@ -1477,6 +1477,21 @@ static tg_ngx_ctx *new_ctx(ngx_http_request_t *r, tg_ngx_loc_conf *lcf) {
   return ctx->rules && ctx->limits ? ctx : NULL;
 }
 
+/* A cost=$var value: digits only. One beyond 64 bits is a cost above any
+ * limit, refused with "never" as any such cost is (ngx_atoof would make it
+ * an error, the server's 500, for a well-formed number). */
+static ngx_int_t parse_cost(const ngx_str_t *c, uint64_t *cost) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < c->len; i++) {
+    if (c->data[i] < '0' || c->data[i] > '9')
+      return NGX_ERROR;
+    uint64_t d = (uint64_t)(c->data[i] - '0');
+    v = v > (UINT64_MAX - d) / 10 ? UINT64_MAX : v * 10 + d;
+  }
+  *cost = v;
+  return NGX_OK;
+}
+
 /* One rule per line whose key is not empty: key and cost evaluated. */
 static ngx_int_t collect_rules(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
                                tg_ngx_ctx *ctx) {
@@ -1496,16 +1511,13 @@ static ngx_int_t collect_rules(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
       if (ngx_http_complex_value(r, l->cost_cv, &c) != NGX_OK)
         return NGX_ERROR;
     }
-    if (l->cost_cv && c.len > 0) { /* empty: the default cost, 1 */
-      off_t v = ngx_atoof(c.data, c.len);
-      if (v == NGX_ERROR) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "tollgate: zone \"%V\": cost \"%V\" is not a whole "
-                      "number",
-                      &l->zone->name, &c);
-        return NGX_ERROR;
-      }
-      cost = (uint64_t)v;
+    if (l->cost_cv && c.len > 0 && /* empty: the default cost, 1 */
+        parse_cost(&c, &cost) != NGX_OK) {
+      ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                    "tollgate: zone \"%V\": cost \"%V\" is not a whole "
+                    "number",
+                    &l->zone->name, &c);
+      return NGX_ERROR;
     }
     tg_rule *rule = &ctx->rules[ctx->n];
     rule->lim = l->zone->lim;

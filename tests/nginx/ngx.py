@@ -202,3 +202,20 @@ def check(http, main=""):
         return r.returncode, r.stdout.decode(errors="replace")
     finally:
         shutil.rmtree(n.prefix, ignore_errors=True)
+
+
+def check_line(http, marker, main=""):
+    """`nginx -t` on a configuration: (exit status, its output, "FILE:LINE"
+    of the first configuration line that contains marker), for the
+    messages that must name the line they are about."""
+    n = Nginx(http, main=main, start=False)
+    try:
+        with open(n.conf) as f:
+            lineno = next(i + 1 for i, line in enumerate(f.read().split("\n"))
+                          if marker in line)
+        r = subprocess.run([NGINX, "-t", "-p", n.prefix, "-c", n.conf],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        return (r.returncode, r.stdout.decode(errors="replace"),
+                "%s:%d" % (n.conf, lineno))
+    finally:
+        shutil.rmtree(n.prefix, ignore_errors=True)

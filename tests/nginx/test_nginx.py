@@ -10,7 +10,9 @@ worker SIGKILLed mid-traffic, counts kept by `nginx -s reload`, and the same
 request sequence through limit_req and through tollgate's leaky bucket.
 """
 import os
+import re
 import signal
+import subprocess
 import socket
 import threading
 import time
@@ -66,6 +68,18 @@ tollgate_zone $arg_k zone=w:1m algorithm=fixed_window_per_key rate=3/1d;
 tollgate_zone $arg_k zone=big:1m algorithm=fixed_window_per_key rate=5/1d;
 tollgate_zone $arg_k zone=tb:1m algorithm=token_bucket rate=10r/d burst=10;
 tollgate_zone $arg_k zone=lb:1m algorithm=leaky_bucket rate=1r/d;
+tollgate_zone $arg_k zone=tbd:1m algorithm=token_bucket rate=3r/d;
+tollgate_zone $arg_k zone=lbd:1m algorithm=leaky_bucket rate=3r/d;
+tollgate_zone $arg_k zone=one:1m algorithm=leaky_bucket rate=3r/d;
+tollgate_zone $arg_k zone=dl1:1m algorithm=leaky_bucket rate=2r/s;
+tollgate_zone $arg_k zone=dl2:1m algorithm=leaky_bucket rate=2r/s;
+tollgate_zone $arg_k zone=ten:10m rate=1/1d;
+tollgate_zone $arg_k zone=r1:1m rate=10r/s;
+tollgate_zone $arg_k zone=r2:1m rate=600r/m;
+tollgate_zone $arg_k zone=r3:1m rate=5r/h;
+tollgate_zone $arg_k zone=r4:1m rate=100r/d;
+tollgate_zone $arg_k zone=r5:1m rate=1000/15m;
+tollgate_zone $arg_k zone=r6:1m rate=100/30s;
 """
         locs = """
 location /on { tollgate zone=w; try_files /index.html =404; }
@@ -85,7 +99,9 @@ location /vars { tollgate zone=w;
                  try_files /index.html =404; }
 location /cost4 { tollgate zone=tb cost=4; try_files /index.html =404; }
 location /costvar { tollgate zone=tb cost=$arg_cost;
+                    add_header X-Status $tollgate_status always;
                     add_header X-Remaining $tollgate_remaining always;
+                    add_header X-Retry $tollgate_retry_after always;
                     try_files /index.html =404; }
 location /two { tollgate zone=w; tollgate zone=big;
                 try_files /index.html =404; }
@@ -105,6 +121,22 @@ location /redir { tollgate zone=w; try_files /nope @named; }
 location @named { tollgate zone=w;
                   add_header X-Remaining $tollgate_remaining always;
                   try_files /index.html =404; }
+location /twor { tollgate zone=big; tollgate zone=w;
+                 add_header X-Remaining $tollgate_remaining always;
+                 try_files /index.html =404; }
+location /tbd { tollgate zone=tbd; try_files /index.html =404; }
+location /lbd { tollgate zone=lbd; try_files /index.html =404; }
+location /zero { tollgate zone=one burst=0; try_files /index.html =404; }
+location /dlerr { tollgate zone=dl1 burst=1; try_files /index.html =404; }
+location /dlwarn { tollgate zone=dl2 burst=1; tollgate_log_level warn;
+                   try_files /index.html =404; }
+location /ret { tollgate zone=w; return 200 "r\n"; }
+location /rate/1 { tollgate zone=r1; try_files /index.html =404; }
+location /rate/2 { tollgate zone=r2; try_files /index.html =404; }
+location /rate/3 { tollgate zone=r3; try_files /index.html =404; }
+location /rate/4 { tollgate zone=r4; try_files /index.html =404; }
+location /rate/5 { tollgate zone=r5; try_files /index.html =404; }
+location /rate/6 { tollgate zone=r6; try_files /index.html =404; }
 location /free { try_files /index.html =404;
                  add_header X-Status "[$tollgate_status]" always; }
 """
@@ -136,6 +168,15 @@ location /free { try_files /index.html =404;
         self.assertEqual(h["ratelimit-remaining"], "2")
         self.assertIn("ratelimit-reset", h)
         self.assertNotIn("ratelimit", h)
+        self.assertNotIn("ratelimit-policy", h)
+        self.assertNotIn("retry-after", h)
+        # a refusal: Retry-After too
+        self.n.request("/legacy?k=h2")
+        self.n.request("/legacy?k=h2")
+        st, h, _ = self.n.request("/legacy?k=h2")
+        self.assertEqual((st, h["ratelimit-remaining"]), (429, "0"))
+        self.assertTrue(86000 < int(h["retry-after"]) <= 86400, h)
+        self.assertTrue(86000 < int(h["ratelimit-reset"]) <= 86400, h)
 
     def test_headers_off(self):
         for _ in range(4):
@@ -196,6 +237,77 @@ location /free { try_files /index.html =404;
         # outside any tollgate location the variables are empty
         self.assertEqual(self.n.request("/free")[1]["x-status"], "[]")
 
+    def test_empty_key_is_not_limited(self):
+        # no key: passed, unlimited, no fields, and no numbers to report
+        for _ in range(5):
+            st, h, _ = self.n.request("/vars")
+            self.assertEqual((st, h["x-status"]), (200, "PASSED"))
+            for name in ("x-remaining", "x-retry", "ratelimit",
+                         "ratelimit-policy", "retry-after"):
+                self.assertNotIn(name, h)
+
+    def test_long_keys_are_limited_by_their_digest(self):
+        # keys over 256 bytes: limited, and by all their bytes (two that
+        # differ only past byte 256 are two keys; a digest is not the key
+        # of the same 256-byte prefix)
+        long_a, long_b, prefix = "x" * 299 + "a", "x" * 299 + "b", "x" * 256
+        got = [self.n.request("/vars?k=" + long_a) for _ in range(4)]
+        self.assertEqual([g[0] for g in got], [200, 200, 200, 429])
+        self.assertEqual([g[1]["x-remaining"] for g in got],
+                         ["2", "1", "0", "0"])
+        for other in (long_b, prefix):
+            st, h, _ = self.n.request("/vars?k=" + other)
+            self.assertEqual((st, h["x-remaining"]), (200, "2"), len(other))
+
+    def test_rates_and_the_default_algorithm(self):
+        # each spelling of rate= is the quota the RateLimit-Policy reports;
+        # a zone without algorithm= is a fixed_window
+        for i, policy in [(1, "q=10;w=1"), (2, "q=600;w=60"),
+                          (3, "q=5;w=3600"), (4, "q=100;w=86400"),
+                          (5, "q=1000;w=900"), (6, "q=100;w=30")]:
+            st, h, _ = self.n.request("/rate/%d?k=rt" % i)
+            self.assertEqual((st, h["ratelimit-policy"]),
+                             (200, '"r%d";%s' % (i, policy)))
+        self.assertIn('tollgate_zone "r1": fixed_window, room for',
+                      self.n.error_log())
+
+    def test_ten_megabytes_hold_about_86900_keys(self):
+        m = re.search(r'tollgate_zone "ten": fixed_window, room for (\d+) '
+                      r'keys', self.n.error_log())
+        self.assertTrue(m, self.n.error_log()[-2000:])
+        self.assertTrue(86000 <= int(m.group(1)) <= 88000, m.group(1))
+
+    def test_bucket_burst_defaults_to_the_limit(self):
+        # rate=3r/d and no burst=: a bucket of 3
+        for loc in ("tbd", "lbd"):
+            self.assertEqual(statuses(self.n, "/%s?k=b" % loc, 5),
+                             [200, 200, 200, 429, 429], loc)
+
+    def test_burst_zero_is_limit_reqs_one_per_interval(self):
+        # the zone's bucket holds 3, the line's burst=0 makes it one
+        # request per interval (limit_req without burst): one, then 429
+        self.assertEqual(statuses(self.n, "/zero?k=z", 3), [200, 429, 429])
+
+    def test_return_answers_before_any_limit(self):
+        self.assertEqual(statuses(self.n, "/ret?k=ret", 5), [200] * 5)
+
+    def test_default_log_levels_and_delays_one_lower(self):
+        # three requests 20 ms apart at 2r/s burst=1: one passes, one
+        # waits ~480 ms, one is refused; the refusal is logged at the
+        # location's level (error by default, warn here), the delay one
+        # level lower (warn, notice)
+        for loc, zone, refuse, delay in [("dlerr", "dl1", "error", "warn"),
+                                         ("dlwarn", "dl2", "warn",
+                                          "notice")]:
+            got = staggered(self.n, ["/%s?k=l" % loc] * 3, gap=0.02)
+            self.assertEqual(sorted(g[0] for g in got), [200, 200, 429],
+                             (loc, got))
+            log = self.n.error_log()
+            self.assertRegex(log, r'\[%s\] .*tollgate: rejecting request by '
+                             r'zone "%s"' % (refuse, zone))
+            self.assertRegex(log, r'\[%s\] .*tollgate: delaying request by '
+                             r'zone "%s"' % (delay, zone))
+
     def test_fixed_cost(self):
         # 10 tokens, 4 per request: 2 pass, the third finds 2
         self.assertEqual(statuses(self.n, "/cost4?k=c", 3), [200, 200, 429])
@@ -209,12 +321,34 @@ location /free { try_files /index.html =404;
         self.assertEqual((st, h["x-remaining"]), (200, "0"))
         # cost 0 is a peek
         self.assertEqual(n.request("/costvar?k=cv&cost=0")[0], 200)
+        st, h, _ = n.request("/costvar?k=cv4&cost=2")
+        self.assertEqual((st, h["x-remaining"]), (200, "8"))
+        st, h, _ = n.request("/costvar?k=cv4&cost=0")
+        self.assertEqual((st, h["x-status"], h["x-remaining"]),
+                         (200, "PASSED", "8"))
+        self.assertEqual(n.request("/costvar?k=cv4")[1]["x-remaining"], "7")
         # an empty value is the default cost, 1
         st, h, _ = n.request("/costvar?k=cv3")
         self.assertEqual((st, h["x-remaining"]), (200, "9"))
         # a cost that is not a number is the server's error, and logged
         self.assertEqual(n.request("/costvar?k=cv2&cost=abc")[0], 500)
         self.assertIn('cost "abc" is not a whole number', n.error_log())
+        for bad in ("-1", "3x", "1.5"):
+            self.assertEqual(n.request("/costvar?k=cv2&cost=" + bad)[0], 500,
+                             bad)
+
+    def test_cost_above_the_limit_is_never(self):
+        # a cost no wait can admit: refused, $tollgate_retry_after "never",
+        # no Retry-After (no wait helps), nothing consumed; so is a cost
+        # too large for 64 bits (a whole number, not the server's error)
+        n = self.n
+        for cost in ("11", "9223372036854775807", "18446744073709551615",
+                     "99999999999999999999"):
+            st, h, _ = n.request("/costvar?k=never&cost=" + cost)
+            self.assertEqual((st, h["x-status"], h["x-retry"]),
+                             (429, "REJECTED", "never"), cost)
+            self.assertNotIn("retry-after", h)
+            self.assertEqual(h["x-remaining"], "10", cost)
 
     def test_two_limits_one_policy(self):
         n = self.n
@@ -226,6 +360,12 @@ location /free { try_files /index.html =404;
         self.assertIn('"big";r=2', h["ratelimit"])
         st, h, _ = n.request("/big?k=p")
         self.assertEqual((st, h["x-remaining"]), (200, "1"))
+        # $tollgate_remaining is the tightest line's, whichever line it is
+        # (big, the first here, has 5)
+        got = [n.request("/twor?k=t") for _ in range(4)]
+        self.assertEqual([g[0] for g in got], [200, 200, 200, 429])
+        self.assertEqual([g[1]["x-remaining"] for g in got],
+                         ["2", "1", "0", "0"])
 
     def test_decided_once_across_internal_redirects(self):
         got = [self.n.request("/redir?k=i") for _ in range(4)]
@@ -239,6 +379,63 @@ location /free { try_files /index.html =404;
         log = self.n.error_log()
         self.assertIn('[info]', log)
         self.assertIn('tollgate: rejecting request by zone "w"', log)
+
+
+class Inheritance(unittest.TestCase):
+    def test_lines_and_settings_are_inherited_where_a_level_has_none(self):
+        # http: h (5 a day); the first server: s (2 a day) and status 503,
+        # its /inherit has no line (s, 503), its /own has its own (o, 1 a
+        # day, 503 still); the second server has nothing: h, 429. Each
+        # location is charged to its own lines only.
+        n = ngx.Nginx(
+            "tollgate_zone $arg_k zone=h:1m algorithm=fixed_window_per_key"
+            " rate=5/1d;\n"
+            "tollgate_zone $arg_k zone=s:1m algorithm=fixed_window_per_key"
+            " rate=2/1d;\n"
+            "tollgate_zone $arg_k zone=o:1m algorithm=fixed_window_per_key"
+            " rate=1/1d;\n"
+            "tollgate zone=h;\n"
+            "server { listen 127.0.0.1:PORT; tollgate zone=s;"
+            " tollgate_status 503;"
+            " location /inherit { try_files /index.html =404; }"
+            " location /own { tollgate zone=o; try_files /index.html =404; }"
+            " }\n"
+            "server { listen 127.0.0.1:PORT; server_name other;"
+            " location / { try_files /index.html =404; } }\n")
+        try:
+            self.assertEqual(statuses(n, "/inherit?k=i", 3), [200, 200, 503])
+            self.assertEqual(statuses(n, "/own?k=i", 2), [200, 503])
+            got = [n.request("/?k=i", headers={"Host": "other"})
+                   for _ in range(6)]
+            self.assertEqual([g[0] for g in got], [200] * 5 + [429])
+            self.assertEqual(got[0][1]["ratelimit-policy"],
+                             '"h";q=5;w=86400')
+        finally:
+            n.stop()
+
+
+class Subrequests(unittest.TestCase):
+    def test_subrequests_are_not_limited(self):
+        # auth_request's subrequest goes to a location limited to 1 a
+        # day: were it limited, its 429 would make every request after
+        # the first a 500
+        out = subprocess.run([ngx.NGINX, "-V"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT).stdout.decode()
+        if "http_auth_request_module" not in out:
+            self.skipTest("nginx without auth_request")
+        n = server("location /main { auth_request /authz;"
+                   " try_files /index.html =404; }\n"
+                   "location = /authz { tollgate zone=sub;"
+                   " try_files /index.html =404; }\n",
+                   # a key the subrequest has too (not its arguments)
+                   "tollgate_zone $binary_remote_addr zone=sub:1m "
+                   "algorithm=fixed_window_per_key rate=1/1d;")
+        try:
+            self.assertEqual(statuses(n, "/main", 3), [200] * 3)
+            # the location itself is limited, as a main request
+            self.assertEqual(statuses(n, "/authz", 2), [200, 429])
+        finally:
+            n.stop()
 
 
 class FullZone(unittest.TestCase):
@@ -264,6 +461,36 @@ class FullZone(unittest.TestCase):
                           "through", n.error_log())
             # keys it holds are still limited
             self.assertEqual(n.request("/?k=key0")[0], 429)
+        finally:
+            n.stop()
+
+
+    def test_long_keys_take_a_quarter_of_the_zone(self):
+        # keys over 24 bytes fit in a quarter of the zone's keys; past
+        # that a new long key is let through (FAILED) and logged, while a
+        # short key still finds room
+        n = server("location / { tollgate zone=z;"
+                   " add_header X-Status $tollgate_status always;"
+                   " try_files /index.html =404; }",
+                   "tollgate_zone $arg_k zone=z:64k "
+                   "algorithm=fixed_window_per_key rate=1/1d;")
+        try:
+            m = re.search(r'tollgate_zone "z": fixed_window_per_key, room '
+                          r'for (\d+) keys', n.error_log())
+            capacity = int(m.group(1))
+            passed = 0
+            for i in range(capacity):
+                st, h, _ = n.request("/?k=%s%d" % ("L" * 40, i))
+                self.assertEqual(st, 200)
+                if h["x-status"] == "FAILED":
+                    break
+                passed += 1
+            self.assertLessEqual(abs(passed - capacity // 4), 2,
+                                 (passed, capacity))
+            self.assertIn("store is full (TG_EFULL); the request is let "
+                          "through", n.error_log())
+            st, h, _ = n.request("/?k=short")
+            self.assertEqual((st, h["x-status"]), (200, "PASSED"))
         finally:
             n.stop()
 
@@ -353,6 +580,79 @@ class ConfigErrors(unittest.TestCase):
         for http, message in cases:
             with self.subTest(http=http):
                 self.expect(http, message)
+
+    def test_limits_of_the_values(self):
+        ok = "tollgate_zone $arg_k zone=a:1m algorithm=token_bucket rate=1r/s;"
+        # 16 lines in one place are one policy; a 17th is refused
+        zones = "".join("tollgate_zone $arg_k zone=z%d:64k rate=1r/s;" % i
+                        for i in range(17))
+        lines = "".join("tollgate zone=z%d; " % i for i in range(17))
+        rc, out = ngx.check(zones + "server { listen 127.0.0.1:PORT; "
+                            "location / { %s} }"
+                            % lines.replace("tollgate zone=z16; ", ""))
+        self.assertEqual(rc, 0, out)
+        self.expect(zones + "server { location / { %s} }" % lines,
+                    "tollgate: at most 16 tollgate lines per location")
+        # zone names: 1 to 64 of letters, digits, "_", "-", "."
+        name = "aZ0_-." + "x" * 58
+        rc, out = ngx.check("tollgate_zone $arg_k zone=%s:1m rate=1r/s;"
+                            % name)
+        self.assertEqual(rc, 0, out)
+        self.expect("tollgate_zone $a zone=%sx:1m rate=1r/s;" % name,
+                    'tollgate_zone: invalid zone name "%sx"' % name)
+        # tollgate_status: 400 to 599
+        for code in (400, 599):
+            rc, out = ngx.check(ok + "server { listen 127.0.0.1:PORT; "
+                                "location / { tollgate zone=a; "
+                                "tollgate_status %d; } }" % code)
+            self.assertEqual(rc, 0, out)
+        for code in (399, 600):
+            self.expect(ok + "server { location / { tollgate zone=a; "
+                        "tollgate_status %d; } }" % code,
+                        'tollgate_status: invalid status "%d"' % code)
+        cases = [
+            (ok + "server { location / { tollgate zone=a burst=2 "
+             "delay=x; } }", 'tollgate: invalid delay "delay=x"'),
+            ("tollgate_zone $a zone=b:1m algorithm=token_bucket rate=1r/s "
+             "burst=0;", 'tollgate_zone: invalid burst "burst=0"'),
+            (ok + "server { location / { tollgate zone=a "
+             "cost=99999999999999999999; } }",
+             'tollgate: invalid cost "99999999999999999999"'),
+            # Redis options on a shared-memory zone
+            ("tollgate_zone $a zone=x:1m rate=1r/s password=p;",
+             '"password=", "timeout=" and "on_error=" are for a zone with '
+             '"store=redis://..."'),
+            ("tollgate_zone $a zone=x:1m rate=1r/s timeout=1s;",
+             '"password=", "timeout=" and "on_error=" are for a zone'),
+        ]
+        for http, message in cases:
+            with self.subTest(http=http):
+                self.expect(http, message)
+
+    def test_messages_name_the_line(self):
+        ok = ("tollgate_zone $arg_k zone=a:1m algorithm=token_bucket "
+              "rate=1r/s;\ntollgate_zone $arg_k zone=w:1m rate=1r/s;\n")
+        cases = [
+            # found when the line is read
+            ("tollgate_zone $a zone=a:1m algorithm=nope rate=1r/s; # HERE\n",
+             'tollgate_zone: unknown algorithm "nope"'),
+            (ok + "server {\n location / {\n  tollgate zone=a cost=x; # HERE"
+             "\n }\n}\n", 'tollgate: invalid cost "x"'),
+            # found when the blocks are merged: the line is named too
+            (ok + "server {\n location / {\n  tollgate zone=b; # HERE\n"
+             " }\n}\n", 'tollgate: unknown zone "b"'),
+            (ok + "server {\n location / {\n  tollgate zone=a;\n"
+             "  tollgate zone=a cost=2; # HERE\n }\n}\n",
+             'tollgate: zone "a" is used twice in one place'),
+            (ok + "server {\n location / {\n  tollgate zone=w burst=2; # HERE"
+             "\n }\n}\n", 'and zone "w" is fixed_window'),
+        ]
+        for http, message in cases:
+            with self.subTest(message=message):
+                rc, out, where = ngx.check_line(http, "# HERE")
+                self.assertNotEqual(rc, 0, out)
+                self.assertIn(message, out)
+                self.assertIn(where, out)
 
 
 def hammer(n, path_for, threads, per_thread):
@@ -493,6 +793,45 @@ class Reload(unittest.TestCase):
             n.stop()
 
 
+    def test_reload_new_rate_applies_to_kept_counts(self):
+        # fixed_window_per_key 3 a day, 2 taken; reloaded with 5 a day: the
+        # 2 are kept and 3 remain. A sliding window's limit sets its logs'
+        # size: changing it is refused, named. A new size is a new zone,
+        # empty.
+        def conf(r="r:1m", rate="3/1d", srate="3/1d"):
+            return ("tollgate_zone $arg_k zone=%s algorithm="
+                    "fixed_window_per_key rate=%s;\n"
+                    "tollgate_zone $arg_k zone=s:1m algorithm=sliding_window "
+                    "rate=%s;\n"
+                    "server { listen 127.0.0.1:PORT; location /r {"
+                    " tollgate zone=r;"
+                    " add_header X-Remaining $tollgate_remaining always;"
+                    " try_files /index.html =404; }"
+                    " location /s { tollgate zone=s;"
+                    " try_files /index.html =404; } }" % (r, rate, srate))
+
+        def remaining(path, count):
+            return [n.request(path)[1]["x-remaining"] for _ in range(count)]
+        n = ngx.Nginx(conf())
+        try:
+            self.assertEqual(remaining("/r?k=a", 2), ["2", "1"])
+            self.assertEqual(statuses(n, "/s?k=a", 2), [200, 200])
+            self.assertTrue(n.reload(conf(rate="5/1d")))
+            self.assertEqual(remaining("/r?k=a", 2), ["2", "1"])
+            workers = n.worker_pids()
+            self.assertFalse(n.reload(conf(rate="5/1d", srate="4/1d")))
+            self.assertIn('tollgate_zone "s" changed:', n.error_log())
+            self.assertIn("for sliding_window (3 log entries), the new "
+                          "configuration wants", n.error_log())
+            self.assertEqual(n.worker_pids(), workers)
+            self.assertEqual(statuses(n, "/s?k=a", 2), [200, 429])
+            # another size: a new zone, which starts empty
+            self.assertTrue(n.reload(conf(r="r:2m", rate="5/1d")))
+            self.assertEqual(remaining("/r?k=a", 2), ["4", "3"])
+        finally:
+            n.stop()
+
+
 class LimitReq(unittest.TestCase):
     """The same request times through limit_req and through tollgate's
     leaky bucket with the same burst/nodelay give the same answers. The
@@ -569,6 +908,46 @@ class LimitReq(unittest.TestCase):
                     self.assertEqual(sorted(o[2] for o in out),
                                      ["DELAYED", "DELAYED", "PASSED",
                                       "REJECTED"])
+        finally:
+            n.stop()
+
+
+class Delay(unittest.TestCase):
+    def test_delay_lets_some_excess_through_at_once(self):
+        # 2r/s burst=3 delay=1, five requests 20 ms apart: the first and
+        # the first excess one pass at once, the next two wait about 0.5 s
+        # and 1 s (burst - delay = 2 queued), the last is refused; the same
+        # through limit_req. delay= at least burst is nodelay: a bucket of
+        # burst + 1 at once, then refused.
+        zones = ("limit_req_zone $arg_k zone=lr:1m rate=2r/s;\n"
+                 "tollgate_zone $arg_k zone=tg:1m algorithm=leaky_bucket "
+                 "rate=2r/s;\n"
+                 "tollgate_zone $arg_k zone=tg2:1m algorithm=leaky_bucket "
+                 "rate=1r/d;\n")
+        locs = ("limit_req_status 429;\n"
+                "location /lr { limit_req zone=lr burst=3 delay=1;"
+                " try_files /index.html =404; }\n"
+                "location /tg { tollgate zone=tg burst=3 delay=1;"
+                " add_header X-Status $tollgate_status always;"
+                " try_files /index.html =404; }\n"
+                "location /tg2 { tollgate zone=tg2 burst=2 delay=5;"
+                " add_header X-Status $tollgate_status always;"
+                " try_files /index.html =404; }\n")
+        n = server(locs, zones)
+        try:
+            for loc in ("lr", "tg"):
+                got = staggered(n, ["/%s?k=d" % loc] * 5, gap=0.02)
+                self.assertEqual([g[0] for g in got],
+                                 [200, 200, 200, 200, 429], (loc, got))
+                self.assertGreater(got[2][1], 0.35, (loc, got))
+                self.assertGreater(got[3][1], 0.85, (loc, got))
+                if loc == "tg":
+                    self.assertEqual([g[2] for g in got],
+                                     ["PASSED", "PASSED", "DELAYED",
+                                      "DELAYED", "REJECTED"])
+            got = [n.request("/tg2?k=d") for _ in range(4)]
+            self.assertEqual([(g[0], g[1]["x-status"]) for g in got],
+                             [(200, "PASSED")] * 3 + [(429, "REJECTED")])
         finally:
             n.stop()
 

@@ -157,6 +157,10 @@ class Shared(unittest.TestCase):
                store) for a in ALGORITHMS)
         zones += ("tollgate_zone $arg_k zone=w algorithm=fixed_window_per_key"
                   " rate=3/1d %s;\n" % store)
+        zones += ("tollgate_zone $arg_k zone=c algorithm=token_bucket"
+                  " rate=10r/d %s;\n" % store)
+        zones += ("tollgate_zone $arg_k zone=fw algorithm=fixed_window_per_key"
+                  " rate=10/1d %s;\n" % store)
         locs = "".join(
             "location /%s { tollgate zone=%s; add_header X-Pid $pid always;"
             " try_files /index.html =404; }\n" % (a, a) for a in ALGORITHMS)
@@ -175,6 +179,14 @@ location /dry { tollgate zone=w; tollgate_dry_run on;
                 try_files /index.html =404; }
 location /nodelay { tollgate zone=token_bucket burst=2 nodelay;
                     try_files /index.html =404; }
+location /wcost { tollgate zone=fw cost=$arg_cost;
+                  add_header X-Status $tollgate_status always;
+                  try_files /index.html =404; }
+location /cost { tollgate zone=c cost=$arg_cost;
+                 add_header X-Status $tollgate_status always;
+                 add_header X-Remaining $tollgate_remaining always;
+                 add_header X-Retry $tollgate_retry_after always;
+                 try_files /index.html =404; }
 """
         cls.hosts = [server(locs, zones), server(locs, zones)]
 
@@ -245,6 +257,38 @@ location /nodelay { tollgate zone=token_bucket burst=2 nodelay;
                          statuses(b, "/nodelay?k=n", 2), [200, 200, 200, 429])
 
 
+    def test_costs_on_a_redis_zone(self):
+        # as on a memory zone: a cost from a variable, 0 a peek, a cost
+        # above the limit (or beyond 64 bits) "never" and nothing taken,
+        # a value that is not a whole number the server's error
+        a, b = self.hosts
+        st, h, _ = a.request("/cost?k=c&cost=7")
+        self.assertEqual((st, h["x-remaining"]), (200, "3"))
+        st, h, _ = b.request("/cost?k=c&cost=0")
+        self.assertEqual((st, h["x-status"], h["x-remaining"]),
+                         (200, "PASSED", "3"))
+        for cost in ("11", "99999999999999999999"):
+            st, h, _ = b.request("/cost?k=c&cost=" + cost)
+            self.assertEqual((st, h["x-status"], h["x-retry"]),
+                             (429, "REJECTED", "never"), cost)
+            self.assertNotIn("retry-after", h)
+        st, h, _ = a.request("/cost?k=c")
+        self.assertEqual((st, h["x-remaining"]), (200, "2"))
+        self.assertEqual(a.request("/cost?k=c&cost=x")[0], 500)
+        self.assertIn('cost "x" is not a whole number', a.error_log())
+
+
+    def test_refused_cost_counts_on_a_redis_fixed_window(self):
+        # README: on a Redis fixed window a refused request is counted
+        # (tg_hit): 8 of 10 taken, a cost of 3 refused, and then a cost of
+        # 1, which a memory zone would admit, is refused too
+        a, b = self.hosts
+        self.assertEqual(statuses(a, "/wcost?k=f&cost=4", 2), [200, 200])
+        self.assertEqual(b.request("/wcost?k=f&cost=3")[0], 429)
+        st, h, _ = b.request("/wcost?k=f&cost=1")
+        self.assertEqual((st, h["x-status"]), (429, "REJECTED"))
+
+
 class Outage(unittest.TestCase):
     """Redis stopped (SIGSTOP), killed (SIGKILL) and started again."""
 
@@ -257,13 +301,18 @@ class Outage(unittest.TestCase):
                  " rate=1000r/d burst=1000 %s on_error=deny;\n"
                  "tollgate_zone $arg_k zone=slow algorithm=fixed_window_per_key"
                  " rate=1000/1d store=redis://127.0.0.1:%d timeout=3s;\n"
-                 % (store, store, self.redis.port))
+                 "tollgate_zone $arg_k zone=dflt algorithm=fixed_window_per_key"
+                 " rate=1000/1d store=redis://127.0.0.1:%d;\n"
+                 % (store, store, self.redis.port, self.redis.port))
         locs = """
 location /open { tollgate zone=open; add_header X-Status $tollgate_status always;
                  try_files /index.html =404; }
 location /closed { tollgate zone=closed; tollgate_status 503;
                    add_header X-Status $tollgate_status always;
+                   add_header X-Retry $tollgate_retry_after always;
                    try_files /index.html =404; }
+location /dflt { tollgate zone=dflt; add_header X-Status $tollgate_status always;
+                 try_files /index.html =404; }
 location /slow { tollgate zone=slow; add_header X-Status $tollgate_status always;
                  try_files /index.html =404; }
 """
@@ -308,6 +357,11 @@ location /slow { tollgate zone=slow; add_header X-Status $tollgate_status always
                 self.assertEqual(n.request("/closed?k=c")[0], 503)
             self.assertTrue(time.monotonic() - t < 5)
             self.assertIn("did not answer within 200 ms", n.error_log())
+            # timeout= defaults to 100 ms
+            st, h, dt = timed(n, "/dflt?k=a")
+            self.assertEqual((st, h["x-status"]), (200, "FAILED"))
+            self.assertIn('zone "dflt": redis://127.0.0.1:%d did not answer '
+                          'within 100 ms' % self.redis.port, n.error_log())
         finally:
             self.redis.signal(signal.SIGCONT)
         # back: decided by Redis again after the backoff (at most 1 s)
@@ -325,6 +379,12 @@ location /slow { tollgate zone=slow; add_header X-Status $tollgate_status always
             st, h, dt = timed(n, "/closed?k=a")
             self.assertEqual((st, h["x-status"]), (503, "FAILED"))
             self.assertTrue(dt < 1, dt)
+            # on_error=deny: $tollgate_retry_after is one period (a day
+            # here), and no fields (no count to report)
+            self.assertEqual(h["x-retry"], "86400")
+            for name in ("retry-after", "ratelimit", "ratelimit-policy"):
+                self.assertNotIn(name, h)
+        self.assertIn('zone "closed": cannot reach the store', n.error_log())
         self.redis.start()  # the same port, empty
         self.assertTrue(self.wait_decided("/open?k=b"))
         self.assertTrue(self.wait_decided("/closed?k=b"))
@@ -411,10 +471,28 @@ location /bad { tollgate zone=bad; add_header X-Status $tollgate_status always;
             # a refused AUTH: the policy answers (allow), and it is logged
             st, h, _ = n.request("/bad?k=a")
             self.assertEqual((st, h["x-status"]), (200, "FAILED"))
+            self.assertRegex(n.error_log(), r'\[error\] .*tollgate: zone '
+                             r'"bad": .*the request is let through')
         finally:
             n.stop()
             redis.close()
 
+
+    def test_database(self):
+        # redis://HOST:PORT/DB: the keys are in that database, not in 0
+        redis = Redis()
+        zones = ("tollgate_zone $arg_k zone=d3 algorithm=fixed_window_per_key"
+                 " rate=2/1d store=redis://127.0.0.1:%d/3;\n" % redis.port)
+        n = server("location / { tollgate zone=d3;"
+                   " try_files /index.html =404; }", zones, workers=1)
+        try:
+            self.assertEqual(statuses(n, "/?k=a", 3), [200, 200, 429])
+            self.assertNotEqual(redis.cli("-n", "3", "KEYS", "tg:ngx:d3:*"),
+                                "")
+            self.assertEqual(redis.cli("KEYS", "tg:ngx:d3:*"), "")
+        finally:
+            n.stop()
+            redis.close()
 
     def closing_server(self, reply):
         # something that accepts, answers `reply` to the first bytes (b"":
@@ -489,6 +567,26 @@ class ConfigErrors(unittest.TestCase):
                   "zone=r burst=5 nodelay; } }")
         rc, out = ngx.check(ok)
         self.assertEqual(rc, 0, out)
+        # HOST is resolved when the configuration is read
+        rc, out = ngx.check("tollgate_zone $arg_k zone=x algorithm="
+                            "token_bucket rate=1r/s store=redis://localhost;")
+        self.assertEqual(rc, 0, out)
+        self.expect("tollgate_zone $arg_k zone=x algorithm=token_bucket "
+                    "rate=1r/s store=redis://no-such-host.invalid;",
+                    'invalid "store=redis://no-such-host.invalid": host not '
+                    'found')
+        # a size on a Redis zone: no shared memory, ignored
+        rc, out = ngx.check(z.replace("zone=r ", "zone=r:10m ") + ok[len(z):])
+        self.assertEqual(rc, 0, out)
+        # the refusals name the zone and the line
+        for body in ("  tollgate zone=m;\n  tollgate zone=r; # HERE\n",
+                     "  tollgate zone=r burst=5; # HERE\n"):
+            rc, out, where = ngx.check_line(
+                z + "server {\n listen 127.0.0.1:PORT;\n location / {\n"
+                + body + " }\n}\n", "# HERE")
+            self.assertNotEqual(rc, 0, out)
+            self.assertIn('tollgate: zone "r" is kept in Redis', out)
+            self.assertIn(where, out)
 
         def loc(body):
             return z + "server { listen 127.0.0.1:PORT; location / { %s } }" \
