@@ -654,6 +654,45 @@ static void policy_round_trips(void **state) {
   redisFree(c);
 }
 
+/* Whether the sliding log of one key, before a call under quota q at now,
+ * is one the two stores may disagree on without either being wrong; it is
+ * then reset in both.
+ *
+ * A log stops mattering a period after its newest entry, by the period of
+ * the quota it was written under: the Redis store gives the key that TTL
+ * (+ 1 s), and a table store, under pressure or by its cleaner, reclaims
+ * it once so decayed. Neither knows the period of a later call, so once a
+ * log has decayed under the quota that wrote it, either store may have
+ * forgotten it when a quota of longer period would count its entries
+ * again (tollgate.h: another quota on a key reinterprets its state). The
+ * Redis key vanishes on the server's clock, so whether it is still there
+ * depends on how fast the calls ran (the slower, the likelier); this
+ * test's memory limiter (no cleaner, room for every key) never forgets.
+ * Seen as a sliding rule whose Redis count lacked an entry written under a
+ * quota of 1 ms, counted again under a longer period by the memory store,
+ * once the key had gone a real second without a write. Such a log is reset
+ * in both stores, as either may forget it; a log still live under the
+ * quota that wrote it is left as it is: the Redis store must keep it, and
+ * the answers must agree.
+ *
+ * The test knows the log without asking a store (a tg_get under another
+ * quota prunes what that quota sees expired): newest, the time of its
+ * newest entry (the now of its last write with a cost: times here never
+ * go back, so an entry merged at the cap is moved to it), and shortest,
+ * the quota of shortest period it may last have been written under (that
+ * write, or a later call of cost 0 that pruned; NULL: not written since
+ * new or reset). */
+static bool forgettable(tg_limiter *mem, tg_limiter *red, const char *key,
+                        const tg_quota *shortest, uint64_t newest,
+                        const tg_quota *q, uint64_t now) {
+  if (!shortest || newest + shortest->period_ms * 1000 > now ||
+      newest + q->period_ms * 1000 <= now)
+    return false;
+  assert_int_equal(tg_reset(mem, key, strlen(key)), TG_OK);
+  assert_int_equal(tg_reset(red, key, strlen(key)), TG_OK);
+  return true;
+}
+
 /* Policies on Redis against the memory store: random policies of one to
  * four rules over every algorithm (a shadow limiter among them), costs
  * from 0 to far above the burst, quotas to the edges, shadow calls, time
@@ -670,7 +709,7 @@ static void policy_differential_run(uint64_t seed, size_t steps,
   snprintf(prefix, sizeof prefix, "pdiff%ld.%u", (long)getpid(), runs++);
   /* the shadow limiter's states are its own, as in its own memory table */
   snprintf(prefix_s, sizeof prefix_s, "%s.s", prefix);
-  enum { NLIM = 6, NK = 4 };
+  enum { NLIM = 6, NK = 4, SW = TG_SLIDING_WINDOW };
   tg_limiter *red[NLIM], *mem[NLIM];
   tg_redis_config rc[NLIM];
   for (int i = 0; i < NLIM; i++) {
@@ -699,6 +738,9 @@ static void policy_differential_run(uint64_t seed, size_t steps,
   for (int i = 0; i < NLIM; i++)
     for (int k = 0; k < NK; k++)
       q[i][k] = &QUOTAS[below(NQUOTAS)];
+  /* each key's sliding log, as forgettable() sees it */
+  const tg_quota *wrote[NK] = {NULL};
+  uint64_t newest[NK] = {0};
   uint64_t last_real = real_us();
   uint64_t now = last_real + ahead_us;
   size_t passed = 0, denied = 0, errors = 0;
@@ -708,12 +750,16 @@ static void policy_differential_run(uint64_t seed, size_t steps,
       break;
     size_t n = 1 + below(4);
     tg_rule a[4], b[4];
-    int li[4];
+    int li[4], ki[4];
     for (size_t j = 0; j < n; j++) {
       int i = (int)below(NLIM), k = (int)below(NK);
       li[j] = i;
+      ki[j] = k;
       if (below(40) == 0)
         q[i][k] = &QUOTAS[below(NQUOTAS)]; /* a quota changes, rarely */
+      if (i == SW && forgettable(mem[i], red[i], keys[k], wrote[k], newest[k],
+                                 q[i][k], now))
+        wrote[k] = NULL;
       uint64_t cost = below(3) == 0 ? draw_cost(q[i][k]) : below(3);
       a[j] = (tg_rule){mem[i], keys[k], strlen(keys[k]), q[i][k], cost, 0, {0}};
       b[j] = a[j];
@@ -764,6 +810,23 @@ static void policy_differential_run(uint64_t seed, size_t steps,
       passed++;
     else
       denied++;
+    /* a policy that passed (every rule allowed but the shadow limiter's)
+     * wrote the logs of its sliding rules: with a cost, a newest entry at
+     * now; with none, at most a pruning under its quota */
+    bool went = ra == TG_OK;
+    for (size_t j = 0; went && j < n; j++)
+      went = li[j] == 5 || (a[j].result.allowed && !a[j].result.shadow_denied);
+    for (size_t j = 0; went && j < n; j++) {
+      int k = ki[j];
+      if (li[j] != SW)
+        continue;
+      if (a[j].cost > 0) {
+        wrote[k] = a[j].q;
+        newest[k] = now;
+      } else if (wrote[k] && a[j].q->period_ms < wrote[k]->period_ms) {
+        wrote[k] = a[j].q;
+      }
+    }
   }
   print_message("policies: %zu steps (seed %" PRIu64 "): %zu passed, %zu "
                 "denied, %zu refused with a code by both stores\n",
