@@ -654,6 +654,21 @@ static void policy_round_trips(void **state) {
   redisFree(c);
 }
 
+/* Two answers alike, field by field. Not memcmp of the structs: a tg_result
+ * has padding after its three bools, which nothing promises and which the
+ * library leaves as its stack had it (results are built field by field in
+ * structures it does not zero, then copied whole). Under ASan with
+ * detect_stack_use_after_return (the asan preset's ASAN_OPTIONS) those
+ * bytes differ between the memory store's path and the Redis store's: seed
+ * 1795791485 stopped at step 61 on a rule whose every field was the same
+ * and whose fourth byte was 0 in one answer, 1 in the other. The bools are
+ * compared as bytes, as diff_same_result does, so a bool that is neither 0
+ * nor 1 still shows. */
+static bool same_result(const tg_result *x, const tg_result *y) {
+  return diff_same_result(x, y) && memcmp(&x->shadow_denied, &y->shadow_denied,
+                                          sizeof x->shadow_denied) == 0;
+}
+
 /* Whether the sliding log of one key, before a call under quota q at now,
  * is one the two stores may disagree on without either being wrong; it is
  * then reset in both.
@@ -772,11 +787,10 @@ static void policy_differential_run(uint64_t seed, size_t steps,
     int ra = tg_hit_rules_at(now, a, n, flags, &oa);
     int rb = tg_hit_rules_at(now, b, n, flags, &ob);
     bool same = ra == rb && oa.denied_by == ob.denied_by &&
-                oa.tightest == ob.tightest &&
-                memcmp(&oa.r, &ob.r, sizeof oa.r) == 0;
+                oa.tightest == ob.tightest && same_result(&oa.r, &ob.r);
     for (size_t j = 0; same && j < n; j++)
-      same = a[j].status == b[j].status &&
-             memcmp(&a[j].result, &b[j].result, sizeof a[j].result) == 0;
+      same =
+          a[j].status == b[j].status && same_result(&a[j].result, &b[j].result);
     if (!same) {
       print_error("seed %" PRIu64 " step %zu: rc %d / %d, allowed %d / %d, "
                   "denied_by %zu / %zu, tightest %zu / %zu, count %" PRIu64
@@ -794,13 +808,15 @@ static void policy_differential_run(uint64_t seed, size_t steps,
                     " burst %" PRIu64 ": status %d / %d allowed %d / %d "
                     "count %" PRIu64 " / %" PRIu64 " remaining %" PRIu64
                     " / %" PRIu64 " retry %" PRIu64 " / %" PRIu64
-                    " reset %" PRIu64 " / %" PRIu64 " shadow_denied %d / %d\n",
+                    " reset %" PRIu64 " / %" PRIu64 " degraded %d / %d"
+                    " shadow_denied %d / %d\n",
                     j, li[j], a[j].cost, a[j].q->limit, a[j].q->burst,
                     a[j].status, b[j].status, a[j].result.allowed,
                     b[j].result.allowed, a[j].result.count, b[j].result.count,
                     a[j].result.remaining, b[j].result.remaining,
                     a[j].result.retry_after_ms, b[j].result.retry_after_ms,
                     a[j].result.reset_after_ms, b[j].result.reset_after_ms,
+                    a[j].result.degraded, b[j].result.degraded,
                     a[j].result.shadow_denied, b[j].result.shadow_denied);
       fail();
     }
