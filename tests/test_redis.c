@@ -654,6 +654,60 @@ static void policy_round_trips(void **state) {
   redisFree(c);
 }
 
+/* Two answers alike, field by field. Not memcmp of the structs: a tg_result
+ * has padding after its three bools, which nothing promises and which the
+ * library leaves as its stack had it (results are built field by field in
+ * structures it does not zero, then copied whole). Under ASan with
+ * detect_stack_use_after_return (the asan preset's ASAN_OPTIONS) those
+ * bytes differ between the memory store's path and the Redis store's: seed
+ * 1795791485 stopped at step 61 on a rule whose every field was the same
+ * and whose fourth byte was 0 in one answer, 1 in the other. The bools are
+ * compared as bytes, as diff_same_result does, so a bool that is neither 0
+ * nor 1 still shows. */
+static bool same_result(const tg_result *x, const tg_result *y) {
+  return diff_same_result(x, y) && memcmp(&x->shadow_denied, &y->shadow_denied,
+                                          sizeof x->shadow_denied) == 0;
+}
+
+/* Whether the sliding log of one key, before a call under quota q at now,
+ * is one the two stores may disagree on without either being wrong; it is
+ * then reset in both.
+ *
+ * A log stops mattering a period after its newest entry, by the period of
+ * the quota it was written under: the Redis store gives the key that TTL
+ * (+ 1 s), and a table store, under pressure or by its cleaner, reclaims
+ * it once so decayed. Neither knows the period of a later call, so once a
+ * log has decayed under the quota that wrote it, either store may have
+ * forgotten it when a quota of longer period would count its entries
+ * again (tollgate.h: another quota on a key reinterprets its state). The
+ * Redis key vanishes on the server's clock, so whether it is still there
+ * depends on how fast the calls ran (the slower, the likelier); this
+ * test's memory limiter (no cleaner, room for every key) never forgets.
+ * Seen as a sliding rule whose Redis count lacked an entry written under a
+ * quota of 1 ms, counted again under a longer period by the memory store,
+ * once the key had gone a real second without a write. Such a log is reset
+ * in both stores, as either may forget it; a log still live under the
+ * quota that wrote it is left as it is: the Redis store must keep it, and
+ * the answers must agree.
+ *
+ * The test knows the log without asking a store (a tg_get under another
+ * quota prunes what that quota sees expired): newest, the time of its
+ * newest entry (the now of its last write with a cost: times here never
+ * go back, so an entry merged at the cap is moved to it), and shortest,
+ * the quota of shortest period it may last have been written under (that
+ * write, or a later call of cost 0 that pruned; NULL: not written since
+ * new or reset). */
+static bool forgettable(tg_limiter *mem, tg_limiter *red, const char *key,
+                        const tg_quota *shortest, uint64_t newest,
+                        const tg_quota *q, uint64_t now) {
+  if (!shortest || newest + shortest->period_ms * 1000 > now ||
+      newest + q->period_ms * 1000 <= now)
+    return false;
+  assert_int_equal(tg_reset(mem, key, strlen(key)), TG_OK);
+  assert_int_equal(tg_reset(red, key, strlen(key)), TG_OK);
+  return true;
+}
+
 /* Policies on Redis against the memory store: random policies of one to
  * four rules over every algorithm (a shadow limiter among them), costs
  * from 0 to far above the burst, quotas to the edges, shadow calls, time
@@ -670,7 +724,7 @@ static void policy_differential_run(uint64_t seed, size_t steps,
   snprintf(prefix, sizeof prefix, "pdiff%ld.%u", (long)getpid(), runs++);
   /* the shadow limiter's states are its own, as in its own memory table */
   snprintf(prefix_s, sizeof prefix_s, "%s.s", prefix);
-  enum { NLIM = 6, NK = 4 };
+  enum { NLIM = 6, NK = 4, SW = TG_SLIDING_WINDOW };
   tg_limiter *red[NLIM], *mem[NLIM];
   tg_redis_config rc[NLIM];
   for (int i = 0; i < NLIM; i++) {
@@ -699,6 +753,9 @@ static void policy_differential_run(uint64_t seed, size_t steps,
   for (int i = 0; i < NLIM; i++)
     for (int k = 0; k < NK; k++)
       q[i][k] = &QUOTAS[below(NQUOTAS)];
+  /* each key's sliding log, as forgettable() sees it */
+  const tg_quota *wrote[NK] = {NULL};
+  uint64_t newest[NK] = {0};
   uint64_t last_real = real_us();
   uint64_t now = last_real + ahead_us;
   size_t passed = 0, denied = 0, errors = 0;
@@ -708,12 +765,16 @@ static void policy_differential_run(uint64_t seed, size_t steps,
       break;
     size_t n = 1 + below(4);
     tg_rule a[4], b[4];
-    int li[4];
+    int li[4], ki[4];
     for (size_t j = 0; j < n; j++) {
       int i = (int)below(NLIM), k = (int)below(NK);
       li[j] = i;
+      ki[j] = k;
       if (below(40) == 0)
         q[i][k] = &QUOTAS[below(NQUOTAS)]; /* a quota changes, rarely */
+      if (i == SW && forgettable(mem[i], red[i], keys[k], wrote[k], newest[k],
+                                 q[i][k], now))
+        wrote[k] = NULL;
       uint64_t cost = below(3) == 0 ? draw_cost(q[i][k]) : below(3);
       a[j] = (tg_rule){mem[i], keys[k], strlen(keys[k]), q[i][k], cost, 0, {0}};
       b[j] = a[j];
@@ -726,11 +787,10 @@ static void policy_differential_run(uint64_t seed, size_t steps,
     int ra = tg_hit_rules_at(now, a, n, flags, &oa);
     int rb = tg_hit_rules_at(now, b, n, flags, &ob);
     bool same = ra == rb && oa.denied_by == ob.denied_by &&
-                oa.tightest == ob.tightest &&
-                memcmp(&oa.r, &ob.r, sizeof oa.r) == 0;
+                oa.tightest == ob.tightest && same_result(&oa.r, &ob.r);
     for (size_t j = 0; same && j < n; j++)
-      same = a[j].status == b[j].status &&
-             memcmp(&a[j].result, &b[j].result, sizeof a[j].result) == 0;
+      same =
+          a[j].status == b[j].status && same_result(&a[j].result, &b[j].result);
     if (!same) {
       print_error("seed %" PRIu64 " step %zu: rc %d / %d, allowed %d / %d, "
                   "denied_by %zu / %zu, tightest %zu / %zu, count %" PRIu64
@@ -748,13 +808,15 @@ static void policy_differential_run(uint64_t seed, size_t steps,
                     " burst %" PRIu64 ": status %d / %d allowed %d / %d "
                     "count %" PRIu64 " / %" PRIu64 " remaining %" PRIu64
                     " / %" PRIu64 " retry %" PRIu64 " / %" PRIu64
-                    " reset %" PRIu64 " / %" PRIu64 " shadow_denied %d / %d\n",
+                    " reset %" PRIu64 " / %" PRIu64 " degraded %d / %d"
+                    " shadow_denied %d / %d\n",
                     j, li[j], a[j].cost, a[j].q->limit, a[j].q->burst,
                     a[j].status, b[j].status, a[j].result.allowed,
                     b[j].result.allowed, a[j].result.count, b[j].result.count,
                     a[j].result.remaining, b[j].result.remaining,
                     a[j].result.retry_after_ms, b[j].result.retry_after_ms,
                     a[j].result.reset_after_ms, b[j].result.reset_after_ms,
+                    a[j].result.degraded, b[j].result.degraded,
                     a[j].result.shadow_denied, b[j].result.shadow_denied);
       fail();
     }
@@ -764,6 +826,23 @@ static void policy_differential_run(uint64_t seed, size_t steps,
       passed++;
     else
       denied++;
+    /* a policy that passed (every rule allowed but the shadow limiter's)
+     * wrote the logs of its sliding rules: with a cost, a newest entry at
+     * now; with none, at most a pruning under its quota */
+    bool went = ra == TG_OK;
+    for (size_t j = 0; went && j < n; j++)
+      went = li[j] == 5 || (a[j].result.allowed && !a[j].result.shadow_denied);
+    for (size_t j = 0; went && j < n; j++) {
+      int k = ki[j];
+      if (li[j] != SW)
+        continue;
+      if (a[j].cost > 0) {
+        wrote[k] = a[j].q;
+        newest[k] = now;
+      } else if (wrote[k] && a[j].q->period_ms < wrote[k]->period_ms) {
+        wrote[k] = a[j].q;
+      }
+    }
   }
   print_message("policies: %zu steps (seed %" PRIu64 "): %zu passed, %zu "
                 "denied, %zu refused with a code by both stores\n",
@@ -776,26 +855,8 @@ static void policy_differential_run(uint64_t seed, size_t steps,
   }
 }
 
-/* Built with a sanitizer (both slow a call several times over), this test
- * saw the two stores answer a policy differently within its first hundred
- * steps in two CI runs out of two, with seeds that pass in the debug build:
- * a divergence that depends on how fast the calls run, not yet explained
- * (see the closing note of 2026-11-27). It runs in the debug and clang
- * builds; under the sanitizers it is skipped rather than left to fail at
- * random. */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define TG_SLOW_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define TG_SLOW_SANITIZER 1
-#endif
-#endif
-
 static void policy_differential(void **state) {
   (void)state;
-#ifdef TG_SLOW_SANITIZER
-  skip();
-#endif
   size_t steps = env_steps(20000);
   const char *fixed = getenv("TG_TEST_REDIS_SEED");
   uint64_t seed = fixed ? strtoull(fixed, NULL, 10) : (uint64_t)time(NULL);
