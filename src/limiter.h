@@ -51,6 +51,17 @@ typedef struct tg__quota_memo {
 } tg__quota_memo;
 extern _Thread_local tg__quota_memo tg__memo TG__TLS_FAST;
 
+/* *d = *s, a word at a time: written as a struct copy, gcc 12 made it a
+ * `rep movsl` inside a policy's per-rule loop (a quarter of hit_rules' time
+ * on a two-rule policy, perf); plain moves cost a few cycles. */
+static inline void tg__quota_copy(tg__quota *d, const tg__quota *s) {
+  d->limit = s->limit;
+  d->period_us = s->period_us;
+  d->burst = s->burst;
+  d->t_ns = s->t_ns;
+  d->tau_ns = s->tau_ns;
+}
+
 /* tg__call_check with the memo: the same checks in the same order and the
  * same prepared quota, a bucket quota equal to the last one copied instead
  * of prepared again. */
@@ -65,14 +76,14 @@ static inline int tg__limiter_check(tg_algorithm alg, tg__op op, size_t key_len,
   tg__quota_memo *m = &tg__memo;
   if (m->alg == alg && m->q.limit == q->limit &&
       m->q.period_ms == q->period_ms && m->q.burst == q->burst) {
-    *prepared = m->p;
+    tg__quota_copy(prepared, &m->p);
     return TG_OK;
   }
   int rc = tg__quota_prepare(prepared, q, alg);
   if (rc == TG_OK) {
     m->q = *q;
     m->alg = alg;
-    m->p = *prepared;
+    tg__quota_copy(&m->p, prepared);
   }
   return rc;
 }
