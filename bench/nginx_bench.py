@@ -18,9 +18,15 @@ Tollgate's locations write no header (`tollgate_headers off`), as limit_req
 writes none; one more case shows what the RateLimit fields cost on the hot
 token bucket. Rounds are interleaved: each round runs every case once, each
 round starting one case later (a load that drifts during a round then
-favours no case); wrk runs on CPU 1 and nginx's worker on CPU 0. The
-medians of the rounds are printed, one line per case, with the median of
-each round's own ratio to limit_req on the same keys (and their range).
+favours no case); wrk runs on CPU 1 and nginx's worker on CPU 0. Each
+case's ratio to limit_req comes from pairs: in every round, each case
+other than limit_req runs right beside a run of limit_req on the same keys
+(before it in even rounds, after it in odd ones), and the ratio is the
+median of those pairs' own ratios (with their range). On this shared
+machine the load moves within seconds (a case's figure moved by a third
+between rounds); two runs a few seconds apart see nearly the same load,
+two cases half a round apart often do not. Requests/s and latencies are
+the medians of every run of the case (limit_req: of all its pair runs).
 The machine's load average is printed before and after.
 
 --redis adds a token bucket zone kept in Redis (store=redis://, a private
@@ -140,20 +146,24 @@ def main():
             redis.close()
         raise
     results = {c: [] for c in cases}
-    rounds = []  # each round's requests/s per case, for per-round ratios
+    pairs = {c: [] for c in cases}  # each pair's ratio to limit_req
     try:
         with tempfile.TemporaryDirectory() as d:
             for c in cases:  # warm-up: the keys exist before the rounds
                 wrk(n.port, c[1], c[2], 1, d)
+            others = [c for c in cases if c[0] != "limit_req"]
             for r in range(args.rounds):
                 # each round starts one case later, so a load that rises or
                 # falls during a round does not always favour the same cases
-                k = r % len(cases)
-                this = {}
-                for c in cases[k:] + cases[:k]:
-                    this[c] = wrk(n.port, c[1], c[2], args.seconds, d)
-                    results[c].append(this[c])
-                rounds.append(this)
+                k = r % len(others)
+                for c in others[k:] + others[:k]:
+                    base = ("limit_req", "/limit_req", c[2])
+                    order = [base, c] if r % 2 == 0 else [c, base]
+                    got = {}
+                    for x in order:
+                        got[x] = wrk(n.port, x[1], x[2], args.seconds, d)
+                        results[x].append(got[x])
+                    pairs[c].append(got[c][0] / got[base][0])
                 print("round %d done, load %.2f" % (r + 1, os.getloadavg()[0]),
                       file=sys.stderr)
     finally:
@@ -163,19 +173,18 @@ def main():
     print("load average after: %.2f %.2f %.2f" % os.getloadavg())
     print("%-36s %10s %8s %8s %9s %s" % ("case", "req/s", "p50 ms", "p99 ms",
                                          "vs limit_req",
-                                         "(median of the rounds' own ratios,"
+                                         "(median of the adjacent pairs' ratios,"
                                          " range)"))
-    med = {}
     for c in cases:
         rps = statistics.median(x[0] for x in results[c])
         p50 = statistics.median(x[1] for x in results[c])
         p99 = statistics.median(x[2] for x in results[c])
-        med[c] = rps
-        base = ("limit_req", "/limit_req", c[2])
         ratio = "-"
-        if c[0] != "none" and base in results:
-            rr = sorted(x[c][0] / x[base][0] for x in rounds)
+        if c[0] != "none" and pairs[c]:
+            rr = sorted(pairs[c])
             ratio = "%.3f (%.3f-%.3f)" % (statistics.median(rr), rr[0], rr[-1])
+        elif c[0] == "limit_req":
+            ratio = "1.000 (%d pair runs)" % len(results[c])
         print("%-36s %10.0f %8.3f %8.3f %s" % (
             c[0] + (" 100k keys" if c[2] else " hot key"), rps, p50, p99,
             ratio))
