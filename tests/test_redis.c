@@ -686,9 +686,13 @@ static bool same_result(const tg_result *x, const tg_result *y) {
  * Seen as a sliding rule whose Redis count lacked an entry written under a
  * quota of 1 ms, counted again under a longer period by the memory store,
  * once the key had gone a real second without a write. Such a log is reset
- * in both stores, as either may forget it; a log still live under the
- * quota that wrote it is left as it is: the Redis store must keep it, and
- * the answers must agree.
+ * in both stores, but only once the server's clock may have reached the
+ * key's expiry (gone: the real time before the write that set its TTL,
+ * plus that TTL as the script computes it, 1 s of slack included; 20 ms
+ * early, for the TTL's rounding to whole ms): the simulated clock runs
+ * ahead of the real one, and until then the Redis store must still hold
+ * the log, so the answers must agree. A log still live under the quota
+ * that wrote it is never reset.
  *
  * The test knows the log without asking a store (a tg_get under another
  * quota prunes what that quota sees expired): newest, the time of its
@@ -699,9 +703,9 @@ static bool same_result(const tg_result *x, const tg_result *y) {
  * new or reset). */
 static bool forgettable(tg_limiter *mem, tg_limiter *red, const char *key,
                         const tg_quota *shortest, uint64_t newest,
-                        const tg_quota *q, uint64_t now) {
+                        uint64_t gone, const tg_quota *q, uint64_t now) {
   if (!shortest || newest + shortest->period_ms * 1000 > now ||
-      newest + q->period_ms * 1000 <= now)
+      newest + q->period_ms * 1000 <= now || real_us() + MS(20) < gone)
     return false;
   assert_int_equal(tg_reset(mem, key, strlen(key)), TG_OK);
   assert_int_equal(tg_reset(red, key, strlen(key)), TG_OK);
@@ -713,8 +717,10 @@ static bool forgettable(tg_limiter *mem, tg_limiter *red, const char *key,
  * from 0 to far above the burst, quotas to the edges, shadow calls, time
  * moving (and, in the second run, past 2^52 us, where the script works on
  * limbs): every field of every rule's answer and of the policy's, and the
- * code, must be the memory store's. Keys share one hash tag (one Cluster
- * slot, as a policy's must). Without the module this is the script's P,
+ * code, must be the memory store's (a sliding log that either store may
+ * have forgotten is reset first, see forgettable()). Keys share one hash
+ * tag (one Cluster slot, as a policy's must). Without the module this is
+ * the script's P,
  * one EVALSHA per policy; with it, TG.STEPS. */
 static void policy_differential_run(uint64_t seed, size_t steps,
                                     uint64_t ahead_us) {
@@ -755,7 +761,7 @@ static void policy_differential_run(uint64_t seed, size_t steps,
       q[i][k] = &QUOTAS[below(NQUOTAS)];
   /* each key's sliding log, as forgettable() sees it */
   const tg_quota *wrote[NK] = {NULL};
-  uint64_t newest[NK] = {0};
+  uint64_t newest[NK] = {0}, gone[NK] = {0};
   uint64_t last_real = real_us();
   uint64_t now = last_real + ahead_us;
   size_t passed = 0, denied = 0, errors = 0;
@@ -773,7 +779,7 @@ static void policy_differential_run(uint64_t seed, size_t steps,
       if (below(40) == 0)
         q[i][k] = &QUOTAS[below(NQUOTAS)]; /* a quota changes, rarely */
       if (i == SW && forgettable(mem[i], red[i], keys[k], wrote[k], newest[k],
-                                 q[i][k], now))
+                                 gone[k], q[i][k], now))
         wrote[k] = NULL;
       uint64_t cost = below(3) == 0 ? draw_cost(q[i][k]) : below(3);
       a[j] = (tg_rule){mem[i], keys[k], strlen(keys[k]), q[i][k], cost, 0, {0}};
@@ -784,6 +790,7 @@ static void policy_differential_run(uint64_t seed, size_t steps,
     tg_rules_result oa, ob;
     memset(&oa, 0, sizeof oa);
     memset(&ob, 0, sizeof ob);
+    uint64_t t0 = real_us(); /* before the server can set a TTL */
     int ra = tg_hit_rules_at(now, a, n, flags, &oa);
     int rb = tg_hit_rules_at(now, b, n, flags, &ob);
     bool same = ra == rb && oa.denied_by == ob.denied_by &&
@@ -836,11 +843,17 @@ static void policy_differential_run(uint64_t seed, size_t steps,
       int k = ki[j];
       if (li[j] != SW)
         continue;
+      uint64_t p_us = a[j].q->period_ms * 1000;
       if (a[j].cost > 0) {
         wrote[k] = a[j].q;
         newest[k] = now;
+        gone[k] = t0 + p_us + MS(1000);
       } else if (wrote[k] && a[j].q->period_ms < wrote[k]->period_ms) {
+        /* a pruning under a shorter period: its TTL, if it wrote */
         wrote[k] = a[j].q;
+        uint64_t left = newest[k] + p_us > now ? newest[k] + p_us - now : 0;
+        if (t0 + left + MS(1000) < gone[k])
+          gone[k] = t0 + left + MS(1000);
       }
     }
   }
