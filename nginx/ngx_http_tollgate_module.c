@@ -1477,10 +1477,14 @@ static tg_ngx_ctx *new_ctx(ngx_http_request_t *r, tg_ngx_loc_conf *lcf) {
   return ctx->rules && ctx->limits ? ctx : NULL;
 }
 
-/* A cost=$var value: digits only. One beyond 64 bits is a cost above any
- * limit, refused with "never" as any such cost is (ngx_atoof would make it
- * an error, the server's 500, for a well-formed number). */
-static ngx_int_t parse_cost(const ngx_str_t *c, uint64_t *cost) {
+/* A cost=$var value: digits only. A cost above the quota's limit and
+ * burst is refused with "never" whatever it is, so it is taken as that
+ * bound + 1 (q's are at most 2^63 - 1, as ngx_atoof read them): a number
+ * beyond 64 bits is such a cost, not the server's 500, and a window that
+ * has counted cannot overflow adding it (TG_EOVERFLOW, a failure). */
+static ngx_int_t parse_cost(const ngx_str_t *c, const tg_quota *q,
+                            uint64_t *cost) {
+  uint64_t top = q->limit > q->burst ? q->limit : q->burst;
   uint64_t v = 0;
   for (size_t i = 0; i < c->len; i++) {
     if (c->data[i] < '0' || c->data[i] > '9')
@@ -1488,7 +1492,7 @@ static ngx_int_t parse_cost(const ngx_str_t *c, uint64_t *cost) {
     uint64_t d = (uint64_t)(c->data[i] - '0');
     v = v > (UINT64_MAX - d) / 10 ? UINT64_MAX : v * 10 + d;
   }
-  *cost = v;
+  *cost = v > top && top < UINT64_MAX ? top + 1 : v;
   return NGX_OK;
 }
 
@@ -1512,7 +1516,7 @@ static ngx_int_t collect_rules(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
         return NGX_ERROR;
     }
     if (l->cost_cv && c.len > 0 && /* empty: the default cost, 1 */
-        parse_cost(&c, &cost) != NGX_OK) {
+        parse_cost(&c, &l->q, &cost) != NGX_OK) {
       ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                     "tollgate: zone \"%V\": cost \"%V\" is not a whole "
                     "number",

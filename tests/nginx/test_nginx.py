@@ -98,6 +98,11 @@ location /vars { tollgate zone=w;
                  add_header X-Retry $tollgate_retry_after always;
                  try_files /index.html =404; }
 location /cost4 { tollgate zone=tb cost=4; try_files /index.html =404; }
+location /costvarw { tollgate zone=big cost=$arg_cost;
+                     add_header X-Status $tollgate_status always;
+                     add_header X-Remaining $tollgate_remaining always;
+                     add_header X-Retry $tollgate_retry_after always;
+                     try_files /index.html =404; }
 location /costvar { tollgate zone=tb cost=$arg_cost;
                     add_header X-Status $tollgate_status always;
                     add_header X-Remaining $tollgate_remaining always;
@@ -349,6 +354,19 @@ location /free { try_files /index.html =404;
                              (429, "REJECTED", "never"), cost)
             self.assertNotIn("retry-after", h)
             self.assertEqual(h["x-remaining"], "10", cost)
+
+    def test_cost_above_the_limit_on_a_counted_window(self):
+        # a window that has counted: a cost beyond any limit must still be
+        # refused with "never", not overflow the count (a failure, logged)
+        n = self.n
+        self.assertEqual(n.request("/costvarw?k=cw&cost=1")[0], 200)
+        for cost in ("6", "18446744073709551615", "99999999999999999999"):
+            st, h, _ = n.request("/costvarw?k=cw&cost=" + cost)
+            self.assertEqual((st, h["x-status"], h["x-retry"]),
+                             (429, "REJECTED", "never"), cost)
+            self.assertEqual(h["x-remaining"], "4", cost)
+        self.assertEqual(n.request("/costvarw?k=cw&cost=4")[0], 200)
+        self.assertNotIn("TG_EOVERFLOW", n.error_log())
 
     def test_two_limits_one_policy(self):
         n = self.n
