@@ -16,12 +16,14 @@ second on the hot key), so every request is a decision that consumes.
 
 Tollgate's locations write no header (`tollgate_headers off`), as limit_req
 writes none; one more case shows what the RateLimit fields cost on the hot
-token bucket. Rounds are interleaved: each round runs every case once, each
-round starting one case later (a load that drifts during a round then
-favours no case); wrk runs on CPU 1 and nginx's worker on CPU 0. Each
+token bucket. Rounds are interleaved: each round runs every case but
+limit_req once (limit_req runs beside each of them, see below), each round
+starting one case later (a load that drifts during a round then favours no
+case); wrk runs on CPU 1 and nginx's worker on CPU 0. Each
 case's ratio to limit_req comes from pairs: in every round, each case
 other than limit_req runs right beside a run of limit_req on the same keys
-(before it in even rounds, after it in odd ones), and the ratio is the
+(before it in even rounds, after it in odd ones: an odd --rounds has one
+more of the first), and the ratio is the
 median of those pairs' own ratios (with their range). On this shared
 machine the load moves within seconds (a case's figure moved by a third
 between rounds); two runs a few seconds apart see nearly the same load,

@@ -61,6 +61,8 @@ static inline void tg__quota_copy(tg__quota *d, const tg__quota *s) {
   d->t_ns = s->t_ns;
   d->tau_ns = s->tau_ns;
 }
+_Static_assert(sizeof(tg__quota) == 5 * sizeof(uint64_t),
+               "tg__quota_copy copies five fields");
 
 /* tg__call_check with the memo: the same checks in the same order and the
  * same prepared quota, a bucket quota equal to the last one copied instead
