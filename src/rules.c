@@ -413,24 +413,26 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
   return TG_OK;
 }
 
-/* A policy of one rule (an nginx location with one limit) is compiled
- * apart: with n known, the loops fold away. */
+/* Policies of one rule (an nginx location with one limit) and of two are
+ * compiled apart: with n known, the loops fold away. */
+static inline __attribute__((always_inline)) int
+hit_rules_by_count(const uint64_t *now, tg_rule *rules, size_t n,
+                   unsigned flags, tg_rules_result *out) {
+  if (n == 1)
+    return hit_rules(now, rules, 1, flags, out, NULL);
+  if (n == 2)
+    return hit_rules(now, rules, 2, flags, out, NULL);
+  return hit_rules(now, rules, n, flags, out, NULL);
+}
+
 int tg_hit_rules(tg_rule *rules, size_t n, unsigned flags,
                  tg_rules_result *out) {
-  if (n == 1)
-    return hit_rules(NULL, rules, 1, flags, out, NULL);
-  if (n == 2)
-    return hit_rules(NULL, rules, 2, flags, out, NULL);
-  return hit_rules(NULL, rules, n, flags, out, NULL);
+  return hit_rules_by_count(NULL, rules, n, flags, out);
 }
 
 int tg_hit_rules_at(uint64_t now_us, tg_rule *rules, size_t n, unsigned flags,
                     tg_rules_result *out) {
-  if (n == 1)
-    return hit_rules(&now_us, rules, 1, flags, out, NULL);
-  if (n == 2)
-    return hit_rules(&now_us, rules, 2, flags, out, NULL);
-  return hit_rules(&now_us, rules, n, flags, out, NULL);
+  return hit_rules_by_count(&now_us, rules, n, flags, out);
 }
 
 /* tg_reserve_rules: the same decision, each rule's CHECK and TAKE admitting
