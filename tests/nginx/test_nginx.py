@@ -456,15 +456,20 @@ class Subrequests(unittest.TestCase):
             n.stop()
 
 
+def small_zone_server():
+    """nginx with the smallest zone (64k, some hundreds of keys) on /."""
+    return server("location / { tollgate zone=z;"
+                  " add_header X-Status $tollgate_status always;"
+                  " try_files /index.html =404; }",
+                  "tollgate_zone $arg_k zone=z:64k "
+                  "algorithm=fixed_window_per_key rate=1/1d;")
+
+
 class FullZone(unittest.TestCase):
     def test_full_zone_lets_through_and_says_so(self):
         # the smallest zone (64k) holds some hundreds of keys; past that a
         # new key is let through (fail open), FAILED, and logged
-        n = server("location / { tollgate zone=z;"
-                   " add_header X-Status $tollgate_status always;"
-                   " try_files /index.html =404; }",
-                   "tollgate_zone $arg_k zone=z:64k "
-                   "algorithm=fixed_window_per_key rate=1/1d;")
+        n = small_zone_server()
         try:
             seen = {}
             for i in range(3000):
@@ -482,16 +487,11 @@ class FullZone(unittest.TestCase):
         finally:
             n.stop()
 
-
     def test_long_keys_take_a_quarter_of_the_zone(self):
         # keys over 24 bytes fit in a quarter of the zone's keys; past
         # that a new long key is let through (FAILED) and logged, while a
         # short key still finds room
-        n = server("location / { tollgate zone=z;"
-                   " add_header X-Status $tollgate_status always;"
-                   " try_files /index.html =404; }",
-                   "tollgate_zone $arg_k zone=z:64k "
-                   "algorithm=fixed_window_per_key rate=1/1d;")
+        n = small_zone_server()
         try:
             m = re.search(r'tollgate_zone "z": fixed_window_per_key, room '
                           r'for (\d+) keys', n.error_log())
