@@ -10,6 +10,8 @@
  *     the admitted calls (two tg_hit calls would charge it 20);
  *   - the answer: denied_by, the longest wait, the tightest rule, each
  *     rule's own answer; shadow rules and shadow calls;
+ *   - a rule of the log or a bucket answers with tg_hit's numbers, allowed
+ *     or denied, alone or last of two;
  *   - refusals: invalid input, stores that cannot decide together, two
  *     rules naming one state;
  *   - a model test: a million random calls on two- and three-rule
@@ -322,6 +324,71 @@ static void test_answer(void **state) {
   }
 }
 
+static uint64_t rnd_state;
+static uint64_t rnd(uint64_t n) { return rng_below(&rnd_state, n); }
+
+/* A rule answers with every number tg_hit gives, allowed or denied, for
+ * the algorithms where a denied tg_hit changes nothing (the log and the
+ * buckets; a window counts a denied tg_hit, a denied policy not): the same
+ * random calls through tg_hit_at on one key and through policies on
+ * another, as the only rule and as the last of two behind a rule that
+ * never denies. */
+static void like_hit(kind k, tg_algorithm alg, uint64_t steps) {
+  world w;
+  world_new(&w, k);
+  const tg_quota q = {3, 1000, 4}, wide = {1000000, 1000, 1000000};
+  uint64_t now = T0;
+  for (uint64_t step = 0; step < steps; step++) {
+    now += rnd(8) == 0 ? MS(rnd(1500)) : MS(rnd(120)) + rnd(1000);
+    hand_now = now;
+    uint64_t cost = rnd(6) == 0 ? 0 : 1 + rnd(rnd(10) == 0 ? 6 : 2);
+    tg_result h;
+    const char *hk = tk("hit");
+    assert_int_equal(tg_hit_at(w.lim[alg], now, hk, strlen(hk), &q, cost, &h),
+                     0);
+    tg_rule one[1] = {rule(w.lim[alg], "one", &q, cost)};
+    tg_rule two[2] = {rule(w.lim[TG_TOKEN_BUCKET], "wide", &wide, 0),
+                      rule(w.lim[alg], "two", &q, cost)};
+    tg_rules_result o1, o2;
+    assert_int_equal(tg_hit_rules_at(now, one, 1, 0, &o1), 0);
+    assert_int_equal(tg_hit_rules_at(now, two, 2, 0, &o2), 0);
+    const tg_result *got[3] = {&one[0].result, &o1.r, &two[1].result};
+    for (int i = 0; i < 3; i++)
+      if (got[i]->allowed != h.allowed || got[i]->count != h.count ||
+          got[i]->remaining != h.remaining ||
+          got[i]->retry_after_ms != h.retry_after_ms ||
+          got[i]->reset_after_ms != h.reset_after_ms)
+        fail_msg("%s %s step %" PRIu64 " cost %" PRIu64 " answer %d: "
+                 "allowed %d count %" PRIu64 " remaining %" PRIu64
+                 " retry %" PRIu64 " reset %" PRIu64 "; tg_hit: %d %" PRIu64
+                 " %" PRIu64 " %" PRIu64 " %" PRIu64,
+                 KIND_NAME[k], tg_algorithm_name(alg), step, cost, i,
+                 got[i]->allowed, got[i]->count, got[i]->remaining,
+                 got[i]->retry_after_ms, got[i]->reset_after_ms, h.allowed,
+                 h.count, h.remaining, h.retry_after_ms, h.reset_after_ms);
+    assert_int_equal(o1.denied_by, h.allowed ? TG_RULE_NONE : 0);
+    assert_int_equal(o2.denied_by, h.allowed ? TG_RULE_NONE : 1);
+  }
+  hand_now = T0;
+  world_free(&w);
+}
+
+static void test_like_hit(void **state) {
+  (void)state;
+  static const tg_algorithm algs[] = {TG_SLIDING_WINDOW, TG_TOKEN_BUCKET,
+                                      TG_LEAKY_BUCKET};
+  uint64_t steps = getenv("TG_TEST_REDIS_PORT") || cluster_seeds() ? 2000
+                   : SANITIZED                                     ? 20000
+                                                                   : 100000;
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k])
+      continue;
+    rnd_state = test_seed("TG_RULES_SEED", UINT64_C(0x11ce417)) + (uint64_t)k;
+    for (size_t a = 0; a < sizeof algs / sizeof algs[0]; a++)
+      like_hit((kind)k, algs[a], steps);
+  }
+}
+
 /* Shadow: a shadow limiter's rule is recorded but does not deny; a shadow
  * call is decided as usual and answered allowed. */
 static void test_shadow(void **state) {
@@ -610,9 +677,6 @@ static void model_take(tg_algorithm alg, model_key *m, const tg_quota *q,
   }
   }
 }
-
-static uint64_t rnd_state;
-static uint64_t rnd(uint64_t n) { return rng_below(&rnd_state, n); }
 
 /* A rule of the model's policies: an algorithm, a key index, a quota. */
 typedef struct mrule {
@@ -1369,6 +1433,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_scenario),
       cmocka_unit_test(test_answer),
+      cmocka_unit_test(test_like_hit),
       cmocka_unit_test(test_shadow),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_model),
