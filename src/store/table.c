@@ -1152,7 +1152,18 @@ table_policy(tg__table *const *ts, tg__call *calls, size_t n, uint32_t shadow,
   }
   tg__call *cl = &calls[last];
   bool direct = false;
-  if (cl->alg != TG_SLIDING_WINDOW && !blocked) {
+  if (cl->alg == TG_SLIDING_WINDOW && !blocked) {
+    /* a log is stepped under its lock: its TAKE checks and appends in one
+     * step, and a denied one writes nothing and reports the log as it is
+     * (the peek a CHECK would have left: the same view, tg__log_report) */
+    cl->op = TG__OP_TAKE;
+    rc = exec_rule(ts[last], cl, &o[last]);
+    direct = true;
+    if (rc == TG_OK && !o[last].r.allowed) {
+      o[last].peek = o[last].r;
+      cl->tok->peek_owed = false;
+    }
+  } else if (!blocked) {
     cl->op = TG__OP_TAKE;
     direct = take_found(ts[last], cl, &o[last], &rc);
     if (!direct)
