@@ -1461,20 +1461,27 @@ static void tg_ngx_delay_done(ngx_http_request_t *r) {
   ngx_http_core_run_phases(r);
 }
 
-/* The request's context, kept as a cleanup of its pool (see get_ctx). */
+/* The request's context, kept as a cleanup of its pool (see get_ctx),
+ * with its n rules and n lines after it: one allocation (every request of
+ * a limited location makes one). */
 static tg_ngx_ctx *new_ctx(ngx_http_request_t *r, tg_ngx_loc_conf *lcf) {
+  _Static_assert(sizeof(tg_ngx_ctx) % _Alignof(tg_rule) == 0 &&
+                     sizeof(tg_rule) % _Alignof(tg_ngx_limit *) == 0,
+                 "the rules and lines follow the context aligned");
   ngx_uint_t n = lcf->limits->nelts;
-  ngx_pool_cleanup_t *cln = ngx_pool_cleanup_add(r->pool, sizeof(tg_ngx_ctx));
+  size_t size =
+      sizeof(tg_ngx_ctx) + n * (sizeof(tg_rule) + sizeof(tg_ngx_limit *));
+  ngx_pool_cleanup_t *cln = ngx_pool_cleanup_add(r->pool, size);
   if (cln == NULL)
     return NULL;
   tg_ngx_ctx *ctx = cln->data;
-  ngx_memzero(ctx, sizeof(*ctx));
+  ngx_memzero(ctx, size);
   cln->handler = tg_ngx_ctx_cleanup;
   ngx_http_set_ctx(r, ctx, ngx_http_tollgate_module);
   ctx->headers = lcf->headers;
-  ctx->rules = ngx_pcalloc(r->pool, n * sizeof(tg_rule));
-  ctx->limits = ngx_palloc(r->pool, n * sizeof(tg_ngx_limit *));
-  return ctx->rules && ctx->limits ? ctx : NULL;
+  ctx->rules = (tg_rule *)(ctx + 1);
+  ctx->limits = (tg_ngx_limit **)(ctx->rules + n);
+  return ctx;
 }
 
 /* A cost=$var value: digits only. A cost above the quota's limit and
