@@ -413,11 +413,69 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
   return TG_OK;
 }
 
+/* Whether a policy of this one rule is decided by the store's plain hit
+ * (hit_one): an algorithm whose denied tg_hit changes nothing (the log,
+ * the buckets: a window counts a denied tg_hit, a denied policy not), on a
+ * store that runs the protocol here (the tables), with none of what a
+ * plain hit would answer differently (a deny cache, a shadow limiter) and
+ * valid flags. */
+static inline bool one_is_hit(const tg_rule *ru, unsigned flags) {
+  const tg_limiter *l = ru->lim;
+  if (!l || l->cfg.algorithm == TG_FIXED_WINDOW ||
+      l->cfg.algorithm == TG_FIXED_WINDOW_PER_KEY)
+    return false;
+  return !l->shadow && !l->deny && l->ident_ok && !l->store->ops->exec_rules &&
+         !(flags & ~TG_RULES_SHADOW);
+}
+
+/* A policy of one rule that one_is_hit admits: for a rule alone, checking
+ * and then taking is one step of the store, the one tg_hit makes, whose
+ * answer (allowed or denied, every number) is the rule's (test_rules.c,
+ * like_hit, holds the two to it on every store); the policy's answer and
+ * bookkeeping as hit_rules gives them. False, with nothing done, for input
+ * tg__limiter_prepare refuses: hit_rules then reports it. */
+static inline __attribute__((always_inline)) bool
+hit_one(const uint64_t *now, tg_rule *ru, unsigned flags, tg_rules_result *out,
+        int *rc_out) {
+  tg_limiter *lim = ru->lim;
+  tg__call c;
+  if (tg__limiter_prepare(lim, TG__OP_HIT, now, ru->key, ru->key_len, ru->q,
+                          ru->cost, &c) != TG_OK)
+    return false;
+  tg__outcome o;
+  int rc = lim->store->ops->exec(lim->store, &c, &o);
+  bool all_shadow = flags & TG_RULES_SHADOW;
+  if (rc != TG_OK) {
+    fail(ru, 1, 0, rc, out);
+    tg__limiter_done(lim, rc, &ru->result, all_shadow, ru->key, ru->key_len,
+                     ru->q, ru->cost, true);
+  } else {
+    bool passed = o.r.allowed;
+    ru->status = TG_OK;
+    ru->result = o.r;
+    summary_start(out, passed);
+    summary_add(out, 0, &ru->result);
+    tg__limiter_done(lim, TG_OK, &ru->result, all_shadow, ru->key, ru->key_len,
+                     ru->q, ru->cost, true);
+    summary_end(out, passed);
+  }
+  if (all_shadow && !out->r.allowed) {
+    out->r.allowed = true;
+    out->r.shadow_denied = true;
+  }
+  *rc_out = rc;
+  return true;
+}
+
 /* Policies of one rule (an nginx location with one limit) and of two are
  * compiled apart: with n known, the loops fold away. */
 static inline __attribute__((always_inline)) int
 hit_rules_by_count(const uint64_t *now, tg_rule *rules, size_t n,
                    unsigned flags, tg_rules_result *out) {
+  int rc;
+  if (n == 1 && out && rules && one_is_hit(rules, flags) &&
+      hit_one(now, rules, flags, out, &rc))
+    return rc;
   if (n == 1)
     return hit_rules(now, rules, 1, flags, out, NULL);
   if (n == 2)

@@ -14,7 +14,7 @@
  *     or denied, alone or last of two;
  *   - refusals: invalid input, stores that cannot decide together, two
  *     rules naming one state;
- *   - a model test: a million random calls on two- and three-rule
+ *   - a model test: a million random calls on one-, two- and three-rule
  *     policies over shared keys, every answer compared with a brute-force
  *     reference written here from the contract (windows count, a sliding
  *     list of admitted calls, buckets as water draining 1 ns per ns);
@@ -692,7 +692,7 @@ static void model_run(kind k, uint64_t steps, bool resv) {
   memset(model, 0, sizeof model);
   world w;
   world_new(&w, k);
-  /* eight policies of two or three rules, with quotas drawn once; rules
+  /* eight policies of one to three rules, with quotas drawn once; rules
    * of different policies share states (same algorithm and key) and then
    * the same quota, as a key should keep one */
   mrule pol[8][3];
@@ -702,7 +702,7 @@ static void model_run(kind k, uint64_t steps, bool resv) {
     for (int i = 0; i < MODEL_KEYS; i++)
       quota[a][i] = (tg_quota){1 + rnd(6), 100 * (1 + rnd(20)), rnd(4)};
   for (int p = 0; p < 8; p++) {
-    len[p] = 2 + (unsigned)rnd(2);
+    len[p] = 1 + (unsigned)rnd(3);
     for (unsigned j = 0; j < len[p]; j++) {
       bool dup;
       do {
