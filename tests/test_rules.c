@@ -12,6 +12,8 @@
  *     rule's own answer; shadow rules and shadow calls;
  *   - a rule of the log or a bucket answers with tg_hit's numbers, allowed
  *     or denied, alone or last of two;
+ *   - a shadow call on a one-rule policy, and a one-rule policy on a full
+ *     table, answered and counted as the header says;
  *   - refusals: invalid input, stores that cannot decide together, two
  *     rules naming one state;
  *   - a model test: a million random calls on one-, two- and three-rule
@@ -19,8 +21,9 @@
  *     reference written here from the contract (windows count, a sliding
  *     list of admitted calls, buckets as water draining 1 ns per ns);
  *   - threads: 4 threads on overlapping policies with time standing still
- *     admit at most what any serial order allows, and every rule's state
- *     ends equal to exactly what was admitted through it;
+ *     admit at most what any serial order allows, every answer gives the
+ *     count its thread's own key holds, and every rule's state ends equal
+ *     to exactly what was admitted through it (processes too);
  *   - policies of reservations (tg_reserve_rules, "Policies of
  *     reservations"): exact spacing through two bucket rules (the tighter
  *     one's delay wins), nothing consumed when a rule refuses (beside a
@@ -448,6 +451,109 @@ static void test_shadow(void **state) {
     tg_limiter_destroy(sh);
     world_free(&w);
   }
+}
+
+/* A call in shadow mode (TG_RULES_SHADOW) on a policy of one rule, for
+ * every algorithm (the log and the buckets are decided by the store's
+ * plain hit on the tables): decided and counted as usual, answered allowed
+ * with shadow_denied when the rule denies; and the same policy without the
+ * flag is denied. */
+static void test_shadow_one(void **state) {
+  (void)state;
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k])
+      continue;
+    world w;
+    world_new(&w, (kind)k);
+    for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+      const tg_quota one = {1, 1000, 1};
+      char key[16]; /* the custom store keys by bytes only */
+      snprintf(key, sizeof key, "%d:one", a);
+      tg_rule r[1] = {rule(w.lim[a], key, &one, 1)};
+      tg_rules_result out;
+      assert_int_equal(tg_hit_rules_at(T0, r, 1, TG_RULES_SHADOW, &out), 0);
+      assert_true(out.r.allowed);
+      assert_false(out.r.shadow_denied);
+      assert_int_equal(out.denied_by, TG_RULE_NONE);
+      assert_int_equal(tg_hit_rules_at(T0, r, 1, TG_RULES_SHADOW, &out), 0);
+      if (!out.r.allowed || !out.r.shadow_denied || out.denied_by != 0 ||
+          !r[0].result.allowed || !r[0].result.shadow_denied ||
+          out.r.retry_after_ms == 0)
+        fail_msg("%s %s: shadow call answered allowed %d shadow_denied %d "
+                 "denied_by %zu retry %" PRIu64,
+                 KIND_NAME[k], tg_algorithm_name((tg_algorithm)a),
+                 out.r.allowed, out.r.shadow_denied, out.denied_by,
+                 out.r.retry_after_ms);
+      assert_int_equal(tg_hit_rules_at(T0, r, 1, 0, &out), 0);
+      assert_false(out.r.allowed);
+      assert_false(out.r.shadow_denied);
+      assert_int_equal(out.denied_by, 0);
+      tg_stats st;
+      assert_int_equal(tg_limiter_stats(w.lim[a], &st, sizeof st), 0);
+      if (st.allowed != 1 || st.shadow_denied != 1 || st.denied != 1)
+        fail_msg("%s %s: counted allowed %" PRIu64 " shadow_denied %" PRIu64
+                 " denied %" PRIu64 ", expected 1, 1, 1",
+                 KIND_NAME[k], tg_algorithm_name((tg_algorithm)a), st.allowed,
+                 st.shadow_denied, st.denied);
+    }
+    world_free(&w);
+  }
+}
+
+/* A policy of one rule on a full table (memory, shm) fails as tg_hit does,
+ * for every algorithm and failure policy: TG_EFULL, the rule named, the
+ * failure policy's answer marked degraded, counted as an error. */
+static void test_full_one(void **state) {
+  (void)state;
+  static const tg_policy pols[] = {TG_POLICY_FAIL_OPEN, TG_POLICY_FAIL_CLOSED,
+                                   TG_POLICY_ERROR};
+  const tg_quota q = {5, 60000, 5};
+  for (int shm = 0; shm < 2; shm++)
+    for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+      for (size_t p = 0; p < sizeof pols / sizeof pols[0]; p++) {
+        tg_config cfg;
+        tg_config_init(&cfg);
+        cfg.algorithm = (tg_algorithm)a;
+        cfg.clean_period_ms = 0;
+        cfg.capacity = 4;
+        cfg.sliding_max_entries = 8;
+        cfg.on_failure = pols[p];
+        char name[64];
+        if (shm) {
+          snprintf(name, sizeof name, "/tg-rules-full-%ld", (long)getpid());
+          tg_shm_unlink(name);
+          cfg.shm_name = name;
+        }
+        tg_limiter *lim;
+        assert_int_equal(tg_limiter_new(&lim, &cfg), 0);
+        if (shm)
+          tg_shm_unlink(name);
+        tg_rules_result out;
+        for (int i = 0; i < 4; i++) {
+          char key[8];
+          snprintf(key, sizeof key, "key-%d", i);
+          tg_rule r[1] = {rule(lim, key, &q, 1)};
+          assert_int_equal(tg_hit_rules_at(T0, r, 1, 0, &out), 0);
+          assert_true(out.r.allowed);
+        }
+        tg_rule r[1] = {rule(lim, "new", &q, 1)};
+        assert_int_equal(tg_hit_rules_at(T0 + MS(1), r, 1, 0, &out), TG_EFULL);
+        assert_int_equal(r[0].status, TG_EFULL);
+        assert_int_equal(out.denied_by, 0);
+        assert_true(out.r.degraded);
+        bool open = pols[p] == TG_POLICY_FAIL_OPEN;
+        assert_int_equal(out.r.allowed, open);
+        assert_int_equal(out.r.retry_after_ms,
+                         open                               ? 0
+                         : pols[p] == TG_POLICY_FAIL_CLOSED ? q.period_ms
+                                                            : TG_NEVER);
+        tg_stats st;
+        assert_int_equal(tg_limiter_stats(lim, &st, sizeof st), 0);
+        assert_int_equal(st.errors[-TG_EFULL], 1);
+        assert_int_equal(st.degraded, 1);
+        assert_int_equal(st.allowed, 4);
+        tg_limiter_destroy(lim);
+      }
 }
 
 /* Refusals: nothing is decided, the offending rule is named. */
@@ -1446,6 +1552,8 @@ int main(void) {
       cmocka_unit_test(test_answer),
       cmocka_unit_test(test_like_hit),
       cmocka_unit_test(test_shadow),
+      cmocka_unit_test(test_shadow_one),
+      cmocka_unit_test(test_full_one),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_model),
       cmocka_unit_test(test_threads),
