@@ -23,7 +23,8 @@
  *   - threads: 4 threads on overlapping policies with time standing still
  *     admit at most what any serial order allows, every answer gives the
  *     count its thread's own key holds, and every rule's state ends equal
- *     to exactly what was admitted through it (processes too);
+ *     to exactly what was admitted through it (processes too, but not
+ *     under TSan: see UNDER_TSAN);
  *   - policies of reservations (tg_reserve_rules, "Policies of
  *     reservations"): exact spacing through two bucket rules (the tighter
  *     one's delay wins), nothing consumed when a rule refuses (beside a
@@ -67,6 +68,24 @@
 #endif
 #ifndef SANITIZED
 #define SANITIZED 0
+#endif
+
+/* ThreadSanitizer emulates 16-byte atomics with a lock private to each
+ * process, so two processes' CASes on one shared slot are not atomic with
+ * respect to each other under it: the process test then loses updates for
+ * TSan's reason, not the table's (seen: 101 calls admitted through a
+ * window that counted 100, two of them answered the same count). That
+ * test is skipped under TSan, as test_shm's are (shm_helpers.h); debug,
+ * clang and ASan run it, and TSan checks the threads. */
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
+#ifndef UNDER_TSAN
+#define UNDER_TSAN 0
 #endif
 
 #define MS(x) ((uint64_t)(x)*UINT64_C(1000))
@@ -1115,6 +1134,8 @@ static int child(const char *shm_a, const char *shm_b, unsigned id) {
 
 static void test_processes(void **state) {
   (void)state;
+  if (UNDER_TSAN)
+    skip(); /* see UNDER_TSAN */
   if (kind_ready[K_REDIS])
     return; /* shared memory only */
   for (int round = 0; round < 2; round++) {
