@@ -414,25 +414,27 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
 }
 
 /* Whether a policy of this one rule is decided by the store's plain hit
- * (hit_one): an algorithm whose denied tg_hit changes nothing (the log,
- * the buckets: a window counts a denied tg_hit, a denied policy not), on a
+ * (hit_one): a bucket, whose denied tg_hit writes nothing (a window counts
+ * a denied tg_hit, a denied policy not; a sliding log's denied tg_hit may
+ * store the log pruned at its quota's period, which a later quota of
+ * longer period would have counted, where Redis's policy keeps it), on a
  * store that runs the protocol here (the tables), with none of what a
  * plain hit would answer differently (a deny cache, a shadow limiter) and
  * valid flags. */
 static inline bool one_is_hit(const tg_rule *ru, unsigned flags) {
   const tg_limiter *l = ru->lim;
-  if (!l || l->cfg.algorithm == TG_FIXED_WINDOW ||
-      l->cfg.algorithm == TG_FIXED_WINDOW_PER_KEY)
+  if (!l || (l->cfg.algorithm != TG_TOKEN_BUCKET &&
+             l->cfg.algorithm != TG_LEAKY_BUCKET))
     return false;
   return !l->shadow && !l->deny && l->ident_ok && !l->store->ops->exec_rules &&
          !(flags & ~TG_RULES_SHADOW);
 }
 
-/* A policy of one rule that one_is_hit admits: for a rule alone, checking
- * and then taking is one step of the store, the one tg_hit makes, whose
- * answer (allowed or denied, every number) is the rule's (test_rules.c,
- * like_hit, holds the two to it on every store); the policy's answer and
- * bookkeeping as hit_rules gives them. False, with nothing done, for input
+/* A policy of one rule that one_is_hit admits: for a bucket alone,
+ * checking and then taking is one step of the store, the one tg_hit makes,
+ * whose answer (allowed or denied, every number) and written state are the
+ * rule's (test_rules.c, like_hit, holds the answers to it on every store);
+ * the policy's answer and bookkeeping as hit_rules gives them. False, with nothing done, for input
  * tg__limiter_prepare refuses: hit_rules then reports it. */
 static inline __attribute__((always_inline)) bool
 hit_one(const uint64_t *now, tg_rule *ru, unsigned flags, tg_rules_result *out,

@@ -472,9 +472,46 @@ static void test_shadow(void **state) {
   }
 }
 
+/* A denied policy writes nothing, a sliding log included: a call denied
+ * under a quota of short period leaves the log's older entries for a later
+ * quota of longer period to count, on every store, as Redis's policies do
+ * (a denied tg_hit may store the log pruned at its own period). */
+static void test_denied_keeps_log(void **state) {
+  (void)state;
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k])
+      continue;
+    world w;
+    world_new(&w, (kind)k);
+    tg_limiter *sw = w.lim[TG_SLIDING_WINDOW];
+    const tg_quota lng = {10, 10000, 0}, shrt = {1, 1000, 0};
+    for (size_t n = 1; n <= 2; n++) {
+      char key[16];
+      snprintf(key, sizeof key, "keep%zu", n);
+      tg_rules_result out;
+      tg_rule r[2] = {rule(sw, key, &lng, 1),
+                      rule(w.lim[TG_TOKEN_BUCKET], "wide", &lng, 0)};
+      assert_int_equal(tg_hit_rules_at(T0, r, n, 0, &out), 0);
+      assert_true(out.r.allowed);
+      /* 2 s later, under 1 per second: the entry at T0 has expired for
+       * this quota, and a cost of 5 is denied */
+      r[0] = rule(sw, key, &shrt, 5);
+      assert_int_equal(tg_hit_rules_at(T0 + MS(2000), r, n, 0, &out), 0);
+      assert_false(out.r.allowed);
+      uint64_t v;
+      assert_int_equal(get_at(sw, T0 + MS(3000), key, &lng, &v), 0);
+      if (v != 1)
+        fail_msg("%s, %zu rule(s): the log holds %" PRIu64 " after a denied "
+                 "call, expected 1",
+                 KIND_NAME[k], n, v);
+    }
+    world_free(&w);
+  }
+}
+
 /* A call in shadow mode (TG_RULES_SHADOW) on a policy of one rule, for
- * every algorithm (the log and the buckets are decided by the store's
- * plain hit on the tables): decided and counted as usual, answered allowed
+ * every algorithm (the buckets are decided by the store's plain hit on
+ * the tables): decided and counted as usual, answered allowed
  * with shadow_denied when the rule denies; and the same policy without the
  * flag is denied. */
 static void test_shadow_one(void **state) {
@@ -1574,6 +1611,7 @@ int main(void) {
       cmocka_unit_test(test_like_hit),
       cmocka_unit_test(test_shadow),
       cmocka_unit_test(test_shadow_one),
+      cmocka_unit_test(test_denied_keeps_log),
       cmocka_unit_test(test_full_one),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_model),

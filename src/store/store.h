@@ -44,8 +44,8 @@ typedef struct tg__store tg__store;
  *      (a CHECK may leave o[i].peek to the limiter: tok->peek_owed), and
  *      stops at the first that fails. The last rule, when every other one
  *      allowed (or is in shadow mode), may be taken at once instead of
- *      checked (a TAKE, its answer in o[i], its peek owed or filled, and
- *      nothing consumed when it denies), which saves it a second pass;
+ *      checked (a TAKE, its answer in o[i], its peek owed, and nothing
+ *      written when it denies), which saves it a second pass;
  *   2. once every rule was checked, sets `allowed`; if a rule outside
  *      `shadow` denied, stops: nothing was written;
  *   3. else takes each rule that allowed and was not taken yet, in order

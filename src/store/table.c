@@ -1152,23 +1152,7 @@ table_policy(tg__table *const *ts, tg__call *calls, size_t n, uint32_t shadow,
   }
   tg__call *cl = &calls[last];
   bool direct = false;
-  if (cl->alg == TG_SLIDING_WINDOW && !blocked && n == 1) {
-    /* a log alone (a shadow limiter's, or one with a deny cache: rules.c
-     * decides the others by a plain hit) is stepped under its lock: its
-     * TAKE checks and appends in one step, and a denied one consumes
-     * nothing and reports the log as it is (the peek a CHECK would have
-     * left: the same view, tg__log_report). Not for the last of several:
-     * an allowed TAKE leaves no peek for a later rule's lost race to
-     * report, and it would place an absent key before the earlier rules
-     * are taken (a full table would then fail this rule, not the first) */
-    cl->op = TG__OP_TAKE;
-    rc = exec_rule(ts[last], cl, &o[last]);
-    direct = true;
-    if (rc == TG_OK && !o[last].r.allowed) {
-      o[last].peek = o[last].r;
-      cl->tok->peek_owed = false;
-    }
-  } else if (!blocked && cl->alg != TG_SLIDING_WINDOW) {
+  if (cl->alg != TG_SLIDING_WINDOW && !blocked) {
     cl->op = TG__OP_TAKE;
     direct = take_found(ts[last], cl, &o[last], &rc);
     if (!direct)
