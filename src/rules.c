@@ -434,8 +434,9 @@ static inline bool one_is_hit(const tg_rule *ru, unsigned flags) {
  * checking and then taking is one step of the store, the one tg_hit makes,
  * whose answer (allowed or denied, every number) and written state are the
  * rule's (test_rules.c, like_hit, holds the answers to it on every store);
- * the policy's answer and bookkeeping as hit_rules gives them. False, with nothing done, for input
- * tg__limiter_prepare refuses: hit_rules then reports it. */
+ * the policy's answer and bookkeeping as hit_rules gives them. False, with
+ * nothing done, for input tg__limiter_prepare refuses: hit_rules then reports
+ * it. */
 static inline __attribute__((always_inline)) bool
 hit_one(const uint64_t *now, tg_rule *ru, unsigned flags, tg_rules_result *out,
         int *rc_out) {
