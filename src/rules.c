@@ -248,6 +248,27 @@ static int fail(tg_rule *rules, size_t n, size_t at, int rc,
   return rc;
 }
 
+/* A call in shadow mode (TG_RULES_SHADOW) is answered allowed, saying it
+ * would have been denied. */
+static inline void shadow_call(tg_rules_result *out, bool all_shadow) {
+  if (all_shadow && !out->r.allowed) {
+    out->r.allowed = true;
+    out->r.shadow_denied = true;
+  }
+}
+
+/* A store failure at rule `at`: answered by fail(), counted and hooked on
+ * that rule, then shadow mode's answer. Returns rc. */
+static int store_failed(tg_rule *rules, size_t n, size_t at, int rc,
+                        bool all_shadow, tg_rules_result *out) {
+  fail(rules, n, at, rc, out);
+  tg_rule *ru = &rules[at];
+  tg__limiter_done(ru->lim, rc, &ru->result, all_shadow, ru->key, ru->key_len,
+                   ru->q, ru->cost, true);
+  shadow_call(out, all_shadow);
+  return rc;
+}
+
 /* What a policy of reservations (tg_reserve_rules) adds to a decision:
  * NULL for tg_hit_rules, whose code then folds every use of it away. */
 typedef struct reserving {
@@ -367,19 +388,8 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
     rc = optimistic(rules, &pr, n, now != NULL, &passed, &failed);
   }
   bool all_shadow = flags & TG_RULES_SHADOW;
-  if (rc != TG_OK) {
-    if (failed >= n)
-      failed = 0;
-    fail(rules, n, failed, rc, out);
-    tg_rule *ru = &rules[failed];
-    tg__limiter_done(ru->lim, rc, &ru->result, all_shadow, ru->key, ru->key_len,
-                     ru->q, ru->cost, true);
-    if (all_shadow && !out->r.allowed) {
-      out->r.allowed = true;
-      out->r.shadow_denied = true;
-    }
-    return rc;
-  }
+  if (rc != TG_OK)
+    return store_failed(rules, n, failed < n ? failed : 0, rc, all_shadow, out);
   /* every rule's own answer, the policy's, the rules' counters and hooks */
   summary_start(out, passed);
   for (size_t i = 0; i < n; i++) {
@@ -406,10 +416,7 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
     }
   }
   summary_end(out, passed);
-  if (all_shadow && !out->r.allowed) {
-    out->r.allowed = true;
-    out->r.shadow_denied = true;
-  }
+  shadow_call(out, all_shadow);
   return TG_OK;
 }
 
@@ -448,25 +455,20 @@ hit_one(const uint64_t *now, tg_rule *ru, unsigned flags, tg_rules_result *out,
   tg__outcome o;
   int rc = lim->store->ops->exec(lim->store, &c, &o);
   bool all_shadow = flags & TG_RULES_SHADOW;
-  if (rc != TG_OK) {
-    fail(ru, 1, 0, rc, out);
-    tg__limiter_done(lim, rc, &ru->result, all_shadow, ru->key, ru->key_len,
-                     ru->q, ru->cost, true);
-  } else {
-    bool passed = o.r.allowed;
-    ru->status = TG_OK;
-    ru->result = o.r;
-    summary_start(out, passed);
-    summary_add(out, 0, &ru->result);
-    tg__limiter_done(lim, TG_OK, &ru->result, all_shadow, ru->key, ru->key_len,
-                     ru->q, ru->cost, true);
-    summary_end(out, passed);
-  }
-  if (all_shadow && !out->r.allowed) {
-    out->r.allowed = true;
-    out->r.shadow_denied = true;
-  }
   *rc_out = rc;
+  if (rc != TG_OK) {
+    store_failed(ru, 1, 0, rc, all_shadow, out);
+    return true;
+  }
+  bool passed = o.r.allowed;
+  ru->status = TG_OK;
+  ru->result = o.r;
+  summary_start(out, passed);
+  summary_add(out, 0, &ru->result);
+  tg__limiter_done(lim, TG_OK, &ru->result, all_shadow, ru->key, ru->key_len,
+                   ru->q, ru->cost, true);
+  summary_end(out, passed);
+  shadow_call(out, all_shadow);
   return true;
 }
 
