@@ -650,14 +650,12 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * policy passes, consumes in every rule that allowed, atomically, on the
  * server's clock, and answers the values it found; the rules are then
  * decided here by the same core on those values (its verdict must be the
- * server's). One round trip per decision, never retried. Redis without the
- * module: one script call reads every rule's key (and the server's TIME),
- * the rules are decided here, and a second script call writes every key
- * that consumes, atomically, only if none of the keys changed since the
- * read; otherwise it reads again (up to 64 times, with growing pauses, then
- * TG_EBUSY: it wrote nothing). Two round trips per decision. Either way
- * nothing is ever written that is given back, and every number is the
- * core's.
+ * server's). Redis without the module: the same in one script call
+ * (EVALSHA), which reads the server's TIME once, checks every rule, writes
+ * every rule that allowed only when the policy passes, and answers the
+ * values it found, decided here as TG.STEPS's are. Either way one round
+ * trip per decision, never retried; nothing is ever written that is given
+ * back, and every number is the core's.
  *
  * Redis Cluster and hash tags: the store names a key prefix ":{" key "}:"
  * algorithm, so a name's Cluster slot is that of its key bytes up to the
@@ -1323,8 +1321,9 @@ TG_EXTERN size_t tg_region_bytes(const tg_config *cfg);
  * Policies (tg_hit_rules) and reservations (tg_reserve, tg_cancel) on a
  * Cluster: all of a policy's key names must share a hash slot (see "Redis
  * Cluster and hash tags" under Policies: TG_EINVAL otherwise, nothing
- * decided). They run as with one server (read, decide here, write if
- * unchanged) on the master of that slot, through a second pool of at most
+ * decided). They run as with one server (a policy in one command, a
+ * reservation by reading, deciding here and writing if unchanged) on the
+ * master of that slot, through a second pool of at most
  * pool_size connections per node, opened on first need. A MOVED or
  * CLUSTERDOWN reply there refreshes the map and starts over (at most 8
  * times), an ASK or TRYAGAIN (the slot is being migrated) waits 2 to 50 ms
