@@ -9,6 +9,7 @@
  *   tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N];
  *   tollgate_zone KEY zone=NAME algorithm=ALG rate=RATE [burst=N]
  *                 store=redis://HOST[:PORT][/DB] | store=redis+unix:PATH
+ *                 | store=redis-cluster://HOST:PORT[,HOST:PORT...]
  *                 [password=P] [timeout=100ms] [on_error=allow|deny];
  *   tollgate zone=NAME [cost=N|cost=$var] [burst=N] [nodelay|delay=N];
  *   tollgate_status CODE;  tollgate_dry_run on|off;
@@ -27,8 +28,9 @@
  * through.
  *
  * A Redis zone (see "Redis zones" below) is decided by each worker's
- * client of the non-blocking API, on a connection nginx's event loop
- * drives: the request is parked until the reply comes, then decided as a
+ * client of the non-blocking API, on connections nginx's event loop
+ * drives (one to the server, or one per node of a Redis Cluster): the
+ * request is parked until the reply comes, then decided as a
  * shared-memory zone's would be. It decides single limits only: a location
  * that uses one has one tollgate line, which does not delay.
  */
@@ -64,26 +66,41 @@ typedef struct {
   /* store=redis (see "Redis zones" below): the zone's state is in Redis,
    * decided through the non-blocking API, one client per worker */
   unsigned redis : 1;
-  ngx_str_t store;    /* the store= value, for messages */
-  ngx_addr_t addr;    /* resolved once, at configuration time */
-  char *host;         /* for the client: "host" and port, or a path */
-  int port;           /* 0: host is a unix socket path */
-  int db;             /* SELECTed database (redis://HOST:PORT/DB) */
-  char *password;     /* password=: AUTH */
-  char *prefix;       /* key names: "tg:ngx:" and the zone's name */
-  ngx_msec_t timeout; /* timeout=: connect, and replies */
-  tg_policy on_error; /* on_error=allow|deny */
+  unsigned cluster : 1; /* store=redis-cluster://...: a Redis Cluster */
+  ngx_str_t store;      /* the store= value, for messages */
+  ngx_addr_t addr;      /* one server: resolved once, at configuration */
+  char *host;           /* for the client: "host" and port, or a path */
+  int port;             /* 0: host is a unix socket path */
+  int db;               /* SELECTed database (redis://HOST:PORT/DB) */
+  char *seeds;          /* a Cluster's: "HOST:PORT,HOST:PORT..." */
+  char *password;       /* password=: AUTH */
+  char *prefix;         /* key names: "tg:ngx:" and the zone's name */
+  ngx_msec_t timeout;   /* timeout=: connect, and replies */
+  tg_policy on_error;   /* on_error=allow|deny */
   /* per worker, from init_process to exit_process */
   tg_nb *nb;
+  struct tg_ngx_link **links; /* per link of the client (a Cluster's
+                                 nodes), made when the client first wants
+                                 it */
+  ngx_uint_t nlinks, links_cap;
+  unsigned pumping : 1;
+  unsigned pump_again : 1;
+  ngx_queue_t pending; /* of tg_ngx_pending: submitted, not done */
+} tg_ngx_zone;
+
+/* One connection of a Redis zone's client in a worker: to its server, or
+ * to one node of its Cluster (link id of the tg_nb). */
+typedef struct tg_ngx_link {
+  tg_ngx_zone *zone;
+  unsigned id;
+  ngx_str_t name;   /* "host:port" or the store= value, for messages */
+  ngx_addr_t *addr; /* NULL until resolved (a Cluster's nodes) */
   ngx_connection_t *conn;
   unsigned connecting : 1; /* connect() in progress */
   unsigned heard : 1;      /* a decision was answered on the connection */
-  unsigned pumping : 1;
-  unsigned pump_again : 1;
-  ngx_msec_t backoff;     /* the last wait before trying a down server */
-  ngx_event_t backoff_ev; /* then tg_nb_up */
-  ngx_queue_t pending;    /* of tg_ngx_pending: submitted, not done */
-} tg_ngx_zone;
+  ngx_msec_t backoff;      /* the last wait before trying a down node */
+  ngx_event_t backoff_ev;  /* then tg_nb_up */
+} tg_ngx_link;
 
 /* One `tollgate` line. */
 typedef struct {
@@ -392,7 +409,9 @@ static void redis_config(const tg_ngx_zone *z, tg_config *cfg,
   cfg->on_failure = z->on_error;
   cfg->clean_period_ms = 0;
   tg_redis_config_init(rc);
-  if (z->port == 0) {
+  if (z->cluster) {
+    rc->cluster_nodes = z->seeds;
+  } else if (z->port == 0) {
     rc->unix_path = z->host;
   } else {
     rc->host = z->host;
@@ -413,12 +432,48 @@ static char *conf_cstr(ngx_conf_t *cf, u_char *p, size_t len) {
   return c;
 }
 
+/* store=redis-cluster://HOST:PORT[,HOST:PORT...]: the seeds, each
+ * resolved now so that a bad one fails the configuration (the client
+ * resolves them again, and the nodes the Cluster names, when it first
+ * connects to each). */
+static ngx_int_t parse_cluster(ngx_conf_t *cf, tg_ngx_zone *z, ngx_str_t *v) {
+  u_char *p = v->data + 16, *end = v->data + v->len;
+  while (p <= end) {
+    u_char *comma = ngx_strlchr(p, end, ',');
+    u_char *e = comma ? comma : end;
+    ngx_url_t u;
+    ngx_memzero(&u, sizeof(u));
+    u.url.data = p;
+    u.url.len = (size_t)(e - p);
+    if (u.url.len == 0 || ngx_parse_url(cf->pool, &u) != NGX_OK ||
+        u.naddrs == 0 || u.family == AF_UNIX || u.port == 0) {
+      ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                         "tollgate_zone: invalid seed \"%*s\" in \"store=%V\""
+                         " (redis-cluster://HOST:PORT[,HOST:PORT...]): %s",
+                         u.url.len, p, v,
+                         u.err                 ? u.err
+                         : u.family == AF_UNIX ? "a Cluster is reached by TCP"
+                         : u.port == 0 && u.naddrs ? "a port is needed"
+                                                   : "no address");
+      return NGX_ERROR;
+    }
+    p = e + 1;
+  }
+  z->seeds = conf_cstr(cf, v->data + 16, v->len - 16);
+  z->store = *v;
+  z->redis = 1;
+  z->cluster = 1;
+  return z->seeds ? NGX_OK : NGX_ERROR;
+}
+
 /* store=redis://HOST[:PORT][/DB] or store=redis+unix:PATH: the address,
  * resolved now (as upstream servers are), and the client's settings. */
 static ngx_int_t parse_store(ngx_conf_t *cf, tg_ngx_zone *z, ngx_str_t *v) {
   ngx_url_t u;
   ngx_memzero(&u, sizeof(u));
   u.default_port = 6379;
+  if (v->len > 16 && ngx_strncmp(v->data, "redis-cluster://", 16) == 0)
+    return parse_cluster(cf, z, v);
   if (v->len > 8 && ngx_strncmp(v->data, "redis://", 8) == 0) {
     u_char *p = v->data + 8, *end = v->data + v->len;
     u_char *slash = ngx_strlchr(p, end, '/');
@@ -446,7 +501,8 @@ static ngx_int_t parse_store(ngx_conf_t *cf, tg_ngx_zone *z, ngx_str_t *v) {
   } else {
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "tollgate_zone: invalid \"store=%V\" (redis://HOST:"
-                       "PORT[/DB] or redis+unix:PATH)",
+                       "PORT[/DB], redis+unix:PATH or redis-cluster://HOST:"
+                       "PORT[,HOST:PORT...])",
                        v);
     return NGX_ERROR;
   }
@@ -471,7 +527,8 @@ static ngx_int_t parse_store(ngx_conf_t *cf, tg_ngx_zone *z, ngx_str_t *v) {
 }
 
 /* tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N]
- *   [store=redis://HOST:PORT[/DB] | store=redis+unix:PATH] [password=P]
+ *   [store=redis://HOST:PORT[/DB] | store=redis+unix:PATH |
+ *    store=redis-cluster://HOST:PORT[,HOST:PORT...]] [password=P]
  *   [timeout=TIME] [on_error=allow|deny] */
 static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                                    void *conf) {
@@ -1070,77 +1127,158 @@ static void tg_ngx_clean(ngx_event_t *ev) {
  * Redis, under "tg:ngx:NAME:", where every worker of every nginx that has
  * the zone decides on it. Each worker has one client per Redis zone (a
  * tg_nb: the non-blocking API, which never touches a socket) and one nginx
- * connection to the server, made with ngx_event_connect_peer (non-blocking
- * connect). A request submits its decision and returns NGX_AGAIN; the
- * connection's events feed the replies to the client, and each decision
- * done is applied as a memory zone's would be, then the request's write
- * event is posted and runs the phases again, which find it decided.
+ * connection per link the client wants: one to the server, or with
+ * store=redis-cluster://... one to each node of the Cluster it needs (a
+ * key's slot's master; the client reads the slot map, follows MOVED and
+ * ASK, and names the nodes), each made with ngx_event_connect_peer
+ * (non-blocking connect). A request submits its decision and returns
+ * NGX_AGAIN; the connections' events feed the replies to the client, and
+ * each decision done is applied as a memory zone's would be, then the
+ * request's write event is posted and runs the phases again, which find
+ * it decided.
  *
- * A server that does not answer (connect or replies) within the zone's
- * timeout, or refuses the connection, is marked down: the decisions it
- * owed and every new one are answered at once by the zone's on_error
- * policy (allow by default), and after a backoff (100 ms, doubling to 1 s
- * while it stays down, back to 100 ms once it answers) the next decision
- * tries it again. A connection that ends (the server restarted) is made
- * again on demand; a decision already sent on it is answered by the policy
- * (it may have been counted), one not yet sent is sent on the next. */
+ * A server or node that does not answer (connect or replies) within the
+ * zone's timeout, or refuses the connection, is marked down: the decisions
+ * it owed and every new one for it are answered at once by the zone's
+ * on_error policy (allow by default), and after a backoff (100 ms,
+ * doubling to 1 s while it stays down, back to 100 ms once it answers) the
+ * next decision tries it again; a Cluster's client meanwhile asks another
+ * node for the slot map, so a promoted replica takes over. A connection
+ * that ends (the server restarted) is made again on demand; a decision
+ * already sent on it is answered by the policy (it may have been counted),
+ * one not yet sent is sent on the next. */
 
 #define TG_NGX_BACKOFF_MIN 100
 #define TG_NGX_BACKOFF_MAX 1000
 
 static void redis_pump(tg_ngx_zone *z);
+static void redis_complete(tg_ngx_zone *z, tg_nb_req *req);
 static ngx_int_t redis_answer(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
                               tg_ngx_ctx *ctx, int rc, const tg_result *res);
 
-static void redis_close(tg_ngx_zone *z) {
-  if (z->conn) {
-    ngx_close_connection(z->conn); /* and its timers and events */
-    z->conn = NULL;
+static void redis_close(tg_ngx_link *L) {
+  if (L->conn) {
+    ngx_close_connection(L->conn); /* and its timers and events */
+    L->conn = NULL;
   }
-  z->connecting = 0;
+  L->connecting = 0;
 }
 
-/* The connection failed. down: the server is not to be asked until the
+/* The connection failed. down: the node is not to be asked until the
  * backoff has passed (code 0: the client has marked it down already);
  * else closed only: written decisions are answered by the policy, the
  * others go on the next connection. */
-static void redis_fail(tg_ngx_zone *z, int code, ngx_uint_t down) {
-  redis_close(z);
+static void redis_fail(tg_ngx_link *L, int code, ngx_uint_t down) {
+  tg_ngx_zone *z = L->zone;
+  redis_close(L);
   if (!down) {
-    (void)tg_nb_closed(z->nb, 0, code);
+    (void)tg_nb_closed(z->nb, L->id, code);
     return;
   }
   if (code != 0)
-    (void)tg_nb_down(z->nb, 0, code);
-  z->backoff = z->backoff ? ngx_min(z->backoff * 2, TG_NGX_BACKOFF_MAX)
+    (void)tg_nb_down(z->nb, L->id, code);
+  L->backoff = L->backoff ? ngx_min(L->backoff * 2, TG_NGX_BACKOFF_MAX)
                           : TG_NGX_BACKOFF_MIN;
-  if (!z->backoff_ev.timer_set)
-    ngx_add_timer(&z->backoff_ev, z->backoff);
+  if (!L->backoff_ev.timer_set)
+    ngx_add_timer(&L->backoff_ev, L->backoff);
 }
 
 static void redis_backoff_done(ngx_event_t *ev) {
-  tg_ngx_zone *z = ev->data;
-  (void)tg_nb_up(z->nb, 0);
-  redis_pump(z); /* connects when a decision waits */
+  tg_ngx_link *L = ev->data;
+  (void)tg_nb_up(L->zone->nb, L->id);
+  redis_pump(L->zone); /* connects when a decision waits */
 }
 
-static void redis_connected(tg_ngx_zone *z) {
-  z->connecting = 0;
-  z->heard = 0;
-  if (z->conn->write->timer_set)
-    ngx_del_timer(z->conn->write);
-  if (tg_nb_connected(z->nb, 0) != 0)
-    redis_fail(z, TG_ECONNECT, 1);
+/* Link id's state, made on first need (NULL: no memory). */
+static tg_ngx_link *redis_link(tg_ngx_zone *z, unsigned id) {
+  if (id < z->nlinks && z->links[id])
+    return z->links[id];
+  if (id >= z->links_cap) {
+    ngx_uint_t cap = ngx_max(id + 1, z->links_cap * 2);
+    tg_ngx_link **a = ngx_alloc(cap * sizeof(*a), ngx_cycle->log);
+    if (a == NULL)
+      return NULL;
+    if (z->nlinks)
+      ngx_memcpy(a, z->links, z->nlinks * sizeof(*a));
+    ngx_free(z->links);
+    z->links = a;
+    z->links_cap = cap;
+  }
+  while (z->nlinks <= id)
+    z->links[z->nlinks++] = NULL;
+  tg_ngx_link *L = ngx_calloc(sizeof(*L), ngx_cycle->log);
+  if (L == NULL)
+    return NULL;
+  L->zone = z;
+  L->id = id;
+  L->backoff_ev.handler = redis_backoff_done;
+  L->backoff_ev.data = L;
+  L->backoff_ev.log = ngx_cycle->log;
+  L->backoff_ev.cancelable = 1;
+  if (!z->cluster) {
+    L->addr = &z->addr; /* resolved with the configuration */
+    L->name = z->store;
+  }
+  z->links[id] = L;
+  return L;
+}
+
+/* A Cluster node's address, as the client names it: resolved once, when
+ * first connected to (a name blocks the worker while it resolves: Redis
+ * names its nodes by IP address unless configured otherwise). */
+static ngx_int_t redis_resolve(tg_ngx_link *L) {
+  tg_ngx_zone *z = L->zone;
+  const char *host;
+  int port;
+  if (tg_nb_address(z->nb, L->id, &host, &port) != 0)
+    return NGX_ERROR;
+  size_t hl = ngx_strlen(host);
+  u_char *s = ngx_alloc(hl + 2 + NGX_INT_T_LEN + 1, ngx_cycle->log);
+  if (s == NULL)
+    return NGX_ERROR;
+  /* an IPv6 address in brackets, as ngx_parse_url wants it */
+  ngx_uint_t v6 = ngx_strlchr((u_char *)host, (u_char *)host + hl, ':') != NULL;
+  u_char *e = v6 ? ngx_sprintf(s, "[%s]:%d", host, port)
+                 : ngx_sprintf(s, "%s:%d", host, port);
+  L->name.data = s;
+  L->name.len = (size_t)(e - s);
+  ngx_url_t u;
+  ngx_memzero(&u, sizeof(u));
+  u.url = L->name;
+  if (ngx_parse_url(ngx_cycle->pool, &u) != NGX_OK || u.naddrs == 0) {
+    ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
+                  "tollgate: zone \"%V\": Cluster node %V: %s", &z->name,
+                  &L->name, u.err ? u.err : "no address");
+    return NGX_ERROR;
+  }
+  L->addr = ngx_palloc(ngx_cycle->pool, sizeof(*L->addr));
+  if (L->addr == NULL)
+    return NGX_ERROR;
+  *L->addr = u.addrs[0];
+  return NGX_OK;
+}
+
+static void redis_connected(tg_ngx_link *L) {
+  L->connecting = 0;
+  L->heard = 0;
+  if (L->conn->write->timer_set)
+    ngx_del_timer(L->conn->write);
+  if (tg_nb_connected(L->zone->nb, L->id) != 0)
+    redis_fail(L, TG_ECONNECT, 1);
 }
 
 static void redis_event(ngx_event_t *ev);
 
-static void redis_connect(tg_ngx_zone *z) {
+static void redis_connect(tg_ngx_link *L) {
+  if (L->addr == NULL && redis_resolve(L) != NGX_OK) {
+    redis_fail(L, TG_ECONNECT, 1);
+    return;
+  }
   ngx_peer_connection_t pc;
   ngx_memzero(&pc, sizeof(pc));
-  pc.sockaddr = z->addr.sockaddr;
-  pc.socklen = z->addr.socklen;
-  pc.name = &z->addr.name;
+  pc.sockaddr = L->addr->sockaddr;
+  pc.socklen = L->addr->socklen;
+  pc.name = &L->addr->name;
   pc.get = ngx_event_get_peer;
   pc.log = ngx_cycle->log;
   pc.log_error = NGX_ERROR_ERR;
@@ -1148,93 +1286,109 @@ static void redis_connect(tg_ngx_zone *z) {
   if (rc != NGX_OK && rc != NGX_AGAIN) {
     if (pc.connection)
       ngx_close_connection(pc.connection);
-    redis_fail(z, TG_ECONNECT, 1);
+    redis_fail(L, TG_ECONNECT, 1);
     return;
   }
   ngx_connection_t *c = pc.connection;
-  c->data = z;
+  c->data = L;
   c->read->handler = redis_event;
   c->write->handler = redis_event;
-  z->conn = c;
+  L->conn = c;
   if (rc == NGX_AGAIN) {
-    z->connecting = 1;
-    ngx_add_timer(c->write, z->timeout);
+    L->connecting = 1;
+    ngx_add_timer(c->write, L->zone->timeout);
     return;
   }
-  redis_connected(z);
+  redis_connected(L);
 }
 
 /* Everything the socket takes of what the client has to send. */
-static void redis_write(tg_ngx_zone *z) {
-  ngx_connection_t *c = z->conn;
+static void redis_write(tg_ngx_link *L) {
+  ngx_connection_t *c = L->conn;
   for (;;) {
     const void *data;
     size_t len;
-    if (tg_nb_output(z->nb, 0, &data, &len) != 0 || len == 0)
+    if (tg_nb_output(L->zone->nb, L->id, &data, &len) != 0 || len == 0)
       return;
     ssize_t n = c->send(c, (u_char *)data, len);
     if (n == NGX_AGAIN) {
       if (ngx_handle_write_event(c->write, 0) != NGX_OK)
-        redis_fail(z, TG_ECONNECT, 1);
+        redis_fail(L, TG_ECONNECT, 1);
       return;
     }
     if (n == NGX_ERROR) {
-      redis_fail(z, TG_ECONNECT, 1);
+      redis_fail(L, TG_ECONNECT, 1);
       return;
     }
-    (void)tg_nb_written(z->nb, 0, (size_t)n);
+    (void)tg_nb_written(L->zone->nb, L->id, (size_t)n);
+  }
+}
+
+/* Hands out the decisions done; those the node answered (not by the
+ * failure policy) show the link makes progress. */
+static void redis_drain(tg_ngx_zone *z, tg_ngx_link *L) {
+  tg_nb_req *req;
+  while ((req = tg_nb_done(z->nb)) != NULL) {
+    if (L && req->status == TG_OK && !req->result.degraded) {
+      L->backoff = 0; /* it answers decisions */
+      L->heard = 1;
+    }
+    redis_complete(z, req);
   }
 }
 
 /* Everything the socket has, to the client. */
-static void redis_read(tg_ngx_zone *z) {
-  ngx_connection_t *c = z->conn;
+static void redis_read(tg_ngx_link *L) {
+  tg_ngx_zone *z = L->zone;
+  ngx_connection_t *c = L->conn;
   u_char buf[16384];
   for (;;) {
     ssize_t n = c->recv(c, buf, sizeof(buf));
     if (n == NGX_AGAIN)
       break;
     if (n == 0 || n == NGX_ERROR) {
-      /* a server that ends the connection while decisions wait, before
-       * it has answered one of them on it, is down: making the connection
+      /* a node that ends the connection while decisions wait, before it
+       * has answered one of them on it, is down: making the connection
        * again at once would loop (a reply to the handshake alone is not
        * progress); with nothing waiting, it only closed an idle one */
-      ngx_uint_t down = !z->heard && !ngx_queue_empty(&z->pending);
+      ngx_uint_t down = !L->heard && !ngx_queue_empty(&z->pending);
       ngx_uint_t level = down ? NGX_LOG_ERR : NGX_LOG_INFO;
       ngx_log_error(level, c->log, 0,
                     "tollgate: zone \"%V\": the connection to %V ended%s",
-                    &z->name, &z->store,
+                    &z->name, &L->name,
                     down ? " before answering a decision" : "");
-      redis_fail(z, TG_ECONNECT, down);
+      redis_fail(L, TG_ECONNECT, down);
       return;
     }
-    if (c->read->timer_set) /* heard: redis_timers sets it again */
+    if (c->read->timer_set) /* heard: redis_pump sets it again */
       ngx_del_timer(c->read);
-    int rc = tg_nb_input(z->nb, 0, buf, (size_t)n);
+    int rc = tg_nb_input(z->nb, L->id, buf, (size_t)n);
     if (rc < 0) {
       ngx_log_error(NGX_LOG_ERR, c->log, 0,
-                    "tollgate: zone \"%V\": %V: %s (%s)", &z->name, &z->store,
+                    "tollgate: zone \"%V\": %V: %s (%s)", &z->name, &L->name,
                     tg_strerror(rc), tg_last_error());
-      redis_fail(z, 0, 1);
+      redis_fail(L, 0, 1);
       return;
     }
+    redis_drain(z, L);
   }
   if (ngx_handle_read_event(c->read, 0) != NGX_OK)
-    redis_fail(z, TG_ECONNECT, 1);
+    redis_fail(L, TG_ECONNECT, 1);
 }
 
 static void redis_event(ngx_event_t *ev) {
   ngx_connection_t *c = ev->data;
-  tg_ngx_zone *z = c->data;
+  tg_ngx_link *L = c->data;
+  tg_ngx_zone *z = L->zone;
   if (ev->timedout) {
     ngx_log_error(NGX_LOG_ERR, c->log, 0,
                   "tollgate: zone \"%V\": %V did not answer within %M ms",
-                  &z->name, &z->store, z->timeout);
-    redis_fail(z, TG_ETIMEDOUT, 1);
+                  &z->name, &L->name, z->timeout);
+    redis_fail(L, TG_ETIMEDOUT, 1);
     redis_pump(z);
     return;
   }
-  if (z->connecting) {
+  if (L->connecting) {
     int err = 0;
     socklen_t len = sizeof(err);
     if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, (void *)&err, &len) == -1)
@@ -1242,17 +1396,17 @@ static void redis_event(ngx_event_t *ev) {
     if (err) {
       ngx_log_error(NGX_LOG_ERR, c->log, err,
                     "tollgate: zone \"%V\": connect() to %V failed", &z->name,
-                    &z->store);
-      redis_fail(z, TG_ECONNECT, 1);
+                    &L->name);
+      redis_fail(L, TG_ECONNECT, 1);
       redis_pump(z);
       return;
     }
     if (!ev->write)
       return; /* not connected yet */
-    redis_connected(z);
+    redis_connected(L);
   }
-  if (z->conn && c->read->ready)
-    redis_read(z);
+  if (L->conn && c->read->ready)
+    redis_read(L);
   redis_pump(z);
 }
 
@@ -1268,10 +1422,6 @@ static void redis_complete(tg_ngx_zone *z, tg_nb_req *req) {
   tg_ngx_pending *p = req->data;
   ngx_queue_remove(&p->queue);
   tg_ngx_ctx *ctx = p->ctx;
-  if (req->status == TG_OK && !req->result.degraded) {
-    z->backoff = 0; /* it answers decisions */
-    z->heard = 1;
-  }
   if (ctx == NULL)
     ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
                   "tollgate: zone \"%V\": an answer for a request that "
@@ -1289,8 +1439,9 @@ static void redis_complete(tg_ngx_zone *z, tg_nb_req *req) {
   ngx_free(p);
 }
 
-/* After anything happened to a zone's client: connect, write, hand out
- * the decisions done, and keep a timer on replies that are due. */
+/* After anything happened to a zone's client: connect and write every
+ * link that wants it, hand out the decisions done, and keep a timer on
+ * the replies each link is due. */
 static void redis_pump(tg_ngx_zone *z) {
   if (z->nb == NULL)
     return;
@@ -1302,17 +1453,29 @@ static void redis_pump(tg_ngx_zone *z) {
   ngx_uint_t rounds = 0;
   do {
     z->pump_again = 0;
-    if ((tg_nb_wants(z->nb, 0) & TG_NB_CONNECT) && z->conn == NULL)
-      redis_connect(z);
-    if (z->conn && !z->connecting)
-      redis_write(z);
-    tg_nb_req *req;
-    while ((req = tg_nb_done(z->nb)) != NULL)
-      redis_complete(z, req);
+    unsigned n = tg_nb_links(z->nb);
+    for (unsigned id = 0; id < n; id++) {
+      unsigned w = tg_nb_wants(z->nb, id);
+      tg_ngx_link *L = id < z->nlinks ? z->links[id] : NULL;
+      if (L == NULL && w == 0)
+        continue; /* nothing for a node not yet met */
+      if (L == NULL && (L = redis_link(z, id)) == NULL) {
+        (void)tg_nb_down(z->nb, id, TG_ENOMEM);
+        continue;
+      }
+      if ((w & TG_NB_CONNECT) && L->conn == NULL)
+        redis_connect(L);
+      if (L->conn && !L->connecting)
+        redis_write(L);
+    }
+    redis_drain(z, NULL);
   } while (z->pump_again && ++rounds < 8);
-  ngx_connection_t *c = z->conn;
-  if (c && !z->connecting) {
-    if (tg_nb_wants(z->nb, 0) & TG_NB_READ) {
+  for (ngx_uint_t id = 0; id < z->nlinks; id++) {
+    tg_ngx_link *L = z->links[id];
+    ngx_connection_t *c = L ? L->conn : NULL;
+    if (c == NULL || L->connecting)
+      continue;
+    if (tg_nb_wants(z->nb, (unsigned)id) & TG_NB_READ) {
       if (!c->read->timer_set)
         ngx_add_timer(c->read, z->timeout);
     } else if (c->read->timer_set) {
@@ -1324,14 +1487,8 @@ static void redis_pump(tg_ngx_zone *z) {
 
 static void redis_start(ngx_cycle_t *cycle, tg_ngx_zone *z) {
   ngx_queue_init(&z->pending);
-  z->conn = NULL;
-  z->connecting = 0;
-  z->backoff = 0;
-  ngx_memzero(&z->backoff_ev, sizeof(z->backoff_ev));
-  z->backoff_ev.handler = redis_backoff_done;
-  z->backoff_ev.data = z;
-  z->backoff_ev.log = cycle->log;
-  z->backoff_ev.cancelable = 1;
+  z->links = NULL;
+  z->nlinks = z->links_cap = 0;
   tg_config cfg;
   tg_redis_config rc;
   redis_config(z, &cfg, &rc);
@@ -1344,9 +1501,18 @@ static void redis_start(ngx_cycle_t *cycle, tg_ngx_zone *z) {
 }
 
 static void redis_stop(tg_ngx_zone *z) {
-  redis_close(z);
-  if (z->backoff_ev.timer_set)
-    ngx_del_timer(&z->backoff_ev);
+  for (ngx_uint_t id = 0; id < z->nlinks; id++) {
+    tg_ngx_link *L = z->links[id];
+    if (L == NULL)
+      continue;
+    redis_close(L);
+    if (L->backoff_ev.timer_set)
+      ngx_del_timer(&L->backoff_ev);
+    ngx_free(L);
+  }
+  ngx_free(z->links);
+  z->links = NULL;
+  z->nlinks = z->links_cap = 0;
   while (z->nb && !ngx_queue_empty(&z->pending)) {
     ngx_queue_t *q = ngx_queue_head(&z->pending);
     tg_ngx_pending *p = ngx_queue_data(q, tg_ngx_pending, queue);

@@ -612,6 +612,30 @@ class ConfigErrors(unittest.TestCase):
             ("store=redis://127.0.0.1 on_error=maybe",
              'tollgate_zone: invalid "on_error=maybe"'),
         ]
+        # a Cluster: seeds HOST:PORT, resolved when read (not connected)
+        rc, out = ngx.check("tollgate_zone $arg_k zone=x algorithm="
+                            "token_bucket rate=1r/s store=redis-cluster://127.0.0.1:7000,"
+                            "localhost:7001 password=p timeout=50ms;")
+        self.assertEqual(rc, 0, out)
+        cases += [
+            ("store=redis-cluster://127.0.0.1",
+             'invalid seed "127.0.0.1" in "store=redis-cluster://127.0.0.1"'
+             ' (redis-cluster://HOST:PORT[,HOST:PORT...]): a port is needed'),
+            ("store=redis-cluster://127.0.0.1:7000,no-such-host.invalid:7001",
+             'invalid seed "no-such-host.invalid:7001"'),
+            ("store=redis-cluster://127.0.0.1:7000/1",
+             'invalid seed "127.0.0.1:7000/1"'),
+            ("store=redis-cluster://127.0.0.1:7000,", 'invalid seed ""'),
+            ("store=redis-cluster://unix:/tmp/r.sock",
+             "a Cluster is reached by TCP"),
+            ("store=redis-cluster://", 'invalid "store=redis-cluster://"'),
+        ]
+        cz = ("tollgate_zone $arg_k zone=c algorithm=token_bucket rate=1r/s "
+              "store=redis-cluster://127.0.0.1:7000;\n")
+        self.expect(cz + z + "server { listen 127.0.0.1:PORT; location / { "
+                    "tollgate zone=c; tollgate zone=r; } }",
+                    'tollgate: zone "c" is kept in Redis (store=), and a '
+                    'tollgate line on a Redis zone must be the only one')
         for args, message in cases:
             self.expect("tollgate_zone $a zone=x algorithm=token_bucket "
                         "rate=1r/s %s;" % args, message)

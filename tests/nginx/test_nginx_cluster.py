@@ -1,0 +1,201 @@
+# SPDX-License-Identifier: MIT
+"""test_nginx_cluster.py - ngx_http_tollgate_module's Redis Cluster zones
+(store=redis-cluster://...) inside Debian's real nginx, beside the private
+Cluster tests/redis/with_cluster.sh starts (three masters, three replicas;
+it kills every node however this ends).
+
+Two nginx hosts (two workers each) name ONE seed: each worker's client must
+read the slot map and open a connection to every master its keys live on.
+Exactness per key for every algorithm with keys on all three masters, then
+`nginx -s reload` (counts kept), and a master killed (SIGKILL): its keys are answered by on_error, quickly,
+while the other masters' keys are still decided by Redis, until its replica
+is promoted and they are decided by Redis again, with no reload.
+"""
+import os
+import signal
+import subprocess
+import threading
+import time
+import unittest
+
+import ngx
+
+ALGORITHMS = ["fixed_window", "fixed_window_per_key", "sliding_window",
+              "token_bucket", "leaky_bucket"]
+PORTS = [int(p) for p in os.environ["TG_TEST_CLUSTER_PORTS"].split(",")]
+DIR = os.environ["TG_TEST_CLUSTER_DIR"]
+LIMIT = 10
+
+
+def cli(port, *args):
+    return subprocess.run(["redis-cli", "-p", str(port)] + list(args),
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          timeout=10, check=True).stdout.decode().strip()
+
+
+def masters():
+    """{port: [(first slot, last slot)...]} of the masters, as a live node
+    sees the cluster now."""
+    out = {}
+    for port in PORTS:
+        try:
+            lines = cli(port, "CLUSTER", "NODES").splitlines()
+        except (OSError, subprocess.SubprocessError):
+            continue
+        for ln in lines:
+            f = ln.split()
+            if "master" not in f[2] or "fail" in f[2]:
+                continue
+            p = int(f[1].split("@")[0].rsplit(":", 1)[1])
+            ranges = []
+            for r in f[8:]:
+                if r.startswith("["):
+                    continue  # a slot being migrated
+                a, _, b = r.partition("-")
+                ranges.append((int(a), int(b or a)))
+            out[p] = ranges
+        return out
+    return out
+
+
+def owner(key, ms):
+    """The master port serving key's slot. The store names keys
+    ":{KEY}:", so the slot is KEY's own."""
+    slot = int(cli(PORTS[0], "CLUSTER", "KEYSLOT", key))
+    for p, ranges in ms.items():
+        if any(a <= slot <= b for a, b in ranges):
+            return p
+    return None
+
+
+def keys_per_master(count):
+    """count keys on each master: {port: [keys]}."""
+    ms = masters()
+    got = {p: [] for p in ms}
+    i = 0
+    while any(len(v) < count for v in got.values()):
+        k = "k%d" % i
+        i += 1
+        p = owner(k, ms)
+        if p in got and len(got[p]) < count:
+            got[p].append(k)
+    return got
+
+
+class Cluster(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        seed = "store=redis-cluster://127.0.0.1:%d" % PORTS[0]
+        zones = "".join(
+            "tollgate_zone $arg_k zone=%s algorithm=%s rate=%s %s;\n"
+            % (a, a, "%d/1d" % LIMIT if "bucket" not in a
+               else "%dr/d burst=%d" % (LIMIT, LIMIT), seed)
+            for a in ALGORITHMS)
+        zones += ("tollgate_zone $arg_k zone=many algorithm="
+                  "fixed_window_per_key rate=100000/1d %s timeout=200ms;\n"
+                  % seed)
+        locs = "".join(
+            "location /%s { tollgate zone=%s; add_header X-Status "
+            "$tollgate_status always; add_header X-Pid $pid always;"
+            " try_files /index.html =404; }\n"
+            % (a, a) for a in ALGORITHMS + ["many"])
+        body = "%s\nserver { listen 127.0.0.1:PORT; %s }" % (zones, locs)
+        cls.body = body
+        cls.hosts = [ngx.Nginx(body), ngx.Nginx(body)]
+
+    @classmethod
+    def tearDownClass(cls):
+        for n in cls.hosts:
+            n.stop()
+
+    def test_1_exact_on_every_master(self):
+        keys = keys_per_master(2)
+        self.assertEqual(len(keys), 3, keys)
+        allk = [k for v in keys.values() for k in v]
+        tries = LIMIT + 6
+        got, lock = {}, threading.Lock()
+
+        def run(t):
+            n = self.hosts[t % 2]
+            for a in ALGORITHMS:
+                for k in allk:
+                    for _ in range(tries // 2):
+                        st, h, _ = n.request("/%s?k=%s" % (a, k))
+                        with lock:
+                            got.setdefault((a, k), []).append(
+                                (st, h.get("x-status")))
+        ts = [threading.Thread(target=run, args=(t,)) for t in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for (a, k), res in sorted(got.items()):
+            self.assertEqual(len(res), tries)
+            # decided by Redis every time (never on_error's answer)
+            self.assertEqual({s for _, s in res} - {"PASSED", "REJECTED"},
+                             set(), (a, k, res))
+            admitted = sum(1 for st, _ in res if st == 200)
+            self.assertEqual(admitted, LIMIT, (a, k, res))
+        # every master holds the keys of its slots: each worker found the
+        # nodes from one seed
+        for port, ks in keys.items():
+            n = int(cli(port, "DBSIZE"))
+            self.assertGreaterEqual(n, len(ks) * len(ALGORITHMS), port)
+        # a reload closes every node's connection and starts new clients:
+        # the counts are Redis's, kept
+        self.hosts[0].reload(self.body)
+        for a in ALGORITHMS:
+            st, h, _ = self.hosts[0].request("/%s?k=%s" % (a, allk[0]))
+            self.assertEqual((st, h.get("x-status")), (429, "REJECTED"), a)
+        for n in self.hosts:
+            self.assertNotIn("[alert]", n.error_log())
+            self.assertNotIn("exited on signal", n.error_log())
+
+    def test_2_master_killed_then_replica_promoted(self):
+        keys = keys_per_master(1)
+        victim = next(p for p in keys if p != PORTS[0])  # not the seed
+        dead_key = keys[victim][0]
+        live_keys = [v[0] for p, v in keys.items() if p != victim]
+        n = self.hosts[0]
+        for k in [dead_key] + live_keys:
+            self.assertEqual(n.request("/many?k=" + k)[1]["x-status"],
+                             "PASSED")
+        with open(os.path.join(DIR, "node-%d.pid" % victim)) as f:
+            os.kill(int(f.read().strip()), signal.SIGKILL)
+        # the dead master's key: on_error's answer (allowed), within about
+        # the zone's timeout; the others: still Redis's
+        saw_failed = False
+        streak = 0
+        deadline = time.monotonic() + 60
+        recovered = False
+        while time.monotonic() < deadline:
+            t = time.monotonic()
+            st, h, _ = n.request("/many?k=" + dead_key)
+            dt = time.monotonic() - t
+            self.assertEqual(st, 200)
+            self.assertLess(dt, 2.5, "a request waited on a dead node")
+            if h["x-status"] == "FAILED":
+                saw_failed = True
+                streak = 0
+            elif saw_failed:
+                # decided by the promoted replica, in both workers (each
+                # has its own client, which finds the new map on its own)
+                streak += 1
+                if streak == 10:
+                    recovered = True
+                    break
+            for k in live_keys:
+                self.assertEqual(n.request("/many?k=" + k)[1]["x-status"],
+                                 "PASSED", k)
+            time.sleep(0.05)
+        self.assertTrue(saw_failed, "the dead master's key never failed")
+        self.assertTrue(recovered, "never decided by Redis again: "
+                        + n.error_log()[-2000:])
+        self.assertEqual(n.request("/many?k=" + dead_key)[1]["x-status"],
+                         "PASSED")
+        self.assertIn("tollgate: zone \"many\"", n.error_log())
+        self.assertNotIn("exited on signal", n.error_log())
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
