@@ -83,6 +83,8 @@ typedef struct {
                                  nodes), made when the client first wants
                                  it */
   ngx_uint_t nlinks, links_cap;
+  ngx_event_t retry_ev; /* a link's state could not be allocated: its
+                           node is down until this fires */
   unsigned pumping : 1;
   unsigned pump_again : 1;
   ngx_queue_t pending; /* of tg_ngx_pending: submitted, not done */
@@ -451,7 +453,8 @@ static ngx_int_t parse_cluster(ngx_conf_t *cf, tg_ngx_zone *z, ngx_str_t *v) {
                          "tollgate_zone: invalid seed \"%*s\" in \"store=%V\""
                          " (redis-cluster://HOST:PORT[,HOST:PORT...]): %s",
                          u.url.len, p, v,
-                         u.err                 ? u.err
+                         u.url.len == 0        ? "empty"
+                         : u.err               ? u.err
                          : u.family == AF_UNIX ? "a Cluster is reached by TCP"
                          : u.port == 0 && u.naddrs ? "a port is needed"
                                                    : "no address");
@@ -616,6 +619,11 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
       z->q.burst = (uint64_t)b;
     } else if (ngx_strncmp(v->data, "store=", 6) == 0) {
       ngx_str_t st = {v->len - 6, v->data + 6};
+      if (z->redis) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "tollgate_zone: \"store=\" is given twice");
+        return NGX_CONF_ERROR;
+      }
       if (parse_store(cf, z, &st) != NGX_OK)
         return NGX_CONF_ERROR;
     } else if (ngx_strncmp(v->data, "password=", 9) == 0 && v->len > 9) {
@@ -1171,6 +1179,8 @@ static void redis_close(tg_ngx_link *L) {
 static void redis_fail(tg_ngx_link *L, int code, ngx_uint_t down) {
   tg_ngx_zone *z = L->zone;
   redis_close(L);
+  if (z->pumping) /* the client may now want another link (a map) */
+    z->pump_again = 1;
   if (!down) {
     (void)tg_nb_closed(z->nb, L->id, code);
     return;
@@ -1187,6 +1197,17 @@ static void redis_backoff_done(ngx_event_t *ev) {
   tg_ngx_link *L = ev->data;
   (void)tg_nb_up(L->zone->nb, L->id);
   redis_pump(L->zone); /* connects when a decision waits */
+}
+
+/* Links whose state could not be allocated were marked down: let the
+ * client try them again. */
+static void redis_retry(ngx_event_t *ev) {
+  tg_ngx_zone *z = ev->data;
+  unsigned n = tg_nb_links(z->nb);
+  for (unsigned id = 0; id < n; id++)
+    if (id >= z->nlinks || z->links[id] == NULL)
+      (void)tg_nb_up(z->nb, id);
+  redis_pump(z);
 }
 
 /* Link id's state, made on first need (NULL: no memory). */
@@ -1228,34 +1249,48 @@ static tg_ngx_link *redis_link(tg_ngx_zone *z, unsigned id) {
  * names its nodes by IP address unless configured otherwise). */
 static ngx_int_t redis_resolve(tg_ngx_link *L) {
   tg_ngx_zone *z = L->zone;
-  const char *host;
-  int port;
-  if (tg_nb_address(z->nb, L->id, &host, &port) != 0)
+  if (L->name.data == NULL) {
+    const char *host;
+    int port;
+    if (tg_nb_address(z->nb, L->id, &host, &port) != 0)
+      return NGX_ERROR;
+    size_t hl = ngx_strlen(host);
+    u_char *s = ngx_alloc(hl + 2 + NGX_INT_T_LEN + 1, ngx_cycle->log);
+    if (s == NULL)
+      return NGX_ERROR;
+    /* an IPv6 address in brackets, as ngx_parse_url wants it */
+    ngx_uint_t v6 =
+        ngx_strlchr((u_char *)host, (u_char *)host + hl, ':') != NULL;
+    u_char *e = v6 ? ngx_sprintf(s, "[%s]:%d", host, port)
+                   : ngx_sprintf(s, "%s:%d", host, port);
+    L->name.data = s;
+    L->name.len = (size_t)(e - s);
+  }
+  ngx_pool_t *pool = ngx_create_pool(1024, ngx_cycle->log);
+  if (pool == NULL)
     return NGX_ERROR;
-  size_t hl = ngx_strlen(host);
-  u_char *s = ngx_alloc(hl + 2 + NGX_INT_T_LEN + 1, ngx_cycle->log);
-  if (s == NULL)
-    return NGX_ERROR;
-  /* an IPv6 address in brackets, as ngx_parse_url wants it */
-  ngx_uint_t v6 = ngx_strlchr((u_char *)host, (u_char *)host + hl, ':') != NULL;
-  u_char *e = v6 ? ngx_sprintf(s, "[%s]:%d", host, port)
-                 : ngx_sprintf(s, "%s:%d", host, port);
-  L->name.data = s;
-  L->name.len = (size_t)(e - s);
   ngx_url_t u;
   ngx_memzero(&u, sizeof(u));
   u.url = L->name;
-  if (ngx_parse_url(ngx_cycle->pool, &u) != NGX_OK || u.naddrs == 0) {
+  ngx_int_t rc = NGX_ERROR;
+  if (ngx_parse_url(pool, &u) != NGX_OK || u.naddrs == 0) {
     ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
                   "tollgate: zone \"%V\": Cluster node %V: %s", &z->name,
                   &L->name, u.err ? u.err : "no address");
-    return NGX_ERROR;
+  } else {
+    /* the address and its socket address, in the link's own memory */
+    ngx_addr_t *a = ngx_alloc(sizeof(*a) + u.addrs[0].socklen, ngx_cycle->log);
+    if (a != NULL) {
+      a->sockaddr = (struct sockaddr *)(a + 1);
+      ngx_memcpy(a->sockaddr, u.addrs[0].sockaddr, u.addrs[0].socklen);
+      a->socklen = u.addrs[0].socklen;
+      a->name = L->name;
+      L->addr = a;
+      rc = NGX_OK;
+    }
   }
-  L->addr = ngx_palloc(ngx_cycle->pool, sizeof(*L->addr));
-  if (L->addr == NULL)
-    return NGX_ERROR;
-  *L->addr = u.addrs[0];
-  return NGX_OK;
+  ngx_destroy_pool(pool);
+  return rc;
 }
 
 static void redis_connected(tg_ngx_link *L) {
@@ -1347,11 +1382,12 @@ static void redis_read(tg_ngx_link *L) {
     if (n == NGX_AGAIN)
       break;
     if (n == 0 || n == NGX_ERROR) {
-      /* a node that ends the connection while decisions wait, before it
-       * has answered one of them on it, is down: making the connection
-       * again at once would loop (a reply to the handshake alone is not
-       * progress); with nothing waiting, it only closed an idle one */
-      ngx_uint_t down = !L->heard && !ngx_queue_empty(&z->pending);
+      /* a node that ends the connection while it owes something (a
+       * reply, or decisions waiting to be sent to it), before it has
+       * answered a decision on it, is down: making the connection again
+       * at once would loop (a reply to the handshake alone is not
+       * progress); owing nothing, it only closed an idle one */
+      ngx_uint_t down = !L->heard && tg_nb_wants(z->nb, L->id) != 0;
       ngx_uint_t level = down ? NGX_LOG_ERR : NGX_LOG_INFO;
       ngx_log_error(level, c->log, 0,
                     "tollgate: zone \"%V\": the connection to %V ended%s",
@@ -1460,7 +1496,10 @@ static void redis_pump(tg_ngx_zone *z) {
       if (L == NULL && w == 0)
         continue; /* nothing for a node not yet met */
       if (L == NULL && (L = redis_link(z, id)) == NULL) {
+        /* its calls answered by on_error, until the retry */
         (void)tg_nb_down(z->nb, id, TG_ENOMEM);
+        if (!z->retry_ev.timer_set)
+          ngx_add_timer(&z->retry_ev, TG_NGX_BACKOFF_MAX);
         continue;
       }
       if ((w & TG_NB_CONNECT) && L->conn == NULL)
@@ -1489,6 +1528,11 @@ static void redis_start(ngx_cycle_t *cycle, tg_ngx_zone *z) {
   ngx_queue_init(&z->pending);
   z->links = NULL;
   z->nlinks = z->links_cap = 0;
+  ngx_memzero(&z->retry_ev, sizeof(z->retry_ev));
+  z->retry_ev.handler = redis_retry;
+  z->retry_ev.data = z;
+  z->retry_ev.log = cycle->log;
+  z->retry_ev.cancelable = 1;
   tg_config cfg;
   tg_redis_config rc;
   redis_config(z, &cfg, &rc);
@@ -1508,8 +1552,15 @@ static void redis_stop(tg_ngx_zone *z) {
     redis_close(L);
     if (L->backoff_ev.timer_set)
       ngx_del_timer(&L->backoff_ev);
+    if (z->cluster) {
+      ngx_free(L->name.data);
+      if (L->addr)
+        ngx_free(L->addr);
+    }
     ngx_free(L);
   }
+  if (z->retry_ev.timer_set)
+    ngx_del_timer(&z->retry_ev);
   ngx_free(z->links);
   z->links = NULL;
   z->nlinks = z->links_cap = 0;

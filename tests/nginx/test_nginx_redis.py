@@ -625,7 +625,11 @@ class ConfigErrors(unittest.TestCase):
              'invalid seed "no-such-host.invalid:7001"'),
             ("store=redis-cluster://127.0.0.1:7000/1",
              'invalid seed "127.0.0.1:7000/1"'),
-            ("store=redis-cluster://127.0.0.1:7000,", 'invalid seed ""'),
+            ("store=redis-cluster://127.0.0.1:7000,",
+             'invalid seed "" in "store=redis-cluster://127.0.0.1:7000,"'
+             ' (redis-cluster://HOST:PORT[,HOST:PORT...]): empty'),
+            ("store=redis://127.0.0.1 store=redis-cluster://127.0.0.1:7000",
+             'tollgate_zone: "store=" is given twice'),
             ("store=redis-cluster://unix:/tmp/r.sock",
              "a Cluster is reached by TCP"),
             ("store=redis-cluster://", 'invalid "store=redis-cluster://"'),
