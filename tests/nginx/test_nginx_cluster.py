@@ -4,7 +4,9 @@
 Cluster tests/redis/with_cluster.sh starts (three masters, three replicas;
 it kills every node however this ends).
 
-Two nginx hosts (two workers each) name ONE seed: each worker's client must
+Run inside with_cluster.sh --module, every node has tollgate's Redis
+module and the decisions go through TG.STEP (checked), else through the
+script. Two nginx hosts (two workers each) name ONE seed: each worker's client must
 read the slot map and open a connection to every master its keys live on.
 Exactness per key for every algorithm with keys on all three masters, then
 `nginx -s reload` (counts kept), and a master killed (SIGKILL): its keys are answered by on_error, quickly,
@@ -137,10 +139,14 @@ class Cluster(unittest.TestCase):
             admitted = sum(1 for st, _ in res if st == 200)
             self.assertEqual(admitted, LIMIT, (a, k, res))
         # every master holds the keys of its slots: each worker found the
-        # nodes from one seed
+        # nodes from one seed; and decided with tollgate's Redis module
+        # where the nodes have it (TG.STEP), else with the script
+        cmd = ("cmdstat_tg.step:" if os.environ.get("TG_TEST_REDIS_MODULE")
+               else "cmdstat_evalsha:")
         for port, ks in keys.items():
             n = int(cli(port, "DBSIZE"))
             self.assertGreaterEqual(n, len(ks) * len(ALGORITHMS), port)
+            self.assertIn(cmd, cli(port, "INFO", "commandstats"), port)
         # a reload closes every node's connection and starts new clients:
         # the counts are Redis's, kept
         self.hosts[0].reload(self.body)
