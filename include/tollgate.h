@@ -1455,7 +1455,26 @@ TG_EXTERN int tg_redis_available(void);
  * are not used: they are the caller's business here. It decides single
  * calls (tg_hit's) only: policies (tg_hit_rules) and reservations
  * (tg_reserve, tg_cancel) take several round trips on one connection and
- * are offered on a limiter only; a tg_nb has no entry point for them.
+ * are offered on a limiter only; a tg_nb has no entry point for them
+ * (but see TG_NB_RULE below for a single rule).
+ *
+ * One call as a policy's rule: flags TG_NB_RULE decides the request as
+ * tg_hit_rules decides a policy of that one rule, rather than as tg_hit:
+ * a refused call consumes nothing, so a fixed window (either kind) does
+ * not count it (tg_hit counts it), and a denial reports the key as the
+ * call left it (count and remaining unchanged, retry_after_ms the wait for
+ * this cost). The other algorithms decide and answer exactly as without
+ * the flag: tg_hit consumes nothing on a refusal there either, and its
+ * answers are a one-rule policy's, with one exception on a sliding log
+ * whose quota changes between calls: a refused tg_hit drops the entries
+ * the old (shorter) period had expired, a refused policy call writes
+ * nothing, so they count again under a longer period. On a window it is
+ * still one command and one round trip: the script's op p, or TG.STEP's
+ * TAKE.
+ * On a fixed window such a request neither reads nor fills the deny cache
+ * (its denied cost says nothing about a smaller one). This is what the nginx
+ * module's Redis zones use, so that a Redis zone answers as a shared-memory one
+ * does.
  *
  * Links. A tg_nb talks to each node over one connection, its "link",
  * numbered from 0: link 0 is the server (or the first seed); a Cluster adds
@@ -1463,11 +1482,11 @@ TG_EXTERN int tg_redis_available(void);
  * names, so tg_nb_links may grow (never shrink) after any call. Each link
  * carries its calls pipelined, in submission order.
  *
- * A request's life. The caller owns a tg_nb_req, fills key, key_len, q and
- * cost (and data, which is never touched) and calls tg_nb_submit (or
- * tg_nb_submit_at with its own now, as tg_hit_at). Invalid input is refused
- * there: the code is returned, status and result are filled as tg_hit
- * would, and the request is not pending. Otherwise it is pending until
+ * A request's life. The caller owns a tg_nb_req, fills key, key_len, q,
+ * cost and flags (and data, which is never touched) and calls tg_nb_submit
+ * (or tg_nb_submit_at with its own now, as tg_hit_at). Invalid input is
+ * refused there: the code is returned, status and result are filled as
+ * tg_hit would, and the request is not pending. Otherwise it is pending until
  * tg_nb_done returns it, with status and result exactly what tg_hit would
  * have returned and written (a store failure: its code and the failure
  * policy's answer, marked degraded). Until then its memory, and the bytes
@@ -1547,11 +1566,15 @@ typedef struct tg_nb_req {
   size_t key_len;    /* in */
   const tg_quota *q; /* in: read by tg_nb_submit only */
   uint64_t cost;     /* in */
+  unsigned flags;    /* in: 0 (as tg_hit) or TG_NB_RULE */
   void *data;        /* the caller's, never touched */
   int status;        /* out: what tg_hit would have returned */
   tg_result result;  /* out: what tg_hit would have written */
   uint64_t private_[TG_NB_PRIVATE_WORDS]; /* the library's */
 } tg_nb_req;
+
+/* tg_nb_req.flags: decide as a one-rule policy (see above). */
+#define TG_NB_RULE 1u
 
 /* What a link asks of its caller (tg_nb_wants), bits. */
 #define TG_NB_CONNECT 1u /* open a connection to tg_nb_address */
@@ -1568,8 +1591,9 @@ TG_EXTERN void tg_nb_destroy(tg_nb *nb);
 
 /* Submits a decision on the store's clock (tg_hit), or at now_us
  * (tg_hit_at). Returns 0 (pending: tg_nb_done returns it later, or at once)
- * or the code of invalid input (TG_EINVAL, TG_EKEY, TG_EQUOTA, TG_ETIME;
- * not pending, status and result filled as tg_hit would). */
+ * or the code of invalid input (TG_EINVAL, also for a flag other than
+ * TG_NB_RULE; TG_EKEY, TG_EQUOTA, TG_ETIME; not pending, status and result
+ * filled as tg_hit would). */
 TG_EXTERN int tg_nb_submit(tg_nb *nb, tg_nb_req *req);
 TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
 

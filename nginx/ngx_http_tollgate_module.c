@@ -1862,6 +1862,9 @@ static ngx_int_t redis_decide(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
   p->req.key_len = rule->key_len;
   p->req.q = rule->q;
   p->req.cost = rule->cost;
+  /* decided as a shared-memory zone's one line is (a one-rule policy): a
+   * refused cost is not counted in a fixed window */
+  p->req.flags = TG_NB_RULE;
   p->req.data = p;
   p->r = r;
   p->lcf = lcf;

@@ -562,7 +562,9 @@ static int policy_command(RedisModuleCtx *ctx, RedisModuleString **argv,
 
 /* ---- TG.STEP: the library's command ----
  * TG.STEP key alg op now limit period_ms burst arg log_cap, all decimal:
- * alg a tg_algorithm, op a tg__op (0 hit, 1 inc, 2 get, 3 set, 4 expires),
+ * alg a tg_algorithm, op a tg__op (0 hit, 1 inc, 2 get, 3 set, 4 expires;
+ * 6 take, a one-rule policy's hit that counts only an admitted cost, on a
+ * window: the non-blocking API's TG_NB_RULE),
  * now in us or "" for the server's clock, the quota as the caller gave it
  * (full 64-bit range), arg the cost or value, log_cap the limiter's
  * sliding_max_entries. TG.STEP_RO takes the same for calls that cannot

@@ -163,8 +163,16 @@ static int submit(tg_nb *nb, const uint64_t *now, tg_nb_req *req) {
     return TG_EINVAL;
   nbpriv *p = priv(req);
   tg__call *c = &p->er.call;
-  int rc = tg__limiter_prepare(nb->lim, TG__OP_HIT, now, req->key, req->key_len,
-                               req->q, req->cost, c);
+  /* TG_NB_RULE: a window's TAKE, which counts only an admitted cost; the
+   * other algorithms' HIT already consumes nothing when it refuses */
+  tg_algorithm alg = nb->lim->cfg.algorithm;
+  bool take = (req->flags & TG_NB_RULE) &&
+              (alg == TG_FIXED_WINDOW || alg == TG_FIXED_WINDOW_PER_KEY);
+  int rc =
+      req->flags & ~TG_NB_RULE
+          ? TG_EINVAL
+          : tg__limiter_prepare(nb->lim, take ? TG__OP_TAKE : TG__OP_HIT, now,
+                                req->key, req->key_len, req->q, req->cost, c);
   if (rc != TG_OK) {
     tg__limiter_invalid(nb->lim, rc, req->key, req->key_len, req->q, req->cost,
                         &req->result);

@@ -203,7 +203,21 @@ static bool same(const tg_result *a, const tg_result *b) {
          a->reset_after_ms == b->reset_after_ms;
 }
 
-static void differential(tg_algorithm alg, uint64_t seed, size_t rounds) {
+/* The call on limiter lim as tg_hit decides it, or with `rule` as
+ * tg_hit_rules decides a policy of that one rule (TG_NB_RULE's promise). */
+static int decide(tg_limiter *lim, bool rule, uint64_t now, const void *key,
+                  size_t len, const tg_quota *q, uint64_t cost, tg_result *r) {
+  if (!rule)
+    return tg_hit_at(lim, now, key, len, q, cost, r);
+  tg_rule one = {.lim = lim, .key = key, .key_len = len, .q = q, .cost = cost};
+  tg_rules_result out;
+  int rc = tg_hit_rules_at(now, &one, 1, 0, &out);
+  *r = out.r;
+  return rc;
+}
+
+static void differential(tg_algorithm alg, uint64_t seed, size_t rounds,
+                         bool rule) {
   rng = seed;
   tg_config cfg;
   tg_redis_config rc;
@@ -237,20 +251,25 @@ static void differential(tg_algorithm alg, uint64_t seed, size_t rounds) {
     size_t m = 1 + (size_t)below(MAXM), queued = 0;
     for (size_t i = 0; i < m; i++) {
       size_t k = (size_t)below(NK);
-      if (below(40) == 0)
+      /* a new quota now and then; never under TG_NB_RULE on a sliding log,
+       * whose one difference from a one-rule policy is there (header) */
+      if (below(40) == 0 && !(rule && alg == TG_SLIDING_WINDOW))
         kq[k] = &QUOTAS[below(NQ)];
       uint64_t cap = kq[k]->burst ? kq[k]->burst : kq[k]->limit;
       uint64_t cost = below(4) == 0 ? cap + below(2) - 1 : below(3);
-      req[i] = (tg_nb_req){
-          .key = KEYS[k].b, .key_len = KEYS[k].len, .q = kq[k], .cost = cost};
+      req[i] = (tg_nb_req){.key = KEYS[k].b,
+                           .key_len = KEYS[k].len,
+                           .q = kq[k],
+                           .cost = cost,
+                           .flags = rule ? TG_NB_RULE : 0};
       /* the model and the blocking store, in submission order */
       want_rc[i] =
-          tg_hit_at(mem, now, KEYS[k].b, KEYS[k].len, kq[k], cost, &want[i]);
+          decide(mem, rule, now, KEYS[k].b, KEYS[k].len, kq[k], cost, &want[i]);
       tg_result b;
-      int brc = tg_hit_at(red, now, KEYS[k].b, KEYS[k].len, kq[k], cost, &b);
+      int brc = decide(red, rule, now, KEYS[k].b, KEYS[k].len, kq[k], cost, &b);
       if (brc != want_rc[i] || !same(&b, &want[i])) {
-        print_error("seed %" PRIu64 ": tg_hit on Redis differs from memory\n",
-                    seed);
+        print_error("seed %" PRIu64 " rule %d: Redis differs from memory\n",
+                    seed, rule);
         fail();
       }
       /* refused input is answered at once and never queued */
@@ -262,12 +281,12 @@ static void differential(tg_algorithm alg, uint64_t seed, size_t rounds) {
     assert_int_equal(nbp_run(&d, queued, 10000, NULL, NULL), queued);
     for (size_t i = 0; i < m; i++) {
       if (req[i].status != want_rc[i] || !same(&req[i].result, &want[i])) {
-        print_error("seed %" PRIu64 " round %zu call %zu: tg_nb %s "
+        print_error("seed %" PRIu64 " rule %d round %zu call %zu: tg_nb %s "
                     "allowed=%d count=%" PRIu64 " remaining=%" PRIu64
-                    " retry=%" PRIu64 " reset=%" PRIu64 ", tg_hit %s "
+                    " retry=%" PRIu64 " reset=%" PRIu64 ", memory %s "
                     "allowed=%d count=%" PRIu64 " remaining=%" PRIu64
                     " retry=%" PRIu64 " reset=%" PRIu64 "\n",
-                    seed, round, i, tg_err_name(req[i].status),
+                    seed, rule, round, i, tg_err_name(req[i].status),
                     req[i].result.allowed, req[i].result.count,
                     req[i].result.remaining, req[i].result.retry_after_ms,
                     req[i].result.reset_after_ms, tg_err_name(want_rc[i]),
@@ -281,8 +300,9 @@ static void differential(tg_algorithm alg, uint64_t seed, size_t rounds) {
     }
     now += below(4) == 0 ? MS(below(2000)) : below(MS(50));
   }
-  print_message("%s: %zu calls in %zu rounds, %zu allowed, %zu denied\n",
-                tg_algorithm_name(alg), calls, rounds, allowed, denied);
+  print_message("%s%s: %zu calls in %zu rounds, %zu allowed, %zu denied\n",
+                tg_algorithm_name(alg), rule ? " (TG_NB_RULE)" : "", calls,
+                rounds, allowed, denied);
   /* both verdicts well represented (the seed is the time: the per-key
    * window admitted 9.5 % of one CI run's calls) */
   assert_true(allowed > calls / 20 && denied > calls / 20);
@@ -298,8 +318,10 @@ static void nb_matches_tg_hit(void **state) {
   const char *fixed = getenv("TG_TEST_NB_SEED");
   if (fixed)
     seed = strtoull(fixed, NULL, 10);
-  for (int alg = 0; alg < TG_ALGORITHM_COUNT; alg++)
-    differential((tg_algorithm)alg, seed + (uint64_t)alg, 150);
+  for (int alg = 0; alg < TG_ALGORITHM_COUNT; alg++) {
+    differential((tg_algorithm)alg, seed + (uint64_t)alg, 150, false);
+    differential((tg_algorithm)alg, seed + (uint64_t)alg, 150, true);
+  }
 }
 
 /* ---- many at once
@@ -583,6 +605,63 @@ static void destroy_with_requests_pending(void **state) {
   tg_nb_destroy(nb);
 }
 
+/* ---- TG_NB_RULE: a refused cost is not counted -----------------------------
+ */
+
+/* One request on key k at now, run to its answer. */
+static tg_result one_req(nbp *d, uint64_t now, const char *k, const tg_quota *q,
+                         uint64_t cost, unsigned flags) {
+  tg_nb_req r = {
+      .key = k, .key_len = strlen(k), .q = q, .cost = cost, .flags = flags};
+  assert_int_equal(tg_nb_submit_at(d->nb, now, &r), TG_OK);
+  assert_int_equal(nbp_run(d, 1, 10000, NULL, NULL), 1);
+  assert_int_equal(r.status, TG_OK);
+  return r.result;
+}
+
+static void rule_flag_counts_only_admitted_cost(void **state) {
+  (void)state;
+  for (int alg = TG_FIXED_WINDOW; alg <= TG_FIXED_WINDOW_PER_KEY; alg++) {
+    tg_config cfg;
+    tg_redis_config rc;
+    config(&cfg, &rc, (tg_algorithm)alg, "rule");
+    tg_nb *nb = nb_make(&cfg);
+    nbp d;
+    nbp_init(&d, nb);
+    tg_quota q = {.limit = 10, .period_ms = 60000};
+    /* the start of a minute, so that every call falls in one window */
+    uint64_t now = (real_us() / MS(60000) + 1) * MS(60000);
+    /* tg_hit's way: the refused 3 is counted, then 1 is refused too */
+    assert_true(one_req(&d, now, "h", &q, 8, 0).allowed);
+    tg_result r = one_req(&d, now, "h", &q, 3, 0);
+    assert_false(r.allowed);
+    assert_int_equal(r.count, 11);
+    assert_false(one_req(&d, now, "h", &q, 1, 0).allowed);
+    /* a one-rule policy's way: the refused 3 leaves 8, so 2 still fits */
+    assert_true(one_req(&d, now, "r", &q, 8, TG_NB_RULE).allowed);
+    r = one_req(&d, now, "r", &q, 3, TG_NB_RULE);
+    assert_false(r.allowed);
+    assert_int_equal(r.count, 8);
+    assert_int_equal(r.remaining, 2);
+    assert_true(r.retry_after_ms > 0 && r.retry_after_ms <= 60000);
+    r = one_req(&d, now, "r", &q, 2, TG_NB_RULE);
+    assert_true(r.allowed);
+    assert_int_equal(r.remaining, 0);
+    /* a cost above the limit never passes, and uses nothing up */
+    r = one_req(&d, now, "s", &q, 11, TG_NB_RULE);
+    assert_false(r.allowed);
+    assert_int_equal(r.retry_after_ms, TG_NEVER);
+    assert_int_equal(one_req(&d, now, "s", &q, 10, TG_NB_RULE).remaining, 0);
+    /* an unknown flag is invalid input */
+    tg_nb_req bad = {.key = "k", .key_len = 1, .q = &q, .cost = 1, .flags = 2};
+    assert_int_equal(tg_nb_submit(nb, &bad), TG_EINVAL);
+    assert_int_equal(bad.status, TG_EINVAL);
+    assert_int_equal(tg_nb_pending(nb), 0);
+    nbp_close_all(&d);
+    tg_nb_destroy(nb);
+  }
+}
+
 /* ---- the deny cache and the fallback, through the API ---------------------
  */
 
@@ -649,11 +728,27 @@ static void fallback_decides_while_down(void **state) {
     allowed += r.result.allowed;
   }
   assert_int_equal(allowed, 20 / 4); /* this host's share */
+  /* TG_NB_RULE's TAKE in the fallback: a refused cost of 3 is not counted
+   * there either, so a cost of 2 still fits (share 5 per hour) */
+  uint64_t costs[] = {3, 3, 2};
+  bool want[] = {true, false, true};
+  for (int i = 0; i < 3; i++) {
+    tg_nb_req r = {.key = "t",
+                   .key_len = 1,
+                   .q = &q,
+                   .cost = costs[i],
+                   .flags = TG_NB_RULE};
+    assert_int_equal(tg_nb_submit(nb, &r), TG_OK);
+    assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+    assert_int_equal(r.status, TG_ECONNECT);
+    assert_true(r.result.degraded);
+    assert_int_equal(r.result.allowed, want[i]);
+  }
   tg_stats st;
   tg_nb_stats(nb, &st, sizeof st);
-  assert_int_equal(st.fallback_decisions, 30);
-  assert_int_equal(st.degraded, 30);
-  assert_int_equal(st.errors[-TG_ECONNECT], 30);
+  assert_int_equal(st.fallback_decisions, 33);
+  assert_int_equal(st.degraded, 33);
+  assert_int_equal(st.errors[-TG_ECONNECT], 33);
   assert_true(rs_start());
   nbp_close_all(&d);
   tg_nb_destroy(nb);
@@ -708,6 +803,7 @@ int main(void) {
       cmocka_unit_test_setup(server_down_then_back, server_up),
       cmocka_unit_test_setup(auth_socket_and_database, server_up),
       cmocka_unit_test_setup(destroy_with_requests_pending, server_up),
+      cmocka_unit_test_setup(rule_flag_counts_only_admitted_cost, server_up),
       cmocka_unit_test_setup(deny_cache_answers_locally, server_up),
       cmocka_unit_test_setup(fallback_decides_while_down, server_up),
       cmocka_unit_test_setup(shadow_and_hook, server_up),

@@ -153,6 +153,8 @@ static const char *op_letter(const tg__call *c) {
     return "r";
   if (c->op == TG__OP_SET)
     return "s";
+  if (c->op == TG__OP_TAKE) /* a window's, from tg_nb with TG_NB_RULE */
+    return "p";
   return c->alg == TG_FIXED_WINDOW || c->alg == TG_FIXED_WINDOW_PER_KEY ? "w"
                                                                         : "h";
 }
@@ -163,7 +165,8 @@ static const char *op_letter(const tg__call *c) {
  * the reply has the script's shape. */
 static void build_module_args(const redis_store *s, const tg__call *c,
                               args *a) {
-  static const char DIGIT[TG__OP_COUNT_][2] = {"0", "1", "2", "3", "4"};
+  static const char DIGIT[TG__OP_COUNT_][2] = {"0", "1", "2", "3", "4",
+                                               "5", "6", "7", "8", "9"};
   bool writes = tg__call_writes(c);
   push(a, writes ? "TG.STEP" : "TG.STEP_RO", writes ? 7 : 10);
   push(a, a->name, make_name(s, a->name, c->key, c->key_len));
@@ -208,6 +211,8 @@ static void build_args(const redis_store *s, const tg__call *c, bool module,
       push_u64(a, c->arg);
       push_u64(a, c->q.period_us / 1000);
     }
+    if (op[0] == 'p') /* counted only when count + cost <= limit */
+      push_u64(a, c->q.limit);
     break;
   case TG_TOKEN_BUCKET:
   case TG_LEAKY_BUCKET:

@@ -21,7 +21,8 @@
 -- KEYS[1]  the key's state (the client names it prefix:{key}:algorithm)
 -- ARGV[1]  op: r read only, w window add (inc or hit, cost > 0), s set,
 --          h hit (buckets: 0 < cost <= burst; sliding: any cost), p a
---          policy's rule (windows, buckets; see P at the end)
+--          policy's rule (windows, buckets; see P at the end), also sent
+--          alone for a window: a hit that counts only an admitted cost
 -- ARGV[2]  algorithm, 0..4 as tg_algorithm
 -- ARGV[3]  now in us since the epoch, or "" for the server's TIME
 -- ARGV[4.] per op and algorithm, decimal u64:

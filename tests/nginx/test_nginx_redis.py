@@ -181,6 +181,7 @@ location /nodelay { tollgate zone=token_bucket burst=2 nodelay;
                     try_files /index.html =404; }
 location /wcost { tollgate zone=fw cost=$arg_cost;
                   add_header X-Status $tollgate_status always;
+                  add_header X-Remaining $tollgate_remaining always;
                   try_files /index.html =404; }
 location /cost { tollgate zone=c cost=$arg_cost;
                  add_header X-Status $tollgate_status always;
@@ -278,15 +279,21 @@ location /cost { tollgate zone=c cost=$arg_cost;
         self.assertIn('cost "x" is not a whole number', a.error_log())
 
 
-    def test_refused_cost_counts_on_a_redis_fixed_window(self):
-        # README: on a Redis fixed window a refused request is counted
-        # (tg_hit): 8 of 10 taken, a cost of 3 refused, and then a cost of
-        # 1, which a memory zone would admit, is refused too
+    def test_refused_cost_is_not_counted_on_a_redis_fixed_window(self):
+        # README: a Redis zone decides as a shared-memory one (TG_NB_RULE):
+        # 8 of 10 taken, a cost of 3 refused and not counted, so a cost of
+        # 2 still fits; a cost above the limit uses nothing up either
         a, b = self.hosts
         self.assertEqual(statuses(a, "/wcost?k=f&cost=4", 2), [200, 200])
-        self.assertEqual(b.request("/wcost?k=f&cost=3")[0], 429)
-        st, h, _ = b.request("/wcost?k=f&cost=1")
-        self.assertEqual((st, h["x-status"]), (429, "REJECTED"))
+        st, h, _ = b.request("/wcost?k=f&cost=3")
+        self.assertEqual((st, h["x-status"], h["x-remaining"]),
+                         (429, "REJECTED", "2"))
+        st, h, _ = b.request("/wcost?k=f&cost=2")
+        self.assertEqual((st, h["x-status"], h["x-remaining"]),
+                         (200, "PASSED", "0"))
+        self.assertEqual(a.request("/wcost?k=f&cost=1")[0], 429)
+        self.assertEqual(a.request("/wcost?k=g&cost=11")[0], 429)
+        self.assertEqual(statuses(b, "/wcost?k=g&cost=5", 2), [200, 200])
 
 
 class Outage(unittest.TestCase):
