@@ -1453,10 +1453,9 @@ TG_EXTERN int tg_redis_available(void);
  * the same counters (tg_nb_stats), from the same code. The Redis settings
  * that are about doing I/O (pool_size, the timeouts, reconnect_backoff_ms)
  * are not used: they are the caller's business here. It decides single
- * calls (tg_hit's) only: policies (tg_hit_rules) and reservations
- * (tg_reserve, tg_cancel) take several round trips on one connection and
- * are offered on a limiter only; a tg_nb has no entry point for them
- * (but see TG_NB_RULE below for a single rule).
+ * calls: tg_hit's, a one-rule policy's (TG_NB_RULE) and tg_reserve's
+ * (TG_NB_RESERVE), each in one command. Policies of several rules and
+ * tg_cancel are offered on a limiter only.
  *
  * One call as a policy's rule: flags TG_NB_RULE decides the request as
  * tg_hit_rules decides a policy of that one rule, rather than as tg_hit:
@@ -1475,6 +1474,20 @@ TG_EXTERN int tg_redis_available(void);
  * (its denied cost says nothing about a smaller one). This is what the nginx
  * module's Redis zones use, so that a Redis zone answers as a shared-memory one
  * does.
+ *
+ * A reservation: flags TG_NB_RESERVE (the two buckets; another algorithm
+ * is TG_ENOTSUP, a max_wait_ms above TG_PERIOD_MAX_MS TG_EINVAL) decides
+ * the request as tg_reserve with max_wait_ms: status and result as
+ * tg_reserve's, and delay_ns / delay_ms the wait before the work may run
+ * (0 when it may go at once, or was refused, or failed; in shadow mode a
+ * delay is answered 0 with shadow_denied set). One command, one round
+ * trip: the script's bucket step with the tolerance stretched by the wait,
+ * or TG.STEP's RESERVE with the wait as its eleventh argument (a module
+ * from before that argument answers an error: TG_ESTORE). A failure is
+ * answered as tg_reserve answers it (the failure policy, without the
+ * fallback's decision). What is missing beside tg_reserve: a receipt, so
+ * there is no tg_cancel for it: a reservation made here is never given
+ * back.
  *
  * Links. A tg_nb talks to each node over one connection, its "link",
  * numbered from 0: link 0 is the server (or the first seed); a Cluster adds
@@ -1562,19 +1575,23 @@ typedef struct tg_nb tg_nb;
 /* One decision through the non-blocking API: the caller's memory, from
  * tg_nb_submit until tg_nb_done returns it. */
 typedef struct tg_nb_req {
-  const void *key;   /* in: key bytes, read until the request is done */
-  size_t key_len;    /* in */
-  const tg_quota *q; /* in: read by tg_nb_submit only */
-  uint64_t cost;     /* in */
-  unsigned flags;    /* in: 0 (as tg_hit) or TG_NB_RULE */
-  void *data;        /* the caller's, never touched */
-  int status;        /* out: what tg_hit would have returned */
-  tg_result result;  /* out: what tg_hit would have written */
+  const void *key;      /* in: key bytes, read until the request is done */
+  size_t key_len;       /* in */
+  const tg_quota *q;    /* in: read by tg_nb_submit only */
+  uint64_t cost;        /* in */
+  unsigned flags;       /* in: 0 (as tg_hit), TG_NB_RULE, TG_NB_RESERVE */
+  uint64_t max_wait_ms; /* in, with TG_NB_RESERVE: as tg_reserve's */
+  void *data;           /* the caller's, never touched */
+  int status;           /* out: what tg_hit would have returned */
+  tg_result result;     /* out: what tg_hit would have written */
+  uint64_t delay_ns;    /* out, with TG_NB_RESERVE: as tg_reservation's */
+  uint64_t delay_ms;    /* (delay_ns rounded up) */
   uint64_t private_[TG_NB_PRIVATE_WORDS]; /* the library's */
 } tg_nb_req;
 
-/* tg_nb_req.flags: decide as a one-rule policy (see above). */
+/* tg_nb_req.flags: decide as a one-rule policy; reserve (see above). */
 #define TG_NB_RULE 1u
+#define TG_NB_RESERVE 2u
 
 /* What a link asks of its caller (tg_nb_wants), bits. */
 #define TG_NB_CONNECT 1u /* open a connection to tg_nb_address */
@@ -1591,8 +1608,8 @@ TG_EXTERN void tg_nb_destroy(tg_nb *nb);
 
 /* Submits a decision on the store's clock (tg_hit), or at now_us
  * (tg_hit_at). Returns 0 (pending: tg_nb_done returns it later, or at once)
- * or the code of invalid input (TG_EINVAL, also for a flag other than
- * TG_NB_RULE; TG_EKEY, TG_EQUOTA, TG_ETIME; not pending, status and result
+ * or the code of invalid input (TG_EINVAL, also for an unknown flag;
+ * TG_EKEY, TG_EQUOTA, TG_ETIME, TG_ENOTSUP; not pending, status and result
  * filled as tg_hit would). */
 TG_EXTERN int tg_nb_submit(tg_nb *nb, tg_nb_req *req);
 TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);

@@ -32,7 +32,9 @@
  * drives (one to the server, or one per node of a Redis Cluster): the
  * request is parked until the reply comes, then decided as a
  * shared-memory zone's would be. It decides single limits only: a location
- * that uses one has one tollgate line, which does not delay.
+ * that uses one has one tollgate line (which may delay: limit_req's queue,
+ * one reservation; a delayed request whose client leaves keeps its slot,
+ * as limit_req's does).
  */
 #include <ngx_config.h>
 #include <ngx_core.h>
@@ -1013,8 +1015,8 @@ static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
     for (ngx_uint_t i = 0; i < conf->limits->nelts; i++) {
       if (!l[i].zone->redis)
         continue;
-      /* the non-blocking Redis API decides one limit at once: not a
-       * policy of several, not a reservation (limit_req's queue) */
+      /* the non-blocking Redis API decides one limit at once (a hit or a
+       * reservation, limit_req's queue), not a policy of several */
       if (conf->limits->nelts > 1) {
         ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
                       "tollgate: zone \"%V\" is kept in Redis (store=), "
@@ -1022,15 +1024,6 @@ static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
                       "one of its location (several lines are decided as "
                       "one policy, which a Redis zone cannot do without "
                       "blocking), in %V:%ui",
-                      &l[i].zone_name, &l[i].file, l[i].line);
-        return NGX_CONF_ERROR;
-      }
-      if (l[i].mode == TG_NGX_RESERVE) {
-        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
-                      "tollgate: zone \"%V\" is kept in Redis (store=), "
-                      "which cannot delay requests: \"burst=\" needs "
-                      "\"nodelay\" (or \"delay=\" at least as large) "
-                      "on a Redis zone, in %V:%ui",
                       &l[i].zone_name, &l[i].file, l[i].line);
         return NGX_CONF_ERROR;
       }
@@ -1162,7 +1155,8 @@ static void tg_ngx_clean(ngx_event_t *ev) {
 static void redis_pump(tg_ngx_zone *z);
 static void redis_complete(tg_ngx_zone *z, tg_nb_req *req);
 static ngx_int_t redis_answer(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
-                              tg_ngx_ctx *ctx, int rc, const tg_result *res);
+                              tg_ngx_ctx *ctx, int rc, const tg_result *res,
+                              uint64_t delay_ms);
 
 static void redis_close(tg_ngx_link *L) {
   if (L->conn) {
@@ -1465,9 +1459,12 @@ static void redis_complete(tg_ngx_zone *z, tg_nb_req *req) {
                   &z->name);
   if (ctx) {
     ctx->pending = NULL;
-    ctx->resume_rc = redis_answer(p->r, p->lcf, ctx, req->status, &req->result);
-    ctx->resume = 1;
-    if (p->parked) {
+    ctx->resume_rc = redis_answer(p->r, p->lcf, ctx, req->status, &req->result,
+                                  req->delay_ms);
+    /* a delayed request is on its timer, which runs the phases again and
+     * finds it decided */
+    ctx->resume = ctx->resume_rc != NGX_AGAIN;
+    if (p->parked && ctx->resume) {
       p->r->write_event_handler = tg_ngx_redis_resume;
       ngx_post_event(p->r->connection->write, &ngx_posted_events);
     }
@@ -1621,8 +1618,9 @@ static void tg_ngx_ctx_cleanup(void *data) {
     ctx->pending->ctx = NULL;
     ctx->pending = NULL;
   }
-  if (ctx->waiting) {
-    /* the request ended while it waited: give its slots back */
+  if (ctx->waiting && ctx->res) {
+    /* the request ended while it waited: give its slots back (a Redis
+     * zone's reservation has no receipt: it is kept, as limit_req's) */
     (void)tg_cancel_rules(ctx->rules, ctx->n, ctx->res);
     ctx->waiting = 0;
   }
@@ -1822,21 +1820,26 @@ static ngx_int_t decided(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
                          tg_ngx_ctx *ctx, int rc, uint64_t delay_ms);
 
 /* A Redis zone's answer (the only line of its location), as a memory
- * zone's would be applied; a dry run lets a denial through, as shadow mode
- * does (a failure policy's denial too). */
+ * zone's would be applied, with its delay when the line reserves; a dry
+ * run lets a denial or a delay through, as shadow mode does (a failure
+ * policy's denial too). */
 static ngx_int_t redis_answer(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
-                              tg_ngx_ctx *ctx, int rc, const tg_result *res) {
+                              tg_ngx_ctx *ctx, int rc, const tg_result *res,
+                              uint64_t delay_ms) {
   tg_rule *rule = &ctx->rules[0];
   rule->status = rc;
   rule->result = *res;
-  if (lcf->dry_run && !rule->result.allowed) {
+  if (lcf->dry_run && (!rule->result.allowed || delay_ms > 0)) {
+    if (rc == 0 && delay_ms > 0)
+      ctx->state = TG_NGX_DELAYED_DRY_RUN;
     rule->result.allowed = 1;
     rule->result.shadow_denied = 1;
+    delay_ms = 0;
   }
   ctx->rr.r = rule->result;
   ctx->rr.tightest = 0;
   ctx->rr.denied_by = res->allowed ? TG_RULE_NONE : 0;
-  return decided(r, lcf, ctx, rc, 0);
+  return decided(r, lcf, ctx, rc, delay_ms);
 }
 
 /* A Redis zone: submit the decision, and wait for it unless the client
@@ -1851,7 +1854,7 @@ static ngx_int_t redis_decide(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
     res.allowed = z->on_error == TG_POLICY_FAIL_OPEN;
     res.degraded = 1;
     res.retry_after_ms = res.allowed ? 0 : rule->q->period_ms;
-    return redis_answer(r, lcf, ctx, TG_ENOMEM, &res);
+    return redis_answer(r, lcf, ctx, TG_ENOMEM, &res, 0);
   }
   tg_ngx_pending *p = ngx_alloc(sizeof(*p), r->connection->log);
   if (p == NULL)
@@ -1863,8 +1866,13 @@ static ngx_int_t redis_decide(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
   p->req.q = rule->q;
   p->req.cost = rule->cost;
   /* decided as a shared-memory zone's one line is (a one-rule policy): a
-   * refused cost is not counted in a fixed window */
+   * refused cost is not counted in a fixed window; limit_req's queue is a
+   * reservation */
   p->req.flags = TG_NB_RULE;
+  if (ctx->limits[0]->mode == TG_NGX_RESERVE) {
+    p->req.flags |= TG_NB_RESERVE;
+    p->req.max_wait_ms = ctx->limits[0]->max_wait_ms;
+  }
   p->req.data = p;
   p->r = r;
   p->lcf = lcf;
@@ -1874,7 +1882,7 @@ static ngx_int_t redis_decide(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
   if (rc != 0) { /* refused input: answered, not pending */
     tg_result res = p->req.result;
     ngx_free(p);
-    return redis_answer(r, lcf, ctx, rc, &res);
+    return redis_answer(r, lcf, ctx, rc, &res, 0);
   }
   ngx_queue_insert_tail(&z->pending, &p->queue);
   ctx->pending = p;

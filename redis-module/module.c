@@ -564,7 +564,9 @@ static int policy_command(RedisModuleCtx *ctx, RedisModuleString **argv,
  * TG.STEP key alg op now limit period_ms burst arg log_cap, all decimal:
  * alg a tg_algorithm, op a tg__op (0 hit, 1 inc, 2 get, 3 set, 4 expires;
  * 6 take, a one-rule policy's hit that counts only an admitted cost, on a
- * window: the non-blocking API's TG_NB_RULE),
+ * window: the non-blocking API's TG_NB_RULE; 7 reserve, on a bucket, with
+ * an eleventh argument wait_ns, the most it may be admitted late:
+ * TG_NB_RESERVE),
  * now in us or "" for the server's clock, the quota as the caller gave it
  * (full 64-bit range), arg the cost or value, log_cap the limiter's
  * sliding_max_entries. TG.STEP_RO takes the same for calls that cannot
@@ -588,9 +590,9 @@ static bool num_arg(RedisModuleString *s, bool empty_ok, uint64_t *out) {
 
 static int step_command_any(RedisModuleCtx *ctx, RedisModuleString **argv,
                             int argc, bool writable) {
-  if (argc != 10)
+  if (argc != 10 && argc != 11)
     return RedisModule_ReplyWithError(ctx, "TGARG wrong number of arguments");
-  uint64_t alg, op, now = UINT64_MAX, cap;
+  uint64_t alg, op, now = UINT64_MAX, cap, wait = 0;
   tg_quota q;
   kcall k = {.ctx = ctx, .name = argv[1]};
   if (!num_arg(argv[2], false, &alg) || alg >= TG_ALGORITHM_COUNT ||
@@ -599,10 +601,14 @@ static int step_command_any(RedisModuleCtx *ctx, RedisModuleString **argv,
       !num_arg(argv[6], false, &q.period_ms) ||
       !num_arg(argv[7], false, &q.burst) ||
       !num_arg(argv[8], false, &k.c.arg) || !num_arg(argv[9], false, &cap) ||
-      cap < 1 || cap > LOG_CAP_MAX)
+      cap < 1 || cap > LOG_CAP_MAX ||
+      (argc == 11 &&
+       (op != TG__OP_RESERVE || !num_arg(argv[10], false, &wait) ||
+        wait > TG__WAIT_MAX_NS)))
     return RedisModule_ReplyWithError(ctx, "TGARG malformed arguments");
   k.c.alg = (tg_algorithm)alg;
   k.c.op = (tg__op)op;
+  k.c.wait_ns = wait;
   if (!tg__op_supported(k.c.alg, k.c.op))
     return reply_code(ctx, TG_ENOTSUP, NULL);
   int rc = tg__quota_prepare(&k.c.q, &q, k.c.alg);

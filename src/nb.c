@@ -168,17 +168,22 @@ static int submit(tg_nb *nb, const uint64_t *now, tg_nb_req *req) {
   tg_algorithm alg = nb->lim->cfg.algorithm;
   bool take = (req->flags & TG_NB_RULE) &&
               (alg == TG_FIXED_WINDOW || alg == TG_FIXED_WINDOW_PER_KEY);
-  int rc =
-      req->flags & ~TG_NB_RULE
-          ? TG_EINVAL
-          : tg__limiter_prepare(nb->lim, take ? TG__OP_TAKE : TG__OP_HIT, now,
-                                req->key, req->key_len, req->q, req->cost, c);
+  bool reserve = req->flags & TG_NB_RESERVE;
+  tg__op op = reserve ? TG__OP_RESERVE : take ? TG__OP_TAKE : TG__OP_HIT;
+  req->delay_ns = req->delay_ms = 0;
+  int rc = req->flags & ~(TG_NB_RULE | TG_NB_RESERVE) ||
+                   (reserve && req->max_wait_ms > TG_PERIOD_MAX_MS)
+               ? TG_EINVAL
+               : tg__limiter_prepare(nb->lim, op, now, req->key, req->key_len,
+                                     req->q, req->cost, c);
   if (rc != TG_OK) {
     tg__limiter_invalid(nb->lim, rc, req->key, req->key_len, req->q, req->cost,
                         &req->result);
     req->status = rc;
     return rc;
   }
+  if (reserve)
+    c->wait_ns = req->max_wait_ms * UINT64_C(1000000);
   p->q = *req->q;
   p->when = tg__limiter_when(nb->lim, c);
   p->er.owner = req;
@@ -205,6 +210,28 @@ int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req) {
   return submit(nb, &now_us, req);
 }
 
+/* A reservation's answer, as tg_reserve makes it (reserve.c): the
+ * outcome and its delay, or the failure policy's answer (no fallback
+ * decision); then counted, and in shadow mode a delay answered 0. */
+static int reserved(tg_limiter *lim, const tg__call *c, const tg_quota *q,
+                    int rc, const tg__outcome *o, tg_nb_req *req) {
+  req->delay_ns = 0;
+  if (rc == TG_OK) {
+    req->result = o->r;
+    req->delay_ns = o->r.allowed ? o->value : 0;
+  } else {
+    tg__limiter_failure(lim, rc, q, &req->result);
+  }
+  tg__limiter_done(lim, rc, &req->result, lim->shadow, c->key, c->key_len, q,
+                   c->arg, false);
+  if (lim->shadow && req->delay_ns > 0) {
+    req->result.shadow_denied = true;
+    req->delay_ns = 0;
+  }
+  req->delay_ms = tg__div_ceil(req->delay_ns, 1000000);
+  return rc;
+}
+
 tg_nb_req *tg_nb_done(tg_nb *nb) {
   if (!nb)
     return NULL;
@@ -221,8 +248,11 @@ tg_nb_req *tg_nb_done(tg_nb *nb) {
     return NULL;
   tg_nb_req *req = r->owner;
   nbpriv *p = priv(req);
-  req->status = tg__limiter_answer(nb->lim, &r->call, &p->q, p->when, r->status,
-                                   &r->out, &req->result);
+  if (r->call.op == TG__OP_RESERVE)
+    req->status = reserved(nb->lim, &r->call, &p->q, r->status, &r->out, req);
+  else
+    req->status = tg__limiter_answer(nb->lim, &r->call, &p->q, p->when,
+                                     r->status, &r->out, &req->result);
   nb->pending--;
   return req;
 }

@@ -653,13 +653,161 @@ static void rule_flag_counts_only_admitted_cost(void **state) {
     assert_int_equal(r.retry_after_ms, TG_NEVER);
     assert_int_equal(one_req(&d, now, "s", &q, 10, TG_NB_RULE).remaining, 0);
     /* an unknown flag is invalid input */
-    tg_nb_req bad = {.key = "k", .key_len = 1, .q = &q, .cost = 1, .flags = 2};
+    tg_nb_req bad = {.key = "k", .key_len = 1, .q = &q, .cost = 1, .flags = 4};
     assert_int_equal(tg_nb_submit(nb, &bad), TG_EINVAL);
     assert_int_equal(bad.status, TG_EINVAL);
     assert_int_equal(tg_nb_pending(nb), 0);
     nbp_close_all(&d);
     tg_nb_destroy(nb);
   }
+}
+
+/* ---- TG_NB_RESERVE: tg_reserve's answers, in one round trip ---------------
+ */
+
+static void reserve_matches_tg_reserve(void **state) {
+  (void)state;
+  static const tg_quota RQ[] = {
+      {10, 1000, 3}, {3, 7, 1}, {1000, 60000, 50}, {7, 1000, 0}};
+  uint64_t seed = (uint64_t)time(NULL);
+  for (int alg = TG_TOKEN_BUCKET; alg <= TG_LEAKY_BUCKET; alg++) {
+    rng = seed + (uint64_t)alg;
+    tg_config cfg;
+    tg_redis_config rc;
+    config(&cfg, &rc, (tg_algorithm)alg, "resb");
+    tg_limiter *red = NULL;
+    assert_int_equal(tg_limiter_new(&red, &cfg), TG_OK);
+    config(&cfg, &rc, (tg_algorithm)alg, "resn");
+    tg_nb *nb = nb_make(&cfg);
+    tg_config mc;
+    tg_config_init(&mc);
+    mc.algorithm = (tg_algorithm)alg;
+    mc.clean_period_ms = 0;
+    tg_limiter *mem = NULL;
+    assert_int_equal(tg_limiter_new(&mem, &mc), TG_OK);
+    nbp d;
+    nbp_init(&d, nb);
+    d.split = 1 + (size_t)below(64);
+    uint64_t now = real_us();
+    size_t delayed = 0, at_once = 0, refused = 0;
+    enum { M = 16 };
+    tg_nb_req req[M];
+    tg_reservation want[M];
+    int want_rc[M];
+    for (int round = 0; round < 200; round++) {
+      size_t queued = 0;
+      for (size_t i = 0; i < M; i++) {
+        const char *k = below(2) ? "a" : "b";
+        const tg_quota *q = &RQ[*k == 'a' ? 0 : 1 + (size_t)below(3)];
+        uint64_t cost = below(8) == 0 ? 4 : below(3);
+        uint64_t wait = below(4) == 0 ? 0 : below(3000);
+        want_rc[i] = tg_reserve_at(mem, now, k, 1, q, cost, wait, &want[i]);
+        tg_reservation b;
+        int brc = tg_reserve_at(red, now, k, 1, q, cost, wait, &b);
+        assert_int_equal(brc, want_rc[i]);
+        assert_true(same(&b.result, &want[i].result));
+        assert_int_equal(b.delay_ns, want[i].delay_ns);
+        req[i] = (tg_nb_req){.key = k,
+                             .key_len = 1,
+                             .q = q,
+                             .cost = cost,
+                             .flags = TG_NB_RESERVE,
+                             .max_wait_ms = wait};
+        int src = tg_nb_submit_at(nb, now, &req[i]);
+        assert_int_equal(src, want_rc[i] == TG_OK ? TG_OK : src);
+        if (src == TG_OK)
+          queued++;
+      }
+      assert_int_equal(nbp_run(&d, queued, 10000, NULL, NULL), queued);
+      for (size_t i = 0; i < M; i++) {
+        if (req[i].status != want_rc[i] ||
+            !same(&req[i].result, &want[i].result) ||
+            req[i].delay_ns != want[i].delay_ns ||
+            req[i].delay_ms != want[i].delay_ms) {
+          print_error("seed %" PRIu64 " round %d call %zu: tg_nb %s allowed=%d"
+                      " delay=%" PRIu64
+                      " ns, tg_reserve %s allowed=%d delay=%" PRIu64 " ns\n",
+                      seed, round, i, tg_err_name(req[i].status),
+                      req[i].result.allowed, req[i].delay_ns,
+                      tg_err_name(want_rc[i]), want[i].result.allowed,
+                      want[i].delay_ns);
+          fail();
+        }
+        if (want_rc[i] == TG_OK)
+          !want[i].ok ? refused++ : want[i].delay_ns ? delayed++ : at_once++;
+      }
+      now += below(MS(400));
+    }
+    print_message("%s: reservations %zu at once, %zu delayed, %zu refused\n",
+                  tg_algorithm_name((tg_algorithm)alg), at_once, delayed,
+                  refused);
+    assert_true(at_once > 50 && delayed > 50 && refused > 50);
+    /* input: no wait above the longest period; buckets only */
+    tg_nb_req bad = {.key = "k",
+                     .key_len = 1,
+                     .q = &RQ[0],
+                     .cost = 1,
+                     .flags = TG_NB_RESERVE,
+                     .max_wait_ms = TG_PERIOD_MAX_MS + 1};
+    assert_int_equal(tg_nb_submit(nb, &bad), TG_EINVAL);
+    nbp_close_all(&d);
+    tg_nb_destroy(nb);
+    tg_limiter_destroy(red);
+    tg_limiter_destroy(mem);
+  }
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_SLIDING_WINDOW, "resw");
+  tg_nb *nb = nb_make(&cfg);
+  tg_quota q = {.limit = 5, .period_ms = 1000};
+  tg_nb_req w = {.key = "k",
+                 .key_len = 1,
+                 .q = &q,
+                 .cost = 1,
+                 .flags = TG_NB_RESERVE,
+                 .max_wait_ms = 10};
+  assert_int_equal(tg_nb_submit(nb, &w), TG_ENOTSUP);
+  assert_int_equal(tg_nb_pending(nb), 0);
+  tg_nb_destroy(nb);
+}
+
+/* Reservations spaced exactly 1/R apart, through tg_nb: 10 at one moment
+ * on a bucket of rate 4/s and burst 2 wait 0, 0, 250, 500 ... 2000 ms. */
+static void reserve_spacing_is_exact(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_TOKEN_BUCKET, "space");
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  tg_quota q = {.limit = 4, .period_ms = 1000, .burst = 2};
+  tg_nb_req r[10];
+  uint64_t now = real_us();
+  for (int i = 0; i < 10; i++) {
+    r[i] = (tg_nb_req){.key = "s",
+                       .key_len = 1,
+                       .q = &q,
+                       .cost = 1,
+                       .flags = TG_NB_RESERVE,
+                       .max_wait_ms = 1750};
+    assert_int_equal(tg_nb_submit_at(nb, now, &r[i]), TG_OK);
+  }
+  assert_int_equal(nbp_run(&d, 10, 10000, NULL, NULL), 10);
+  for (int i = 0; i < 10; i++) {
+    assert_int_equal(r[i].status, TG_OK);
+    uint64_t want = i < 2 ? 0 : (uint64_t)(i - 1) * MS(250) * 1000;
+    if (i < 9) {
+      assert_true(r[i].result.allowed);
+      assert_int_equal(r[i].delay_ns, want);
+    } else { /* 2000 ms > 1750: refused, nothing taken */
+      assert_false(r[i].result.allowed);
+      assert_int_equal(r[i].delay_ns, 0);
+      assert_int_equal(r[i].result.retry_after_ms, 250);
+    }
+  }
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
 }
 
 /* ---- the deny cache and the fallback, through the API ---------------------
@@ -804,6 +952,8 @@ int main(void) {
       cmocka_unit_test_setup(auth_socket_and_database, server_up),
       cmocka_unit_test_setup(destroy_with_requests_pending, server_up),
       cmocka_unit_test_setup(rule_flag_counts_only_admitted_cost, server_up),
+      cmocka_unit_test_setup(reserve_matches_tg_reserve, server_up),
+      cmocka_unit_test_setup(reserve_spacing_is_exact, server_up),
       cmocka_unit_test_setup(deny_cache_answers_locally, server_up),
       cmocka_unit_test_setup(fallback_decides_while_down, server_up),
       cmocka_unit_test_setup(shadow_and_hook, server_up),

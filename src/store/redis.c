@@ -181,6 +181,8 @@ static void build_module_args(const redis_store *s, const tg__call *c,
   push_u64(a, c->q.burst);
   push_u64(a, c->arg);
   push_u64(a, s->log_entries);
+  if (c->op == TG__OP_RESERVE) /* tg_nb's TG_NB_RESERVE */
+    push_u64(a, c->wait_ns);
 }
 
 /* The command for call c on a connection with the module or without. */
@@ -218,8 +220,11 @@ static void build_args(const redis_store *s, const tg__call *c, bool module,
   case TG_LEAKY_BUCKET:
     /* cost, fill <= burst, so the products are <= tau: no overflow */
     if (op[0] == 'h') {
+      /* a reservation (tg_nb's TG_NB_RESERVE) is a hit whose tolerance is
+       * stretched by its wait (src/core/gcra.c): tau + wait < 2^64 */
       push_u64(a, c->arg * c->q.t_ns);
-      push_u64(a, c->q.tau_ns);
+      push_u64(a, c->q.tau_ns +
+                      (c->op == TG__OP_RESERVE ? c->wait_ns : UINT64_C(0)));
     } else if (op[0] == 's') {
       uint64_t fill = c->alg == TG_TOKEN_BUCKET ? c->q.burst - c->arg : c->arg;
       push_u64(a, fill * c->q.t_ns);

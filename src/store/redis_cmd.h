@@ -17,7 +17,7 @@
 /* prefix ":{" key "}:" suffix */
 #define TG__REDIS_NAME_MAX (TG__REDIS_PREFIX_MAX + 2 + TG_KEY_MAX + 2 + 2)
 #define TG__REDIS_ARGS_MAX 12
-#define TG__REDIS_NUMS_MAX 6
+#define TG__REDIS_NUMS_MAX 8
 
 /* One command (EVALSHA or TG.STEP): argv with its own storage for the key
  * name and numbers. */

@@ -25,6 +25,8 @@ import threading
 import time
 import unittest
 
+import http.client
+
 import ngx
 
 ALGORITHMS = ["fixed_window", "fixed_window_per_key", "sliding_window",
@@ -161,6 +163,10 @@ class Shared(unittest.TestCase):
                   " rate=10r/d %s;\n" % store)
         zones += ("tollgate_zone $arg_k zone=fw algorithm=fixed_window_per_key"
                   " rate=10/1d %s;\n" % store)
+        zones += ("tollgate_zone $arg_k zone=q algorithm=leaky_bucket"
+                  " rate=2r/s %s;\n" % store)
+        zones += ("tollgate_zone $arg_k zone=q1 algorithm=leaky_bucket"
+                  " rate=1r/m %s;\n" % store)
         locs = "".join(
             "location /%s { tollgate zone=%s; add_header X-Pid $pid always;"
             " try_files /index.html =404; }\n" % (a, a) for a in ALGORITHMS)
@@ -179,6 +185,15 @@ location /dry { tollgate zone=w; tollgate_dry_run on;
                 try_files /index.html =404; }
 location /nodelay { tollgate zone=token_bucket burst=2 nodelay;
                     try_files /index.html =404; }
+location /queue { tollgate zone=q burst=3 delay=1;
+                  add_header X-Status $tollgate_status always;
+                  try_files /index.html =404; }
+location /slow { tollgate zone=q1 burst=1;
+                 add_header X-Status $tollgate_status always;
+                 try_files /index.html =404; }
+location /qdry { tollgate zone=q burst=3 delay=1; tollgate_dry_run on;
+                 add_header X-Status $tollgate_status always;
+                 try_files /index.html =404; }
 location /wcost { tollgate zone=fw cost=$arg_cost;
                   add_header X-Status $tollgate_status always;
                   add_header X-Remaining $tollgate_remaining always;
@@ -258,6 +273,50 @@ location /cost { tollgate zone=c cost=$arg_cost;
                          statuses(b, "/nodelay?k=n", 2), [200, 200, 200, 429])
 
 
+    def test_delay_queue_across_two_hosts(self):
+        # limit_req's queue on a Redis zone (one reservation per request):
+        # 2r/s burst=3 delay=1, five requests 20 ms apart, alternating
+        # hosts: the first and the first excess one pass at once, the next
+        # two wait about 0.5 s and 1 s, the last is refused - what a
+        # shared-memory zone (and limit_req) answers on one host
+        got = staggered(self.hosts, "/queue?k=d", 5, gap=0.02)
+        self.assertEqual([g[0] for g in got], [200, 200, 200, 200, 429], got)
+        self.assertEqual([g[2] for g in got],
+                         ["PASSED", "PASSED", "DELAYED", "DELAYED",
+                          "REJECTED"], got)
+        self.assertGreater(got[2][1], 0.35, got)
+        self.assertGreater(got[3][1], 0.85, got)
+        log = self.hosts[0].error_log() + self.hosts[1].error_log()
+        self.assertIn('delaying request by zone "q"', log)
+        # a dry run: decided and recorded, nobody waits or is refused
+        got = staggered(self.hosts, "/qdry?k=e", 5, gap=0.02)
+        self.assertEqual([(g[0], g[2]) for g in got],
+                         [(200, "PASSED")] * 2 +
+                         [(200, "DELAYED_DRY_RUN")] * 2 +
+                         [(200, "REJECTED_DRY_RUN")], got)
+
+    def test_client_leaving_a_redis_delay(self):
+        # 1r/m burst=1: the first request passes, the second would wait a
+        # minute; its client leaves. Its slot is kept (a Redis zone's
+        # reservation has no receipt to give back, as limit_req keeps
+        # it), so a third is refused at once (a minute and more to wait),
+        # and the worker goes on
+        a, b = self.hosts
+        st, h, _ = a.request("/slow?k=l")
+        self.assertEqual((st, h["x-status"]), (200, "PASSED"))
+        c = http.client.HTTPConnection("127.0.0.1", b.port, timeout=0.5)
+        c.request("GET", "/slow?k=l")
+        with self.assertRaises(socket.timeout):
+            c.getresponse()
+        c.close()
+        time.sleep(0.3)
+        st, h, _ = a.request("/slow?k=l")
+        self.assertEqual((st, h["x-status"]), (429, "REJECTED"))
+        self.assertIn('delaying request by zone "q1"', b.error_log())
+        for n in self.hosts:
+            self.assertEqual(n.request("/index.html")[0], 200)
+            self.assertNotIn("[alert]", n.error_log())
+
     def test_costs_on_a_redis_zone(self):
         # as on a memory zone: a cost from a variable, 0 a peek, a cost
         # above the limit (or beyond 64 bits) "never" and nothing taken,
@@ -294,6 +353,27 @@ location /cost { tollgate zone=c cost=$arg_cost;
         self.assertEqual(a.request("/wcost?k=f&cost=1")[0], 429)
         self.assertEqual(a.request("/wcost?k=g&cost=11")[0], 429)
         self.assertEqual(statuses(b, "/wcost?k=g&cost=5", 2), [200, 200])
+
+
+def staggered(hosts, path, count, gap):
+    """count requests for path at i * gap seconds, to hosts[i % 2], each on
+    its own connection, waiting for none: [(status, seconds, X-Status)]."""
+    out = [None] * count
+    t0 = time.monotonic()
+
+    def one(i):
+        pause = t0 + i * gap - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        t = time.monotonic()
+        st, h, _ = hosts[i % len(hosts)].request(path)
+        out[i] = (st, time.monotonic() - t, h.get("x-status"))
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out
 
 
 class Outage(unittest.TestCase):
@@ -587,7 +667,7 @@ class ConfigErrors(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         # the refusals name the zone and the line
         for body in ("  tollgate zone=m;\n  tollgate zone=r; # HERE\n",
-                     "  tollgate zone=r burst=5; # HERE\n"):
+                     "  tollgate zone=m;\n  tollgate zone=r burst=5; # HERE\n"):
             rc, out, where = ngx.check_line(
                 z + "server {\n listen 127.0.0.1:PORT;\n location / {\n"
                 + body + " }\n}\n", "# HERE")
@@ -603,11 +683,11 @@ class ConfigErrors(unittest.TestCase):
                     'tollgate line on a Redis zone must be the only one')
         self.expect(loc("tollgate zone=m; tollgate zone=r nodelay;"),
                     'zone "r" is kept in Redis')
-        self.expect(loc("tollgate zone=r burst=5;"),
-                    'tollgate: zone "r" is kept in Redis (store=), which '
-                    'cannot delay requests')
-        self.expect(loc("tollgate zone=r burst=5 delay=2;"),
-                    "cannot delay requests")
+        # limit_req's queue on a Redis zone: one reservation
+        for body in ("tollgate zone=r burst=5;",
+                     "tollgate zone=r burst=5 delay=2;"):
+            rc, out = ngx.check(loc(body))
+            self.assertEqual(rc, 0, out)
         cases = [
             ("store=redis:/x", 'tollgate_zone: invalid "store=redis:/x"'),
             ("store=memcached://h", "invalid \"store=memcached://h\""),
