@@ -70,18 +70,35 @@ def owner(key, ms):
     return None
 
 
+def settled_masters(timeout=30):
+    """masters() once every one of the three holds slots and together they
+    cover all 16384: a node may still show another master without its
+    slots just after the Cluster formed (then no key could be found for
+    that master)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ms = masters()
+        covered = sum(b - a + 1 for rs in ms.values() for a, b in rs)
+        if len(ms) == 3 and all(ms.values()) and covered == 16384:
+            return ms
+        if time.monotonic() > deadline:
+            raise AssertionError("the Cluster's masters did not settle: %r"
+                                 % ms)
+        time.sleep(0.1)
+
+
 def keys_per_master(count):
     """count keys on each master: {port: [keys]}."""
-    ms = masters()
+    ms = settled_masters()
     got = {p: [] for p in ms}
-    i = 0
-    while any(len(v) < count for v in got.values()):
+    for i in range(100000):
+        if all(len(v) >= count for v in got.values()):
+            return got
         k = "k%d" % i
-        i += 1
         p = owner(k, ms)
         if p in got and len(got[p]) < count:
             got[p].append(k)
-    return got
+    raise AssertionError("no %d keys per master in 100000: %r" % (count, got))
 
 
 class Cluster(unittest.TestCase):
