@@ -420,38 +420,40 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
   return TG_OK;
 }
 
-/* Whether a policy of this one rule is decided by the store's plain hit
- * (hit_one): a bucket, whose denied tg_hit writes nothing (a window counts
- * a denied tg_hit, a denied policy not; a sliding log's denied tg_hit may
- * store the log pruned at its quota's period, which a later quota of
- * longer period would have counted, where Redis's policy keeps it), on a
- * store that runs the protocol here (the tables), with none of what a
- * plain hit would answer differently (a deny cache, a shadow limiter) and
- * valid flags. */
-static inline bool one_is_hit(const tg_rule *ru, unsigned flags) {
+/* Whether a policy of this one rule is decided in one step of its store
+ * (hit_one): on a store that runs the protocol here (the tables), with none
+ * of what a plain step would answer differently (a deny cache, a shadow
+ * limiter) and valid flags. */
+static inline bool one_step(const tg_rule *ru, unsigned flags) {
   const tg_limiter *l = ru->lim;
-  if (!l || (l->cfg.algorithm != TG_TOKEN_BUCKET &&
-             l->cfg.algorithm != TG_LEAKY_BUCKET))
-    return false;
-  return !l->shadow && !l->deny && l->ident_ok && !l->store->ops->exec_rules &&
-         !(flags & ~TG_RULES_SHADOW);
+  return l && !l->shadow && !l->deny && l->ident_ok &&
+         !l->store->ops->exec_rules && !(flags & ~TG_RULES_SHADOW);
 }
 
-/* A policy of one rule that one_is_hit admits: for a bucket alone,
- * checking and then taking is one step of the store, the one tg_hit makes,
- * whose answer (allowed or denied, every number) and written state are the
- * rule's (test_rules.c, like_hit, holds the answers to it on every store);
- * the policy's answer and bookkeeping as hit_rules gives them. False, with
- * nothing done, for input tg__limiter_prepare refuses: hit_rules then reports
- * it. */
+/* A policy of one rule that one_step admits: checking and then taking is
+ * one step of the store. A bucket's is the one tg_hit makes (a denied hit
+ * writes nothing there); a window's and a sliding log's a TAKE without its
+ * CHECK, which counts only an admitted cost and, denied, writes nothing (a
+ * sliding log not even the entries its period has expired: a later quota
+ * of a longer period counts them, as Redis's policy does). Either way its
+ * answer (allowed or denied, every number) and written state are the
+ * rule's: denied, the step's numbers are those of the key as it is, which
+ * a CHECK's peek would give (test_rules.c, like_hit and one_step_like_two,
+ * holds them to the two-phase decision on every store). The policy's
+ * answer and bookkeeping as hit_rules gives them. False, with nothing
+ * done, for input tg__limiter_prepare refuses: hit_rules then reports it. */
 static inline __attribute__((always_inline)) bool
 hit_one(const uint64_t *now, tg_rule *ru, unsigned flags, tg_rules_result *out,
         int *rc_out) {
   tg_limiter *lim = ru->lim;
+  tg_algorithm alg = lim->cfg.algorithm;
+  bool bucket = alg == TG_TOKEN_BUCKET || alg == TG_LEAKY_BUCKET;
   tg__call c;
-  if (tg__limiter_prepare(lim, TG__OP_HIT, now, ru->key, ru->key_len, ru->q,
-                          ru->cost, &c) != TG_OK)
+  if (tg__limiter_prepare(lim, bucket ? TG__OP_HIT : TG__OP_TAKE, now, ru->key,
+                          ru->key_len, ru->q, ru->cost, &c) != TG_OK)
     return false;
+  /* no token: the table takes a TAKE without one as a plain step (no
+   * receipt, nothing checked before it) */
   tg__outcome o;
   int rc = lim->store->ops->exec(lim->store, &c, &o);
   bool all_shadow = flags & TG_RULES_SHADOW;
@@ -478,7 +480,7 @@ static inline __attribute__((always_inline)) int
 hit_rules_by_count(const uint64_t *now, tg_rule *rules, size_t n,
                    unsigned flags, tg_rules_result *out) {
   int rc;
-  if (n == 1 && out && rules && one_is_hit(rules, flags) &&
+  if (n == 1 && out && rules && one_step(rules, flags) &&
       hit_one(now, rules, flags, out, &rc))
     return rc;
   if (n == 1)

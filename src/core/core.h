@@ -167,7 +167,9 @@ typedef struct tg__call {
                        TIME): now_us is 0 until the store sets it */
   uint64_t wait_ns; /* RESERVE: the longest delay accepted, ns */
   tg__token *tok;   /* CHECK, TAKE, RESERVE, UNDO, CANCEL: in and out
-                       (NULL for the other operations) */
+                       (NULL for the other operations; NULL for a TAKE
+                       that is a policy's only step, which a table runs
+                       as a plain step without a receipt) */
 } tg__call;
 
 /* What one call answers. */

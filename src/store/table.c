@@ -729,7 +729,9 @@ exec_log(tg__table *t, const kref *k, const tg__call *c, tg__outcome *o) {
       unlock_block(t, b);
       return TG_ECORRUPT;
     }
-    if (changed)
+    /* a one-rule policy's TAKE (rules.c, hit_one) that is denied writes
+     * nothing, not even the entries its period expired */
+    if (changed && (c->op != TG__OP_TAKE || (rc == TG_OK && o->r.allowed)))
       log_store(b, &lg);
     b->period_us = c->q.period_us;
     unlock_block(t, b);
@@ -986,7 +988,9 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
       tok->entry_us = took ? tg__log_at(&lg, lg.n - 1)->t_us : 0;
       tok->now_us = c->now_us;
     }
-    if (changed) {
+    /* a denied TAKE writes nothing, not even the entries its period
+     * expired: a policy that is denied leaves every key as it was */
+    if (changed && (c->op != TG__OP_TAKE || (rc == TG_OK && o->r.allowed))) {
       log_store(b, &lg);
       b->period_us = c->q.period_us;
     }
@@ -1224,8 +1228,15 @@ exec_key(tg__table *t, const kref *k, const tg__call *c, tg__outcome *o) {
   return exec_state(t, k, c, o);
 }
 
+/* Whether call c goes through the policy protocol (tg__table_rule): every
+ * policy step and reservation, which carry a token, but a TAKE without one
+ * (a one-rule policy, rules.c's hit_one), which is a plain step. */
+static inline bool by_rule(const tg__call *c) {
+  return c->op > TG__OP_EXPIRES && (c->op != TG__OP_TAKE || c->tok);
+}
+
 int tg__table_exec(tg__table *t, const tg__call *c, tg__outcome *o) {
-  if (c->op > TG__OP_EXPIRES) /* policies and reservations: c->tok set */
+  if (by_rule(c)) /* policies and reservations: c->tok set */
     return tg__table_rule(t, c, o);
   kref k;
   kref_init(t, &k, c->key, c->key_len);
@@ -1253,9 +1264,8 @@ void tg__table_exec_batch(tg__table *t, const tg__call *calls, size_t n,
     }
     for (size_t j = 0; j < m; j++) {
       const tg__call *c = &calls[base + j];
-      rcs[base + j] = c->op > TG__OP_EXPIRES
-                          ? tg__table_rule(t, c, &outs[base + j])
-                          : exec_key(t, &ks[j], c, &outs[base + j]);
+      rcs[base + j] = by_rule(c) ? tg__table_rule(t, c, &outs[base + j])
+                                 : exec_key(t, &ks[j], c, &outs[base + j]);
     }
   }
 }
