@@ -1482,8 +1482,10 @@ TG_EXTERN int tg_redis_available(void);
  * (0 when it may go at once, or was refused, or failed; in shadow mode a
  * delay is answered 0 with shadow_denied set). One command, one round
  * trip: the script's bucket step with the tolerance stretched by the wait,
- * or TG.STEP's RESERVE with the wait as its eleventh argument (a module
- * from before that argument answers an error: TG_ESTORE). A failure is
+ * or TG.STEP's RESERVE with the wait as its eleventh argument. A server
+ * whose tollgate module predates that argument answers an error, so every
+ * reservation fails there (TG_ESTORE, the failure policy's answer) until
+ * the module is upgraded: load the module built with this library. A failure is
  * answered as tg_reserve answers it (the failure policy, without the
  * fallback's decision). What is missing beside tg_reserve: a receipt, so
  * there is no tg_cancel for it: a reservation made here is never given
@@ -1501,9 +1503,10 @@ TG_EXTERN int tg_redis_available(void);
  * refused there: the code is returned, status and result are filled as
  * tg_hit would, and the request is not pending. Otherwise it is pending until
  * tg_nb_done returns it, with status and result exactly what tg_hit would
- * have returned and written (a store failure: its code and the failure
- * policy's answer, marked degraded). Until then its memory, and the bytes
- * of its key, must stay valid and untouched (q is copied). A request the
+ * have returned and written (with TG_NB_RULE or TG_NB_RESERVE, what the
+ * call they name would have: below), a store failure its code and the
+ * failure policy's answer, marked degraded. Until then its memory, and the
+ * bytes of its key, must stay valid and untouched (q is copied). A request the
  * deny cache answers, or whose node is down, is done at once: tg_nb_done
  * returns it after the submit without any I/O. Requests complete in
  * submission order per link, in any order across links.
@@ -1582,8 +1585,9 @@ typedef struct tg_nb_req {
   unsigned flags;       /* in: 0 (as tg_hit), TG_NB_RULE, TG_NB_RESERVE */
   uint64_t max_wait_ms; /* in, with TG_NB_RESERVE: as tg_reserve's */
   void *data;           /* the caller's, never touched */
-  int status;           /* out: what tg_hit would have returned */
-  tg_result result;     /* out: what tg_hit would have written */
+  int status;           /* out: what tg_hit (or, with a flag, the call
+                           it names) would have returned */
+  tg_result result;     /* out: and written */
   uint64_t delay_ns;    /* out, with TG_NB_RESERVE: as tg_reservation's */
   uint64_t delay_ms;    /* (delay_ns rounded up) */
   uint64_t private_[TG_NB_PRIVATE_WORDS]; /* the library's */

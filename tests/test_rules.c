@@ -585,6 +585,42 @@ static void test_denied_keeps_log(void **state) {
   }
 }
 
+/* The cleaner reads the period a log was last written under: a denied
+ * one-rule policy on a log (one step of the table) must not leave its
+ * shorter period there, or the next pass reclaims entries the log's own
+ * period still counts. */
+static void test_denied_leaves_period(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_SLIDING_WINDOW;
+  cfg.clock = hand_clock;
+  cfg.clean_period_ms = 0;
+  cfg.key_older_than_ms = 0;
+  cfg.sliding_max_entries = 8;
+  tg_limiter *sw = NULL;
+  assert_int_equal(tg_limiter_new(&sw, &cfg), 0);
+  const tg_quota lng = {10, 10000, 0}, shrt = {1, 1000, 0};
+  tg_rules_result out;
+  tg_rule r = rule(sw, "k", &lng, 1);
+  assert_int_equal(tg_hit_rules_at(T0, &r, 1, 0, &out), 0);
+  assert_true(out.r.allowed);
+  r = rule(sw, "k", &shrt, 5);
+  assert_int_equal(tg_hit_rules_at(T0 + MS(2000), &r, 1, 0, &out), 0);
+  assert_false(out.r.allowed);
+  size_t removed = 9;
+  assert_int_equal(tg_clean_at(sw, T0 + MS(2500), &removed), 0);
+  assert_int_equal(removed, 0);
+  uint64_t v;
+  const char *k = tk("k"); /* as rule() names it */
+  assert_int_equal(tg_get_at(sw, T0 + MS(3000), k, strlen(k), &lng, &v), 0);
+  assert_int_equal(v, 1);
+  /* and once the log's own period is over, it goes */
+  assert_int_equal(tg_clean_at(sw, T0 + MS(10500), &removed), 0);
+  assert_int_equal(removed, 1);
+  tg_limiter_destroy(sw);
+}
+
 /* A call in shadow mode (TG_RULES_SHADOW) on a policy of one rule, for
  * every algorithm (the buckets are decided by the store's plain hit on
  * the tables): decided and counted as usual, answered allowed
@@ -1686,6 +1722,7 @@ int main(void) {
       cmocka_unit_test(test_answer),
       cmocka_unit_test(test_like_hit),
       cmocka_unit_test(test_one_step_like_two),
+      cmocka_unit_test(test_denied_leaves_period),
       cmocka_unit_test(test_shadow),
       cmocka_unit_test(test_shadow_one),
       cmocka_unit_test(test_denied_keeps_log),

@@ -153,10 +153,10 @@ static const char *op_letter(const tg__call *c) {
     return "r";
   if (c->op == TG__OP_SET)
     return "s";
-  if (c->op == TG__OP_TAKE) /* a window's, from tg_nb with TG_NB_RULE */
+  bool window = c->alg == TG_FIXED_WINDOW || c->alg == TG_FIXED_WINDOW_PER_KEY;
+  if (window && c->op == TG__OP_TAKE) /* tg_nb's TG_NB_RULE */
     return "p";
-  return c->alg == TG_FIXED_WINDOW || c->alg == TG_FIXED_WINDOW_PER_KEY ? "w"
-                                                                        : "h";
+  return window ? "w" : "h"; /* a bucket's TAKE or RESERVE: a hit's step */
 }
 
 /* The module's command for a call (redis-module/module.c): TG.STEP_RO, which
@@ -231,7 +231,7 @@ static void build_args(const redis_store *s, const tg__call *c, bool module,
     }
     break;
   case TG_SLIDING_WINDOW:
-    push_u64(a, c->op == TG__OP_HIT ? c->arg : 0);
+    push_u64(a, c->op == TG__OP_HIT || c->op == TG__OP_TAKE ? c->arg : 0);
     push_u64(a, c->q.limit);
     push_u64(a, c->q.period_us);
     push_u64(a, s->log_entries);

@@ -729,11 +729,17 @@ exec_log(tg__table *t, const kref *k, const tg__call *c, tg__outcome *o) {
       unlock_block(t, b);
       return TG_ECORRUPT;
     }
-    /* a one-rule policy's TAKE (rules.c, hit_one) that is denied writes
-     * nothing, not even the entries its period expired */
-    if (changed && (c->op != TG__OP_TAKE || (rc == TG_OK && o->r.allowed)))
+    /* a one-rule policy's TAKE (rules.c, hit_one) writes as the
+     * protocol's (exec_rule_log): nothing when it is denied, not even the
+     * entries its period expired nor that period (the cleaner reads it:
+     * a shorter one would reclaim entries a longer one still counts) */
+    bool take = c->op == TG__OP_TAKE;
+    if (changed && (!take || (rc == TG_OK && o->r.allowed))) {
       log_store(b, &lg);
-    b->period_us = c->q.period_us;
+      b->period_us = c->q.period_us;
+    } else if (!take) {
+      b->period_us = c->q.period_us;
+    }
     unlock_block(t, b);
     return rc;
   }
