@@ -375,12 +375,8 @@ static bool fallback(const tg_limiter *lim, const tg__call *c,
   bool bucket = c->alg == TG_TOKEN_BUCKET || c->alg == TG_LEAKY_BUCKET;
   tg_quota lq = {q->limit / share, q->period_ms,
                  bucket ? c->q.burst / share : 0};
-  tg__call lc = *c;
-  tg__token tk; /* a one-rule policy's TAKE (tg_nb): its receipt, unused */
-  if (lc.op == TG__OP_TAKE) {
-    memset(&tk, 0, sizeof tk);
-    lc.tok = &tk;
-  }
+  tg__call lc = *c; /* a TAKE (tg_nb's TG_NB_RULE) has no token: the
+                       table runs it as a plain step */
   if (lq.limit == 0 || (bucket && lq.burst == 0) ||
       tg__quota_prepare(&lc.q, &lq, c->alg) != TG_OK) {
     /* this host's share is below one call: it may admit nothing */
