@@ -395,13 +395,19 @@ static void like_hit(kind k, tg_algorithm alg, uint64_t steps) {
   world_free(&w);
 }
 
+/* Steps of a random comparison: fewer over a network and under a
+ * sanitizer. */
+static uint64_t property_steps(void) {
+  return getenv("TG_TEST_REDIS_PORT") || cluster_seeds() ? 2000
+         : SANITIZED                                     ? 20000
+                                                         : 100000;
+}
+
 static void test_like_hit(void **state) {
   (void)state;
   static const tg_algorithm algs[] = {TG_SLIDING_WINDOW, TG_TOKEN_BUCKET,
                                       TG_LEAKY_BUCKET};
-  uint64_t steps = getenv("TG_TEST_REDIS_PORT") || cluster_seeds() ? 2000
-                   : SANITIZED                                     ? 20000
-                                                                   : 100000;
+  uint64_t steps = property_steps();
   for (int k = 0; k < K_COUNT; k++) {
     if (!kind_ready[k])
       continue;
@@ -475,9 +481,7 @@ static void one_step_like_two(kind k, tg_algorithm alg, uint64_t steps) {
 
 static void test_one_step_like_two(void **state) {
   (void)state;
-  uint64_t steps = getenv("TG_TEST_REDIS_PORT") || cluster_seeds() ? 2000
-                   : SANITIZED                                     ? 20000
-                                                                   : 100000;
+  uint64_t steps = property_steps();
   for (int k = 0; k < K_COUNT; k++) {
     if (!kind_ready[k])
       continue;
