@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 
 NGINX = os.environ.get("TG_NGINX", "/usr/sbin/nginx")
@@ -219,3 +220,27 @@ def check_line(http, marker, main=""):
                 "%s:%d" % (n.conf, lineno))
     finally:
         shutil.rmtree(n.prefix, ignore_errors=True)
+
+
+def staggered(hosts, paths, gap=0.05):
+    """Requests paths[i] at i * gap seconds, to hosts[i % len(hosts)] (or
+    the one Nginx given), each on its own connection, waiting for none:
+    [(status, seconds it took, X-Status)]."""
+    if isinstance(hosts, Nginx):
+        hosts = [hosts]
+    out = [None] * len(paths)
+    t0 = time.monotonic()
+
+    def one(i):
+        pause = t0 + i * gap - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        t = time.monotonic()
+        st, h, _ = hosts[i % len(hosts)].request(paths[i])
+        out[i] = (st, time.monotonic() - t, h.get("x-status"))
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(paths))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out

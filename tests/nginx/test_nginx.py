@@ -304,7 +304,7 @@ location /free { try_files /index.html =404;
         for loc, zone, refuse, delay in [("dlerr", "dl1", "error", "warn"),
                                          ("dlwarn", "dl2", "warn",
                                           "notice")]:
-            got = staggered(self.n, ["/%s?k=l" % loc] * 3, gap=0.02)
+            got = ngx.staggered(self.n, ["/%s?k=l" % loc] * 3, gap=0.02)
             self.assertEqual(sorted(g[0] for g in got), [200, 200, 429],
                              (loc, got))
             log = self.n.error_log()
@@ -954,7 +954,7 @@ class Delay(unittest.TestCase):
         n = server(locs, zones)
         try:
             for loc in ("lr", "tg"):
-                got = staggered(n, ["/%s?k=d" % loc] * 5, gap=0.02)
+                got = ngx.staggered(n, ["/%s?k=d" % loc] * 5, gap=0.02)
                 self.assertEqual([g[0] for g in got],
                                  [200, 200, 200, 200, 429], (loc, got))
                 self.assertGreater(got[2][1], 0.35, (loc, got))
@@ -968,27 +968,6 @@ class Delay(unittest.TestCase):
                              [(200, "PASSED")] * 3 + [(429, "REJECTED")])
         finally:
             n.stop()
-
-
-def staggered(n, paths, gap=0.05):
-    """Requests paths[i] at i * gap seconds, each on its own connection,
-    waiting for none: [(status, seconds it took, X-Status)]."""
-    out = [None] * len(paths)
-    t0 = time.monotonic()
-
-    def one(i):
-        pause = t0 + i * gap - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
-        t = time.monotonic()
-        st, h, _ = n.request(paths[i])
-        out[i] = (st, time.monotonic() - t, h.get("x-status"))
-    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(paths))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return out
 
 
 class LimitReqTwoLines(unittest.TestCase):
@@ -1043,7 +1022,7 @@ class LimitReqTwoLines(unittest.TestCase):
         # be 450 ms and 900 ms), the last two overflow the server line's
         # queue and are rejected
         for loc in ("lr", "tg"):
-            got = staggered(self.n, ["/%s?k=a" % loc] * 5)
+            got = ngx.staggered(self.n, ["/%s?k=a" % loc] * 5)
             self.assertEqual([g[0] for g in got], [200, 200, 200, 429, 429],
                              (loc, got))
             self.assertGreater(got[1][1], 0.85, (loc, got))
@@ -1061,7 +1040,7 @@ class LimitReqTwoLines(unittest.TestCase):
         # charged: the bound between leaves a loaded machine 1.7 s)
         for loc in ("lr1", "tg1"):
             paths = ["/%s?k=x" % loc] * 4 + ["/%s?k=y" % loc]
-            got = staggered(self.n, paths)
+            got = ngx.staggered(self.n, paths)
             self.assertEqual([g[0] for g in got], [200, 200, 429, 429, 200],
                              (loc, got))
             self.assertGreater(got[1][1], 0.85, (loc, got))

@@ -279,7 +279,7 @@ location /cost { tollgate zone=c cost=$arg_cost;
         # hosts: the first and the first excess one pass at once, the next
         # two wait about 0.5 s and 1 s, the last is refused - what a
         # shared-memory zone (and limit_req) answers on one host
-        got = staggered(self.hosts, "/queue?k=d", 5, gap=0.02)
+        got = ngx.staggered(self.hosts, ["/queue?k=d"] * 5, gap=0.02)
         self.assertEqual([g[0] for g in got], [200, 200, 200, 200, 429], got)
         self.assertEqual([g[2] for g in got],
                          ["PASSED", "PASSED", "DELAYED", "DELAYED",
@@ -289,7 +289,7 @@ location /cost { tollgate zone=c cost=$arg_cost;
         log = self.hosts[0].error_log() + self.hosts[1].error_log()
         self.assertIn('delaying request by zone "q"', log)
         # a dry run: decided and recorded, nobody waits or is refused
-        got = staggered(self.hosts, "/qdry?k=e", 5, gap=0.02)
+        got = ngx.staggered(self.hosts, ["/qdry?k=e"] * 5, gap=0.02)
         self.assertEqual([(g[0], g[2]) for g in got],
                          [(200, "PASSED")] * 2 +
                          [(200, "DELAYED_DRY_RUN")] * 2 +
@@ -353,27 +353,6 @@ location /cost { tollgate zone=c cost=$arg_cost;
         self.assertEqual(a.request("/wcost?k=f&cost=1")[0], 429)
         self.assertEqual(a.request("/wcost?k=g&cost=11")[0], 429)
         self.assertEqual(statuses(b, "/wcost?k=g&cost=5", 2), [200, 200])
-
-
-def staggered(hosts, path, count, gap):
-    """count requests for path at i * gap seconds, to hosts[i % 2], each on
-    its own connection, waiting for none: [(status, seconds, X-Status)]."""
-    out = [None] * count
-    t0 = time.monotonic()
-
-    def one(i):
-        pause = t0 + i * gap - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
-        t = time.monotonic()
-        st, h, _ = hosts[i % len(hosts)].request(path)
-        out[i] = (st, time.monotonic() - t, h.get("x-status"))
-    ts = [threading.Thread(target=one, args=(i,)) for i in range(count)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return out
 
 
 class Outage(unittest.TestCase):
