@@ -1098,29 +1098,20 @@ static void script_rule(const redis_store *s, const tg__call *c, bool shadow,
   len[6] = 1;
 }
 
-static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
-                        void *p, size_t *failed, bool *ran) {
-  rules_ctx *x = p;
-  bool module = k->module;
-  /* EVALSHA sha numkeys keys... P now (5 + n; TG.STEPS numkeys keys...
-   * now: 3 + n), then each rule's */
-  size_t argc = 5 + n + STEPS_PER_RULE * n;
-  const char **argv = malloc(argc * sizeof *argv);
-  size_t *len = malloc(argc * sizeof *len);
-  char(*num)[24] = malloc((2 + STEPS_PER_RULE * n) * sizeof *num);
-  redisReply *r = NULL;
-  int rc = TG_ENOMEM;
-  *ran = false;
-  if (!argv || !len || !num)
-    goto out;
-  size_t a = 0, nn = 0;
-#define ARG(s, l) (argv[a] = (s), len[a++] = (l))
-#define NUM(v) (ARG(num[nn], tg__u64_dec(num[nn], (v))), nn++)
+/* The policy command for rules m[0..n) (names made), into a: the module's
+ * TG.STEPS (module) or the script's P (the SHA1 left for the caller). */
+static void rules_args(const mkey *m, size_t n, const tg__call *orig,
+                       const bool *shadow, bool module,
+                       tg__redis_rules_args *a) {
+  size_t nn = 0;
+  a->n = 0;
+#define ARG(s, l) (a->v[a->n] = (s), a->len[a->n++] = (l))
+#define NUM(v) (ARG(a->num[nn], tg__u64_dec(a->num[nn], (v))), nn++)
   if (module) {
     ARG("TG.STEPS", 8);
   } else {
     ARG("EVALSHA", 7);
-    ARG("", 40); /* the SHA1: eval_script sets it */
+    ARG("", 40); /* the SHA1: the caller sets it */
   }
   NUM(n);
   for (size_t i = 0; i < n; i++)
@@ -1134,8 +1125,9 @@ static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
   for (size_t i = 0; i < n; i++) {
     const tg__call *c = &m[i].c;
     if (!module) {
-      script_rule(m[i].s, c, x->shadow[i], &argv[a], &len[a], &num[nn]);
-      a += STEPS_PER_RULE;
+      script_rule(m[i].s, c, shadow[i], &a->v[a->n], &a->len[a->n],
+                  &a->num[nn]);
+      a->n += STEPS_PER_RULE;
       nn += 4;
       continue;
     }
@@ -1145,19 +1137,16 @@ static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
     NUM(c->q.burst);
     NUM(c->arg);
     NUM(m[i].s->log_entries);
-    NUM(x->shadow[i] ? 1u : 0u);
+    NUM(shadow[i] ? 1u : 0u);
   }
 #undef NUM
 #undef ARG
-  rc = module ? command(k, (int)a, argv, len, &r)
-              : eval_script(k, (int)a, argv, len, &r);
-  if (rc != TG_OK)
-    goto out;
-  if (module && not_run(k, r)) {
-    rc = fix_conn(k); /* unloaded since this connection found it */
-    goto out;
-  }
-  *ran = true;
+}
+
+/* The reply r to the policy command of m[0..n): the values read, decided
+ * here (decide_rules), which must be the server's verdict. */
+static int rules_reply(mkey *m, size_t n, const tg__call *orig, rules_ctx *x,
+                       const redisReply *r, size_t *failed) {
   if (r->type == REDIS_REPLY_ERROR) {
     const char *tag = "TGCORRUPT rule ";
     const char *at = r->str ? strstr(r->str, tag) : NULL;
@@ -1165,26 +1154,21 @@ static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
     const char *q = at ? at + strlen(tag) : NULL;
     if (q && tg__scan_u64(&q, r->str + r->len, &i) && i < n) {
       *failed = (size_t)i;
-      rc = TG_ECORRUPT;
-    } else {
-      rc = multi_error(m[0].s, r);
+      return TG_ECORRUPT;
     }
-    goto out;
+    return multi_error(m[0].s, r);
   }
   uint64_t now;
-  rc = TG_ESTORE;
   if (r->type != REDIS_REPLY_ARRAY || r->elements != n + 2 ||
       !parse_u64(r->element[0], &now) ||
       r->element[n + 1]->type != REDIS_REPLY_INTEGER)
-    goto out;
+    return TG_ESTORE;
   bool server_passed = r->element[n + 1]->integer == 1;
-  if (orig->store_time && now > TG_NOW_MAX_US) {
-    rc = TG_ETIME;
-    goto out;
-  }
+  if (orig->store_time && now > TG_NOW_MAX_US)
+    return TG_ETIME;
   if (!orig->store_time && now != orig->now_us)
-    goto out;
-  rc = TG_OK;
+    return TG_ESTORE;
+  int rc = TG_OK;
   for (size_t i = 0; i < n && rc == TG_OK; i++) {
     const redisReply *v = r->element[i + 1];
     m[i].c.now_us = now;
@@ -1196,13 +1180,114 @@ static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
     rc = decide_rules(m, n, orig, x, &write, failed);
   if (rc == TG_OK && *x->passed != server_passed)
     rc = TG_ESTORE;
+  return rc;
+}
+
+static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
+                        void *p, size_t *failed, bool *ran) {
+  rules_ctx *x = p;
+  bool module = k->module;
+  tg__redis_rules_args *a = malloc(sizeof *a);
+  redisReply *r = NULL;
+  int rc = TG_ENOMEM;
+  *ran = false;
+  if (!a)
+    goto out;
+  rules_args(m, n, orig, x->shadow, module, a);
+  rc = module ? command(k, a->n, a->v, a->len, &r)
+              : eval_script(k, a->n, a->v, a->len, &r);
+  if (rc != TG_OK)
+    goto out;
+  if (module && not_run(k, r)) {
+    rc = fix_conn(k); /* unloaded since this connection found it */
+    goto out;
+  }
+  *ran = true;
+  rc = rules_reply(m, n, orig, x, r, failed);
 out:
   if (r)
     freeReplyObject(r);
-  free(argv);
-  free(len);
-  free(num);
+  free(a);
   return rc;
+}
+
+/* A policy through the engine (redis_cmd.h): its keys, encoded and
+ * decoded as rules_native does. */
+struct tg__redis_rules {
+  size_t n;
+  tg__call orig[TG_RULES_MAX]; /* as submitted */
+  bool shadow[TG_RULES_MAX];
+  mkey m[TG_RULES_MAX];
+  tg__redis_rules_args a;
+  tg__outcome o[TG_RULES_MAX];
+  bool passed;
+  size_t failed;
+};
+
+int tg__redis_rules_new(tg__redis_rules **out, const tg__store *const *codecs,
+                        const tg__call *calls, size_t n, const bool *shadow) {
+  *out = NULL;
+  if (n == 0 || n > TG_RULES_MAX)
+    return TG_EINVAL;
+  tg__redis_rules *x = calloc(1, sizeof *x);
+  if (!x)
+    return TG_ENOMEM;
+  x->n = n;
+  for (size_t i = 0; i < n; i++) {
+    x->orig[i] = calls[i];
+    x->shadow[i] = shadow[i];
+    x->m[i].s = (const redis_store *)codecs[i];
+    x->m[i].c = calls[i];
+    x->m[i].name_len =
+        make_name(x->m[i].s, x->m[i].name, calls[i].key, calls[i].key_len);
+  }
+  *out = x;
+  return TG_OK;
+}
+
+void tg__redis_rules_free(tg__redis_rules *x) {
+  if (!x)
+    return;
+  for (size_t i = 0; i < x->n; i++)
+    mkey_free(&x->m[i]);
+  free(x);
+}
+
+unsigned tg__redis_rules_slot(const tg__redis_rules *x, size_t i) {
+  return tg__key_slot(x->m[i].name, x->m[i].name_len);
+}
+
+bool tg__redis_rules_same_key(const tg__redis_rules *x, size_t i, size_t j) {
+  return x->m[i].name_len == x->m[j].name_len &&
+         memcmp(x->m[i].name, x->m[j].name, x->m[i].name_len) == 0;
+}
+
+const tg__redis_rules_args *
+tg__redis_rules_encode(tg__redis_rules *x, bool module, const char *sha) {
+  for (size_t i = 0; i < x->n; i++)
+    x->m[i].c = x->orig[i];
+  rules_args(x->m, x->n, &x->orig[0], x->shadow, module, &x->a);
+  if (!module) {
+    x->a.v[1] = sha;
+    x->a.len[1] = 40;
+  }
+  return &x->a;
+}
+
+int tg__redis_rules_decode(tg__redis_rules *x, const redisReply *r) {
+  for (size_t i = 0; i < x->n; i++)
+    x->m[i].c = x->orig[i];
+  x->passed = false;
+  x->failed = 0;
+  rules_ctx c = {x->shadow, x->o, &x->passed};
+  return rules_reply(x->m, x->n, &x->orig[0], &c, r, &x->failed);
+}
+
+const tg__outcome *tg__redis_rules_outcomes(const tg__redis_rules *x,
+                                            bool *passed, size_t *failed) {
+  *passed = x->passed;
+  *failed = x->failed;
+  return x->o;
 }
 
 static int redis_exec_rules(tg__store *const *stores, const tg__call *calls,

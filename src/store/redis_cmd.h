@@ -53,6 +53,49 @@ size_t tg__redis_key_name(const tg__store *redis, const tg__call *c,
  * reply (redisReply's fields) built by any reader will do. */
 int tg__redis_decode(const tg__call *c, const redisReply *r, tg__outcome *o);
 
+/* ---- a policy in one command (the non-blocking API's) ---- */
+
+/* The policy command's arguments: EVALSHA sha numkeys keys... P now, or
+ * TG.STEPS numkeys keys... now, then 7 per rule. */
+#define TG__REDIS_RULES_ARGC (5 + 8 * TG_RULES_MAX)
+
+typedef struct tg__redis_rules_args {
+  int n;
+  const char *v[TG__REDIS_RULES_ARGC];
+  size_t len[TG__REDIS_RULES_ARGC];
+  char num[2 + 7 * TG_RULES_MAX][24];
+} tg__redis_rules_args;
+
+typedef struct tg__redis_rules tg__redis_rules;
+
+/* A policy of calls[0..n) (CHECKs, n <= TG_RULES_MAX; calls[0]'s now and
+ * store_time are the policy's), rule i named and sized by codecs[i] (a
+ * tg__redis_codec_new store), shadow[i]: rule i's denial does not deny.
+ * Copies everything but the keys' bytes (read until freed). TG_EINVAL,
+ * TG_ENOMEM. */
+int tg__redis_rules_new(tg__redis_rules **out, const tg__store *const *codecs,
+                        const tg__call *calls, size_t n, const bool *shadow);
+void tg__redis_rules_free(tg__redis_rules *x);
+
+/* The hash slot of rule i's key name. */
+unsigned tg__redis_rules_slot(const tg__redis_rules *x, size_t i);
+
+/* Whether rules i and j name the same Redis key. */
+bool tg__redis_rules_same_key(const tg__redis_rules *x, size_t i, size_t j);
+
+/* The command, valid until the next call on x: the module's TG.STEPS, or
+ * the script's P run by its SHA1 (sha). */
+const tg__redis_rules_args *
+tg__redis_rules_encode(tg__redis_rules *x, bool module, const char *sha);
+
+/* Decides on the command's reply r as the blocking store does (every
+ * number from this process's core, the server's verdict checked): TG_OK
+ * with the outcomes (tg__redis_rules_outcomes) or a code (TG_ECORRUPT: at
+ * rule *failed). */
+int tg__redis_rules_decode(tg__redis_rules *x, const redisReply *r);
+const tg__outcome *tg__redis_rules_outcomes(const tg__redis_rules *x,
+                                            bool *passed, size_t *failed);
+
 /* Internal codes of a Cluster node's store (tg__redis_node_new), never
  * returned to a caller: the Cluster store acts on them. */
 #define TG__EMOVED                                                             \

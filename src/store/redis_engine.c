@@ -26,8 +26,8 @@
  * and then as many calls as fit: a pipeline's depth in bytes. */
 #define OUT_MIN ((size_t)64 * 1024)
 /* A decision's reply is an array of at most 6 short fields. */
-#define VIEW_ELEMS 8
-#define VIEW_TEXT 1024
+#define VIEW_ELEMS (TG_RULES_MAX + 2) /* a policy: now, values, verdict */
+#define VIEW_TEXT 2048
 
 /* ASKING, as it goes on the wire. */
 static const char ASKING[] = "*1\r\n$6\r\nASKING\r\n";
@@ -251,9 +251,13 @@ void tg__eng_submit(tg__eng *e, tg__ereq *r) {
     enqueue(e, r, 0, false);
     return;
   }
-  char name[TG__REDIS_NAME_MAX];
-  size_t n = tg__redis_key_name(e->cfg.codec, &r->call, name);
-  r->slot = (uint16_t)tg__key_slot(name, n);
+  if (r->rules) {
+    r->slot = (uint16_t)tg__redis_rules_slot(r->rules, 0);
+  } else {
+    char name[TG__REDIS_NAME_MAX];
+    size_t n = tg__redis_key_name(e->cfg.codec, &r->call, name);
+    r->slot = (uint16_t)tg__key_slot(name, n);
+  }
   route(e, r);
 }
 
@@ -295,6 +299,25 @@ static bool put_load(tg__elink *L, tg__eitem *it) {
   return put_cmd(L, it, 3, argv, len);
 }
 
+/* Call r's command (ASKING first when an ASK sent it here), taken from
+ * the list `from`: false when it does not fit now. */
+static bool put_call(tg__elink *L, tg__ereq *r, list *from, int argc,
+                     const char *const *argv, const size_t *len) {
+  size_t size = tg__resp_command_size(argc, argv, len);
+  if (!room(L, size + (r->asking ? ASKING_LEN : 0)))
+    return false;
+  pop(from);
+  if (r->asking) {
+    memcpy(L->out + L->len, ASKING, ASKING_LEN);
+    L->len += ASKING_LEN;
+  }
+  r->asked = r->asking;
+  L->len += tg__resp_command(L->out + L->len, argc, argv, len);
+  r->it.end = L->base + L->len;
+  push(&L->flight, &r->it);
+  return true;
+}
+
 /* Encodes what the link may send now, in order, while it fits. */
 static void fill(tg__eng *e, tg__elink *L) {
   if (L->state != L_READY)
@@ -317,6 +340,13 @@ static void fill(tg__eng *e, tg__elink *L) {
     if (!from->head)
       return;
     tg__ereq *r = as_call(from->head);
+    if (r->rules) {
+      const tg__redis_rules_args *ra =
+          tg__redis_rules_encode(r->rules, L->module, L->sha);
+      if (!put_call(L, r, from, ra->n, ra->v, ra->len))
+        return;
+      continue;
+    }
     tg__redis_args a;
     if (r->del) {
       a.n = 2;
@@ -327,18 +357,8 @@ static void fill(tg__eng *e, tg__elink *L) {
     } else {
       tg__redis_encode(e->cfg.codec, &r->call, L->module, L->sha, &a);
     }
-    size_t size = tg__resp_command_size(a.n, a.v, a.len);
-    if (!room(L, size + (r->asking ? ASKING_LEN : 0)))
+    if (!put_call(L, r, from, a.n, a.v, a.len))
       return;
-    pop(from);
-    if (r->asking) {
-      memcpy(L->out + L->len, ASKING, ASKING_LEN);
-      L->len += ASKING_LEN;
-    }
-    r->asked = r->asking;
-    L->len += tg__resp_command(L->out + L->len, a.n, a.v, a.len);
-    r->it.end = L->base + L->len;
-    push(&L->flight, &r->it);
   }
 }
 
@@ -789,6 +809,8 @@ static void call_done(tg__eng *e, tg__elink *L, tg__ereq *r) {
     complete(e, r, TG_OK);
   else if (r->del && top->type != REDIS_REPLY_ERROR)
     complete(e, r, TG_ESTORE);
+  else if (r->rules)
+    complete(e, r, v->bad ? TG_ESTORE : tg__redis_rules_decode(r->rules, top));
   else
     complete(e, r,
              v->bad ? TG_ESTORE : tg__redis_decode(&r->call, top, &r->out));

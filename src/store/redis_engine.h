@@ -84,7 +84,10 @@ typedef struct tg__ereq {
   uint8_t parked; /* waiting for the slot map */
   uint8_t del;    /* not the call's command but DEL of its key (a reset):
                      status TG_OK, out unused */
-  int status;     /* once done: TG_OK or a TG_E* code */
+  tg__redis_rules *rules; /* not NULL: not the call's command but this
+                             policy's (call: its first rule, for routing);
+                             out unused, the outcomes are the policy's */
+  int status;             /* once done: TG_OK or a TG_E* code */
   tg__outcome out;
   void *owner; /* the driver's */
 } tg__ereq;
