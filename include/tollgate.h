@@ -1565,7 +1565,8 @@ TG_EXTERN int tg_redis_available(void);
  * until tg_nb_destroy; a node's address is copied once. A request
  * allocates nothing: its bookkeeping lives in its own private_ words,
  * replies are decoded in the link's fixed storage, and the deny cache and
- * the fallback allocate nothing per call. The output buffer bounds how far
+ * the fallback allocate nothing per call (a policy allocates one block, see
+ * tg_nb_submit_rules). The output buffer bounds how far
  * ahead calls are encoded; the others wait queued.
  *
  * Threads: a tg_nb is used by one thread at a time (it has no lock); use
@@ -1590,8 +1591,25 @@ typedef struct tg_nb_req {
   tg_result result;     /* out: and written */
   uint64_t delay_ns;    /* out, with TG_NB_RESERVE: as tg_reservation's */
   uint64_t delay_ms;    /* (delay_ns rounded up) */
+  size_t denied_by;     /* out, a policy (tg_nb_submit_rules): as */
+  size_t tightest;      /* tg_rules_result's; else TG_RULE_NONE and 0 */
   uint64_t private_[TG_NB_PRIVATE_WORDS]; /* the library's */
 } tg_nb_req;
+
+/* One rule of a policy through the non-blocking API (tg_nb_submit_rules):
+ * a tg_rule whose limiter is a client's. */
+typedef struct tg_nb_rule {
+  tg_nb *nb;         /* in: the client whose configuration decides the rule
+                        (algorithm, key prefix, shadow mode, failure policy,
+                        counters); it must name the same server or Cluster
+                        as the client the policy is submitted to */
+  const void *key;   /* in: read until the request is done */
+  size_t key_len;    /* in */
+  const tg_quota *q; /* in: read by the submit only */
+  uint64_t cost;     /* in */
+  int status;        /* out: as tg_rule's */
+  tg_result result;  /* out */
+} tg_nb_rule;
 
 /* tg_nb_req.flags: decide as a one-rule policy; reserve (see above). */
 #define TG_NB_RULE 1u
@@ -1617,6 +1635,49 @@ TG_EXTERN void tg_nb_destroy(tg_nb *nb);
  * filled as tg_hit would). */
 TG_EXTERN int tg_nb_submit(tg_nb *nb, tg_nb_req *req);
 TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
+
+/* Submits a policy: rules[0..n) (1 <= n <= TG_RULES_MAX) decided as one
+ * call of tg_hit_rules (flags 0 or TG_RULES_SHADOW) on the store's clock,
+ * or at now_us, in one command to the server (the module's TG.STEPS, or the
+ * script's P), so several hosts share the policy's limits. req's key, q,
+ * cost, flags and max_wait_ms are not read; when it is done its status is
+ * what tg_hit_rules would return, result the policy's answer (tg_rules_
+ * result's r), denied_by and tightest as tg_rules_result's, and each
+ * rule's status and result as tg_hit_rules sets them (rules must stay
+ * valid until then). The answer is the one tg_hit_rules gives on the
+ * blocking Redis store: every number computed by this process's core from
+ * the values the server read, whose verdict must agree (else TG_ESTORE).
+ * A store failure is answered for every rule by the failure policy of the
+ * rule where it happened (rule 0 for a lost connection), as there.
+ * Returns 0 (pending) or, not pending, with status and results filled as
+ * tg_hit_rules fills them for invalid input:
+ *   TG_EINVAL: NULL rules or req, n out of range, an unknown flag, a rule
+ *     without a client, a rule whose client names another server (another
+ *     first host, port, db or kind), two rules naming the same Redis key
+ *     (denied_by 0, as tg_hit_rules reports a misfit), or names in more
+ *     than one hash slot, on one server too (see "Redis Cluster and hash
+ *     tags" under Policies; denied_by names the first rule out of place,
+ *     answered as the blocking store answers it: by that rule's failure
+ *     policy, counted, shadow mode applied);
+ *   TG_ENOTSUP: a sliding-window rule (its reply would carry the whole log:
+ *     decide sliding windows with tg_nb_submit, or with tg_hit_rules on
+ *     a blocking Redis limiter);
+ *   what tg_hit_rules returns for a rule's input (TG_EKEY, TG_EQUOTA,
+ *     TG_ETIME, TG_EINVAL).
+ * A policy allocates one block (about 18 KiB) from submit until done;
+ * when it cannot, it is answered at once as a store failure, TG_ENOMEM.
+ * Every rule's client must outlive the request (its names and its
+ * limiter are used until the answer). The deny cache is not consulted
+ * (as tg_hit_rules does not). One difference from the blocking store: a
+ * policy whose slot is being moved between Cluster nodes (ASK, then
+ * TRYAGAIN while its keys are split) is not retried later (nothing here
+ * keeps time): after the redirects allowed it is answered TG_ESTORE, by
+ * the failure policy. */
+TG_EXTERN int tg_nb_submit_rules(tg_nb *nb, tg_nb_req *req, tg_nb_rule *rules,
+                                 size_t n, unsigned flags);
+TG_EXTERN int tg_nb_submit_rules_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req,
+                                    tg_nb_rule *rules, size_t n,
+                                    unsigned flags);
 
 /* The next request done (status and result set), or NULL. */
 TG_EXTERN tg_nb_req *tg_nb_done(tg_nb *nb);

@@ -139,6 +139,21 @@ void tg__limiter_failure(const tg_limiter *lim, int rc, const tg_quota *q,
 
 /* ---- for the non-blocking API (nb.c) ---- */
 
+/* A policy refused before it was decided (rules.c), as tg_hit_rules
+ * refuses one: every rule's result and the answer are rule at's failure
+ * answer; rule at's own invalid input is counted (count), a misfit of the
+ * stores is not. Returns rc. */
+int tg__rules_refuse(tg_rule *rules, size_t n, size_t at, int rc, bool count,
+                     tg_rules_result *out);
+
+/* A policy's answer (rules.c) from a store that decided it by itself
+ * (exec_rules' outputs: rc, the failing rule, passed, each rule's CHECK
+ * outcome): every rule's status and result, the policy's, the counters
+ * and hooks, as tg_hit_rules gives them. Returns rc. */
+int tg__rules_answer(tg_rule *rules, size_t n, unsigned flags, int rc,
+                     size_t failed, bool passed, const tg__outcome *o,
+                     tg_rules_result *out);
+
 /* A limiter without a store (its policy, fallback, deny cache and counters
  * only): what tg_limiter_new would check and build, but no connection.
  * Only the functions below may be used on it, and tg_limiter_destroy. */

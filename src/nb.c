@@ -26,12 +26,25 @@
 /* A request's private words: the engine's call, the quota's copy (the
  * policy's answer needs it) and when it was made (the deny cache's
  * timeline). */
+typedef struct nbpol nbpol;
+
 typedef struct nbpriv {
   tg__ereq er;
   tg_quota q;
   uint64_t when;
+  nbpol *pol;          /* a policy (tg_nb_submit_rules), or NULL */
   struct nbpriv *next; /* on the local done list */
 } nbpriv;
+
+/* A policy's own block: its encoding and what its answer needs. */
+struct nbpol {
+  nbpol *prev, *next; /* the client's, freed by tg_nb_destroy if pending */
+  tg__redis_rules *x;
+  tg_nb_rule *rules;
+  size_t n;
+  unsigned flags;
+  tg_quota q[TG_RULES_MAX];
+};
 
 _Static_assert(sizeof(nbpriv) <= sizeof(((tg_nb_req *)0)->private_),
                "TG_NB_PRIVATE_WORDS is too small");
@@ -44,6 +57,7 @@ struct tg_nb {
   char *username, *password;
   int down[TG__NODES_MAX];         /* 0, or the code a down node's calls get */
   nbpriv *local_head, *local_tail; /* answered without the engine */
+  nbpol *pols;                     /* policies pending */
   size_t pending;                  /* submitted, not yet returned */
   tg__slotmap map;                 /* last: the largest */
 };
@@ -74,6 +88,12 @@ static int add_nodes(tg_nb *nb, const tg_redis_config *rc) {
 void tg_nb_destroy(tg_nb *nb) {
   if (!nb)
     return;
+  while (nb->pols) {
+    nbpol *pol = nb->pols;
+    nb->pols = pol->next;
+    tg__redis_rules_free(pol->x);
+    free(pol);
+  }
   tg__eng_free(&nb->eng);
   tg__slotmap_free(&nb->map);
   if (nb->codec)
@@ -171,6 +191,8 @@ static int submit(tg_nb *nb, const uint64_t *now, tg_nb_req *req) {
   bool reserve = req->flags & TG_NB_RESERVE;
   tg__op op = reserve ? TG__OP_RESERVE : take ? TG__OP_TAKE : TG__OP_HIT;
   req->delay_ns = req->delay_ms = 0;
+  req->denied_by = TG_RULE_NONE;
+  req->tightest = 0;
   int rc = req->flags & ~(TG_NB_RULE | TG_NB_RESERVE) ||
                    (reserve && req->max_wait_ms > TG_PERIOD_MAX_MS)
                ? TG_EINVAL
@@ -186,8 +208,10 @@ static int submit(tg_nb *nb, const uint64_t *now, tg_nb_req *req) {
     c->wait_ns = req->max_wait_ms * UINT64_C(1000000);
   p->q = *req->q;
   p->when = tg__limiter_when(nb->lim, c);
+  p->pol = NULL;
   p->er.owner = req;
   p->er.del = 0;
+  p->er.rules = NULL;
   nb->pending++;
   if (tg__limiter_cached(nb->lim, c, p->when, &p->q, &req->result)) {
     req->status = TG_OK;
@@ -208,6 +232,193 @@ int tg_nb_submit(tg_nb *nb, tg_nb_req *req) { return submit(nb, NULL, req); }
 
 int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req) {
   return submit(nb, &now_us, req);
+}
+
+/* Whether two clients send to the same server or Cluster: the same
+ * first address (the server, or the first seed), db and kind. */
+static bool same_server(const tg_nb *a, const tg_nb *b) {
+  if (a == b)
+    return true;
+  const tg__node *x = tg__slotmap_addr(&a->map, 0),
+                 *y = tg__slotmap_addr(&b->map, 0);
+  return a->eng.cfg.cluster == b->eng.cfg.cluster &&
+         a->eng.cfg.db == b->eng.cfg.db && x->port == y->port &&
+         strcmp(x->host, y->host) == 0;
+}
+
+/* rules[0..n) as tg_rules, for rules.c's answers (pol: its quota copies,
+ * else the caller's). */
+static void as_rules(const tg_nb_rule *rules, size_t n, const nbpol *pol,
+                     tg_rule *tr) {
+  for (size_t i = 0; i < n; i++) {
+    const tg_nb_rule *ru = &rules[i];
+    tr[i] = (tg_rule){ru->nb ? ru->nb->lim : NULL,
+                      ru->key,
+                      ru->key_len,
+                      pol ? &pol->q[i] : ru->q,
+                      ru->cost,
+                      0,
+                      {0}};
+  }
+}
+
+/* The policy's answer in req and its rules, from rules.c's. */
+static int policy_answered(tg_nb_req *req, tg_nb_rule *rules, size_t n,
+                           const tg_rule *tr, const tg_rules_result *rr,
+                           int rc) {
+  for (size_t i = 0; i < n; i++) {
+    rules[i].status = tr[i].status;
+    rules[i].result = tr[i].result;
+  }
+  req->status = rc;
+  req->result = rr->r;
+  req->denied_by = rr->denied_by;
+  req->tightest = rr->tightest;
+  return rc;
+}
+
+/* A policy refused before it is sent, as tg_hit_rules refuses it (see
+ * tg__rules_refuse). */
+static int policy_refused(tg_nb_req *req, tg_nb_rule *rules, size_t n,
+                          size_t at, int rc, bool count) {
+  tg_rule tr[TG_RULES_MAX];
+  tg_rules_result rr;
+  as_rules(rules, n, NULL, tr);
+  tg__rules_refuse(tr, n, at, rc, count, &rr);
+  return policy_answered(req, rules, n, tr, &rr, rc);
+}
+
+static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
+                        tg_nb_rule *rules, size_t n, unsigned flags) {
+  if (!nb || !req)
+    return TG_EINVAL;
+  req->delay_ns = req->delay_ms = 0;
+  req->denied_by = TG_RULE_NONE;
+  req->tightest = 0;
+  if (!rules || n == 0 || n > TG_RULES_MAX || (flags & ~TG_RULES_SHADOW)) {
+    req->status = TG_EINVAL;
+    req->result = (tg_result){0};
+    req->result.retry_after_ms = TG_NEVER;
+    return TG_EINVAL;
+  }
+  /* one now for every rule, read once, as tg_hit_rules reads it */
+  uint64_t t;
+  const uint64_t *tp = now;
+  if (!now && rules[0].nb && !rules[0].nb->lim->store_time) {
+    const tg_limiter *l0 = rules[0].nb->lim;
+    t = l0->cfg.clock(l0->cfg.clock_ctx);
+    tp = &t;
+  }
+  /* each rule's input first (counted on its client), then whether the
+   * rules fit together, as tg_hit_rules checks them */
+  tg__call calls[TG_RULES_MAX];
+  const tg__store *codecs[TG_RULES_MAX];
+  bool shadow[TG_RULES_MAX], fit = true;
+  for (size_t i = 0; i < n; i++) {
+    const tg_nb_rule *ru = &rules[i];
+    const tg_limiter *lim = ru->nb ? ru->nb->lim : NULL;
+    int rc = lim ? tg__limiter_prepare(lim, TG__OP_CHECK, tp, ru->key,
+                                       ru->key_len, ru->q, ru->cost, &calls[i])
+                 : TG_EINVAL;
+    if (rc == TG_OK && lim->cfg.algorithm == TG_SLIDING_WINDOW)
+      rc = TG_ENOTSUP; /* its reply would carry the whole log */
+    if (rc != TG_OK)
+      return policy_refused(req, rules, n, i, rc, true);
+    fit = fit && same_server(nb, ru->nb) &&
+          lim->store_time == rules[0].nb->lim->store_time;
+    codecs[i] = ru->nb->codec;
+    shadow[i] = lim->shadow;
+  }
+  if (!fit)
+    return policy_refused(req, rules, n, 0, TG_EINVAL, false);
+  nbpol *pol = malloc(sizeof *pol);
+  int rc =
+      pol ? tg__redis_rules_new(&pol->x, codecs, calls, n, shadow) : TG_ENOMEM;
+  if (rc != TG_OK) { /* answered as the blocking store's failure is */
+    free(pol);
+    tg_rule tr[TG_RULES_MAX];
+    tg_rules_result rr;
+    as_rules(rules, n, NULL, tr);
+    rc = tg__rules_answer(tr, n, flags, rc, 0, false, NULL, &rr);
+    return policy_answered(req, rules, n, tr, &rr, rc);
+  }
+  for (size_t i = 0; i < n; i++)
+    pol->q[i] = *rules[i].q;
+  /* distinct names (a misfit), in one slot, on one server too (as the
+   * blocking store decides it: a policy that works there works on a
+   * Cluster; the rule out of place is answered as a store failure) */
+  size_t bad = n;
+  for (size_t i = 1; i < n && fit; i++)
+    for (size_t j = 0; j < i && fit; j++)
+      fit = !tg__redis_rules_same_key(pol->x, i, j);
+  for (size_t i = 1; i < n && bad == n; i++)
+    if (tg__redis_rules_slot(pol->x, i) != tg__redis_rules_slot(pol->x, 0))
+      bad = i;
+  if (!fit || bad < n) {
+    tg__redis_rules_free(pol->x);
+    if (!fit) {
+      free(pol);
+      return policy_refused(req, rules, n, 0, TG_EINVAL, false);
+    }
+    tg_rule tr[TG_RULES_MAX];
+    tg_rules_result rr;
+    as_rules(rules, n, pol, tr);
+    rc = tg__rules_answer(tr, n, flags, TG_EINVAL, bad, false, NULL, &rr);
+    free(pol);
+    return policy_answered(req, rules, n, tr, &rr, rc);
+  }
+  pol->rules = rules;
+  pol->n = n;
+  pol->flags = flags;
+  pol->prev = NULL;
+  pol->next = nb->pols;
+  if (nb->pols)
+    nb->pols->prev = pol;
+  nb->pols = pol;
+  nbpriv *p = priv(req);
+  p->pol = pol;
+  p->er.call = calls[0];
+  p->er.owner = req;
+  p->er.del = 0;
+  p->er.rules = pol->x;
+  nb->pending++;
+  tg__eng_submit(&nb->eng, &p->er);
+  settle(nb);
+  return TG_OK;
+}
+
+int tg_nb_submit_rules(tg_nb *nb, tg_nb_req *req, tg_nb_rule *rules, size_t n,
+                       unsigned flags) {
+  return submit_rules(nb, NULL, req, rules, n, flags);
+}
+
+int tg_nb_submit_rules_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req,
+                          tg_nb_rule *rules, size_t n, unsigned flags) {
+  return submit_rules(nb, &now_us, req, rules, n, flags);
+}
+
+/* A policy's answer, as tg_hit_rules gives it on the blocking store
+ * (rules.c), from the engine's status and the outcomes decoded. */
+static void policy_done(tg_nb *nb, tg_nb_req *req, nbpriv *p, int status) {
+  nbpol *pol = p->pol;
+  if (pol->prev)
+    pol->prev->next = pol->next;
+  else
+    nb->pols = pol->next;
+  if (pol->next)
+    pol->next->prev = pol->prev;
+  tg_rule tr[TG_RULES_MAX];
+  as_rules(pol->rules, pol->n, pol, tr);
+  bool passed = false;
+  size_t failed = 0;
+  const tg__outcome *o = tg__redis_rules_outcomes(pol->x, &passed, &failed);
+  tg_rules_result rr;
+  int rc =
+      tg__rules_answer(tr, pol->n, pol->flags, status, failed, passed, o, &rr);
+  policy_answered(req, pol->rules, pol->n, tr, &rr, rc);
+  tg__redis_rules_free(pol->x);
+  free(pol);
+  p->pol = NULL;
 }
 
 /* A reservation's answer, as tg_reserve makes it (reserve.c): the
@@ -248,7 +459,9 @@ tg_nb_req *tg_nb_done(tg_nb *nb) {
     return NULL;
   tg_nb_req *req = r->owner;
   nbpriv *p = priv(req);
-  if (r->call.op == TG__OP_RESERVE)
+  if (p->pol)
+    policy_done(nb, req, p, r->status);
+  else if (r->call.op == TG__OP_RESERVE)
     req->status = reserved(nb->lim, &r->call, &p->q, r->status, &r->out, req);
   else
     req->status = tg__limiter_answer(nb->lim, &r->call, &p->q, p->when,

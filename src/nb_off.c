@@ -26,6 +26,22 @@ int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req) {
   return tg_nb_submit(nb, req);
 }
 
+int tg_nb_submit_rules(tg_nb *nb, tg_nb_req *req, tg_nb_rule *rules, size_t n,
+                       unsigned flags) {
+  (void)nb;
+  (void)req;
+  (void)rules;
+  (void)n;
+  (void)flags;
+  return TG_EINVAL;
+}
+
+int tg_nb_submit_rules_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req,
+                          tg_nb_rule *rules, size_t n, unsigned flags) {
+  (void)now_us;
+  return tg_nb_submit_rules(nb, req, rules, n, flags);
+}
+
 tg_nb_req *tg_nb_done(tg_nb *nb) {
   (void)nb;
   return NULL;

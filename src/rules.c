@@ -269,6 +269,38 @@ static int store_failed(tg_rule *rules, size_t n, size_t at, int rc,
   return rc;
 }
 
+int tg__rules_refuse(tg_rule *rules, size_t n, size_t at, int rc, bool count,
+                     tg_rules_result *out) {
+  fail(rules, n, at, rc, out);
+  tg_rule *ru = &rules[at];
+  if (count && ru->lim) {
+    tg__decided d = {ru->key, ru->key_len, ru->q, ru->cost, true};
+    tg__limiter_done_slow(ru->lim, rc, &ru->result, false, &d);
+  }
+  return rc;
+}
+
+int tg__rules_answer(tg_rule *rules, size_t n, unsigned flags, int rc,
+                     size_t failed, bool passed, const tg__outcome *o,
+                     tg_rules_result *out) {
+  bool all_shadow = flags & TG_RULES_SHADOW;
+  if (rc != TG_OK)
+    return store_failed(rules, n, failed < n ? failed : 0, rc, all_shadow, out);
+  summary_start(out, passed);
+  for (size_t i = 0; i < n; i++) {
+    tg_rule *ru = &rules[i];
+    ru->status = TG_OK;
+    ru->result = passed ? o[i].r : unpassed(&o[i]);
+    summary_add(out, i, &ru->result);
+    if (passed || !ru->result.allowed)
+      tg__limiter_done(ru->lim, TG_OK, &ru->result, all_shadow, ru->key,
+                       ru->key_len, ru->q, ru->cost, true);
+  }
+  summary_end(out, passed);
+  shadow_call(out, all_shadow);
+  return TG_OK;
+}
+
 /* What a policy of reservations (tg_reserve_rules) adds to a decision:
  * NULL for tg_hit_rules, whose code then folds every use of it away. */
 typedef struct reserving {

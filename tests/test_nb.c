@@ -331,6 +331,367 @@ static void nb_matches_tg_hit(void **state) {
   }
 }
 
+/* ---- policies (tg_nb_submit_rules) ---------------------------------------
+ */
+
+/* The rule shapes a policy draws from: per algorithm, a client, a blocking
+ * Redis limiter and a memory limiter (the model). */
+enum { NPC = 4 };
+static const tg_algorithm PALG[NPC] = {
+    TG_FIXED_WINDOW, TG_TOKEN_BUCKET, TG_FIXED_WINDOW_PER_KEY, TG_LEAKY_BUCKET};
+
+/* Keys of one slot (the tag "t"), and one of another (a policy with it
+ * and another key is invalid input, everywhere). */
+static const char *const PKEYS[] = {"t}a", "t}b", "t}c", "t}", "u}a"};
+#define NPK (sizeof PKEYS / sizeof PKEYS[0])
+
+static bool same_rules(const tg_rules_result *a, const tg_nb_req *b) {
+  return same(&a->r, &b->result) &&
+         a->r.shadow_denied == b->result.shadow_denied &&
+         a->denied_by == b->denied_by && a->tightest == b->tightest;
+}
+
+/* Random policies of 1-3 rules over four clients of different algorithms,
+ * pipelined, against tg_hit_rules on memory limiters and on blocking Redis
+ * limiters: the same status, answer, denying rule and per-rule results. */
+static void policy_differential(uint64_t seed, size_t rounds) {
+  rng = seed;
+  tg_nb *nb[NPC];
+  tg_limiter *red[NPC], *mem[NPC];
+  for (size_t a = 0; a < NPC; a++) {
+    tg_config cfg;
+    tg_redis_config rc;
+    bool shadow = a == 3 && (seed & 1); /* a shadow client, some runs */
+    config(&cfg, &rc, PALG[a], "polb");
+    cfg.shadow = shadow;
+    assert_int_equal(tg_limiter_new(&red[a], &cfg), TG_OK);
+    config(&cfg, &rc, PALG[a], "poln");
+    cfg.shadow = shadow;
+    nb[a] = nb_make(&cfg);
+    tg_config mc;
+    tg_config_init(&mc);
+    mc.algorithm = PALG[a];
+    mc.clean_period_ms = 0;
+    mc.shadow = cfg.shadow;
+    assert_int_equal(tg_limiter_new(&mem[a], &mc), TG_OK);
+  }
+  nbp d;
+  nbp_init(&d, nb[0]);
+  d.split = 1 + (size_t)below(64);
+  uint64_t now = real_us();
+  size_t calls = 0, passed = 0, denied = 0, invalid = 0;
+  enum { MAXM = 16, MAXR = 3 };
+  tg_nb_req req[MAXM];
+  tg_nb_rule nr[MAXM][MAXR];
+  tg_rule mr[MAXM][MAXR], br[MAXM][MAXR];
+  tg_rules_result want[MAXM];
+  int want_rc[MAXM];
+  size_t nrules[MAXM];
+  for (size_t round = 0; round < rounds; round++) {
+    size_t m = 1 + (size_t)below(MAXM), queued = 0;
+    for (size_t i = 0; i < m; i++) {
+      size_t n = 1 + (size_t)below(MAXR);
+      unsigned flags = below(10) == 0 ? TG_RULES_SHADOW : 0;
+      nrules[i] = n;
+      for (size_t j = 0; j < n; j++) {
+        size_t a = (size_t)below(NPC),
+               k = (size_t)below(below(8) == 0 ? NPK : NPK - 1);
+        /* few keys and tight quotas: rules deny, and now and then two
+         * rules name one key (invalid input, everywhere) */
+        const tg_quota *q = &QUOTAS[below(5)];
+        uint64_t cap = q->burst ? q->burst : q->limit;
+        uint64_t cost = below(5) == 0 ? cap + below(2) - 1 : below(3);
+        const char *key = PKEYS[k];
+        size_t len = strlen(key);
+        nr[i][j] = (tg_nb_rule){nb[a], key, len, q, cost, 0, {0}};
+        mr[i][j] = (tg_rule){mem[a], key, len, q, cost, 0, {0}};
+        br[i][j] = (tg_rule){red[a], key, len, q, cost, 0, {0}};
+      }
+      /* the memory store has no slots: a policy with the other tag is
+       * decided there, and refused by Redis (skipped) */
+      bool tags = true;
+      for (size_t j = 1; j < n; j++)
+        tags =
+            tags && *(const char *)mr[i][j].key == *(const char *)mr[i][0].key;
+      want_rc[i] =
+          tags ? tg_hit_rules_at(now, mr[i], n, flags, &want[i]) : TG_EINVAL;
+      tg_rules_result b;
+      int brc = tg_hit_rules_at(now, br[i], n, flags, &b);
+      if (!tags) {
+        want[i] = b;
+        for (size_t j = 0; j < n; j++)
+          mr[i][j] = br[i][j];
+      }
+      if (brc != want_rc[i] || !same(&b.r, &want[i].r) ||
+          b.denied_by != want[i].denied_by) {
+        print_error("seed %" PRIu64 " round %zu: blocking Redis differs "
+                    "from memory: %s/%s allowed %d/%d count %" PRIu64
+                    "/%" PRIu64 " denied_by %zu/%zu (%zu rules)\n",
+                    seed, round, tg_err_name(brc), tg_err_name(want_rc[i]),
+                    b.r.allowed, want[i].r.allowed, b.r.count, want[i].r.count,
+                    b.denied_by, want[i].denied_by, n);
+        fail();
+      }
+      req[i] = (tg_nb_req){0};
+      int src = tg_nb_submit_rules_at(nb[0], now, &req[i], nr[i], n, flags);
+      assert_int_equal(src, input_code(want_rc[i]) ? want_rc[i] : TG_OK);
+      if (src == TG_OK)
+        queued++;
+    }
+    assert_int_equal(nbp_run(&d, queued, 10000, NULL, NULL), queued);
+    for (size_t i = 0; i < m; i++) {
+      bool ok = req[i].status == want_rc[i] && same_rules(&want[i], &req[i]);
+      for (size_t j = 0; ok && j < nrules[i]; j++)
+        ok = nr[i][j].status == mr[i][j].status &&
+             same(&nr[i][j].result, &mr[i][j].result) &&
+             nr[i][j].result.shadow_denied == mr[i][j].result.shadow_denied;
+      if (!ok) {
+        print_error("seed %" PRIu64 " round %zu policy %zu (%zu rules): "
+                    "tg_nb %s allowed=%d count=%" PRIu64 " remaining=%" PRIu64
+                    " retry=%" PRIu64 " denied_by=%zu, memory %s allowed=%d "
+                    "count=%" PRIu64 " remaining=%" PRIu64 " retry=%" PRIu64
+                    " denied_by=%zu\n",
+                    seed, round, i, nrules[i], tg_err_name(req[i].status),
+                    req[i].result.allowed, req[i].result.count,
+                    req[i].result.remaining, req[i].result.retry_after_ms,
+                    req[i].denied_by, tg_err_name(want_rc[i]),
+                    want[i].r.allowed, want[i].r.count, want[i].r.remaining,
+                    want[i].r.retry_after_ms, want[i].denied_by);
+        fail();
+      }
+      calls++;
+      if (want_rc[i] != TG_OK)
+        invalid++;
+      else if (want[i].r.allowed && !want[i].r.shadow_denied)
+        passed++;
+      else
+        denied++;
+    }
+    now += below(4) == 0 ? MS(below(2000)) : below(MS(50));
+  }
+  print_message("policies: %zu in %zu rounds, %zu passed, %zu denied, %zu "
+                "invalid\n",
+                calls, rounds, passed, denied, invalid);
+  assert_true(passed > calls / 20 && denied > calls / 20);
+  nbp_close_all(&d);
+  for (size_t a = 0; a < NPC; a++) {
+    tg_nb_destroy(nb[a]);
+    tg_limiter_destroy(red[a]);
+    tg_limiter_destroy(mem[a]);
+  }
+}
+
+static void policy_matches_tg_hit_rules(void **state) {
+  (void)state;
+  uint64_t seed = (uint64_t)time(NULL);
+  const char *fixed = getenv("TG_TEST_NB_SEED");
+  if (fixed)
+    seed = strtoull(fixed, NULL, 10);
+  policy_differential(seed, 150);
+  policy_differential(seed + 1, 150);
+}
+
+/* The issue's scenario: 5 a second and 6 a minute, 20 calls over two
+ * seconds. Two tg_hit calls would admit 6 and charge the minute 20; one
+ * policy admits 6 and the minute counts only them. */
+static void policy_charges_only_admitted(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_FIXED_WINDOW, "pol56");
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  tg_quota sec = {.limit = 5, .period_ms = 1000},
+           min = {.limit = 6, .period_ms = 60000};
+  uint64_t now = (real_us() / MS(60000) + 1) * MS(60000);
+  size_t admitted = 0;
+  uint64_t minute_count = 0;
+  for (int i = 0; i < 20; i++) {
+    tg_nb_rule r[2] = {{nb, "u}s", 3, &sec, 1, 0, {0}},
+                       {nb, "u}m", 3, &min, 1, 0, {0}}};
+    tg_nb_req q = {0};
+    uint64_t t = now + (uint64_t)i * MS(100); /* 10 a second */
+    assert_int_equal(tg_nb_submit_rules_at(nb, t, &q, r, 2, 0), TG_OK);
+    assert_int_equal(nbp_run(&d, 1, 10000, NULL, NULL), 1);
+    assert_int_equal(q.status, TG_OK);
+    if (q.result.allowed) {
+      admitted++;
+      assert_int_equal(q.denied_by, TG_RULE_NONE);
+    } else {
+      assert_true(q.denied_by < 2);
+      /* refused: nothing charged, the rules say what they hold */
+      assert_int_equal(r[1].result.count, admitted);
+    }
+    minute_count = r[1].result.count;
+  }
+  /* 5 in the first second, then the minute's sixth */
+  assert_int_equal(admitted, 6);
+  assert_int_equal(minute_count, 6);
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+}
+
+/* A policy on the server's clock, sent again after NOSCRIPT (the script
+ * path: the encoding is made again), and a policy whose server is gone,
+ * answered as tg_hit_rules answers on the blocking store. */
+static void policy_resent_and_failing(void **state) {
+  (void)state;
+  redisContext *c = rs_connect();
+  assert_non_null(c);
+  tg_config cw, cb;
+  tg_redis_config rw, rb;
+  config(&cw, &rw, TG_FIXED_WINDOW, "polrw");
+  config(&cb, &rb, TG_TOKEN_BUCKET, "polrb");
+  tg_nb *w = nb_make(&cw), *b = nb_make(&cb);
+  nbp d;
+  nbp_init(&d, w);
+  tg_quota qw = {.limit = 3, .period_ms = 3600000},
+           qb = {.limit = 5, .period_ms = 3600000, .burst = 5};
+  tg_nb_req r[4];
+  tg_nb_rule nr[4][2];
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < 4; i++) {
+      nr[i][0] = (tg_nb_rule){w, "x}w", 3, &qw, 1, 0, {0}};
+      nr[i][1] = (tg_nb_rule){b, "x}b", 3, &qb, 1, 0, {0}};
+      r[i] = (tg_nb_req){0};
+      assert_int_equal(tg_nb_submit_rules(w, &r[i], nr[i], 2, 0), TG_OK);
+    }
+    assert_int_equal(nbp_run(&d, 4, 5000, NULL, NULL), 4);
+    for (int i = 0; i < 4; i++) {
+      int k = round * 4 + i; /* the policy's place in the whole run */
+      assert_int_equal(r[i].status, TG_OK);
+      assert_int_equal(r[i].result.allowed, k < 3);
+      assert_int_equal(r[i].denied_by, k < 3 ? TG_RULE_NONE : 0);
+      assert_int_equal(nr[i][0].result.count, k < 3 ? k + 1 : 3);
+      /* the bucket is charged only for the three that passed */
+      assert_int_equal(nr[i][1].result.remaining, k < 3 ? 4 - k : 2);
+    }
+    assert_true(rs_ok(c, "SCRIPT FLUSH")); /* the server forgets it */
+  }
+  tg_stats st;
+  tg_nb_stats(w, &st, sizeof st);
+  assert_int_equal(st.resent, module_loaded() ? 0 : 4);
+  /* the server gone: the connection's loss, at rule 0, answered by its
+   * failure policy (fail-open by default), as the blocking store does */
+  tg_limiter *lw = NULL, *lb = NULL;
+  config(&cw, &rw, TG_FIXED_WINDOW, "polrw2");
+  assert_int_equal(tg_limiter_new(&lw, &cw), TG_OK);
+  config(&cb, &rb, TG_TOKEN_BUCKET, "polrb2");
+  cb.on_failure = TG_POLICY_FAIL_CLOSED;
+  assert_int_equal(tg_limiter_new(&lb, &cb), TG_OK);
+  tg_nb *bc = nb_make(&cb);
+  assert_true(rs_stop());
+  for (int first = 0; first < 2; first++) {
+    /* rule 0 fail-open, then fail-closed */
+    tg_rule br[2] = {{lw, "x}w", 3, &qw, 1, 0, {0}},
+                     {lb, "x}b", 3, &qb, 1, 0, {0}}};
+    tg_nb_rule n2[2] = {{w, "x}w", 3, &qw, 1, 0, {0}},
+                        {bc, "x}b", 3, &qb, 1, 0, {0}}};
+    if (first) {
+      tg_rule t = br[0];
+      br[0] = br[1];
+      br[1] = t;
+      tg_nb_rule u = n2[0];
+      n2[0] = n2[1];
+      n2[1] = u;
+    }
+    tg_rules_result want;
+    int wrc = tg_hit_rules(br, 2, 0, &want);
+    tg_nb_req q = {0};
+    assert_int_equal(tg_nb_submit_rules(w, &q, n2, 2, 0), TG_OK);
+    assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+    assert_true(wrc == TG_ECONNECT || wrc == TG_ETIMEDOUT);
+    assert_int_equal(q.status, TG_ECONNECT);
+    assert_int_equal(q.denied_by, want.denied_by);
+    assert_int_equal(q.result.allowed, want.r.allowed);
+    assert_int_equal(q.result.allowed, first == 0);
+    assert_true(q.result.degraded);
+    assert_int_equal(n2[0].status, TG_ECONNECT);
+    assert_int_equal(n2[1].status, TG_OK);
+    assert_int_equal(n2[1].result.allowed, q.result.allowed);
+  }
+  assert_true(rs_start());
+  nbp_close_all(&d);
+  tg_nb_destroy(w);
+  tg_nb_destroy(b);
+  tg_nb_destroy(bc);
+  tg_limiter_destroy(lw);
+  tg_limiter_destroy(lb);
+  redisFree(c);
+}
+
+/* What a policy refuses before sending anything. */
+static void policy_input_is_validated(void **state) {
+  (void)state;
+  tg_config cfg, cs, co;
+  tg_redis_config rc, rs, ro;
+  config(&cfg, &rc, TG_TOKEN_BUCKET, "polv");
+  tg_nb *nb = nb_make(&cfg);
+  config(&cs, &rs, TG_SLIDING_WINDOW, "polvs");
+  tg_nb *sl = nb_make(&cs);
+  config(&co, &ro, TG_TOKEN_BUCKET, "polvo");
+  ro.port = rs_port() + 1; /* another server */
+  tg_nb *other = nb_make(&co);
+  tg_quota q = {.limit = 5, .period_ms = 1000};
+  tg_nb_req req;
+  tg_nb_rule r[3];
+#define RULE(c, k) ((tg_nb_rule){(c), (k), strlen(k), &q, 1, 0, {0}})
+  r[0] = RULE(nb, "t}a");
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 0, 0), TG_EINVAL);
+  assert_int_equal(tg_nb_submit_rules(nb, &req, NULL, 1, 0), TG_EINVAL);
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, TG_RULES_MAX + 1, 0),
+                   TG_EINVAL);
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 1, 8), TG_EINVAL);
+  assert_int_equal(tg_nb_submit_rules(nb, NULL, r, 1, 0), TG_EINVAL);
+  /* a sliding rule */
+  r[1] = RULE(sl, "t}b");
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 2, 0), TG_ENOTSUP);
+  assert_int_equal(req.status, TG_ENOTSUP);
+  assert_int_equal(req.denied_by, 1);
+  assert_int_equal(r[1].status, TG_ENOTSUP);
+  assert_int_equal(r[0].status, TG_OK);
+  /* another server, no client, one key twice, a bad rule's own input */
+  r[1] = RULE(other, "t}b");
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 2, 0), TG_EINVAL);
+  r[1] = RULE(NULL, "t}b");
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 2, 0), TG_EINVAL);
+  r[1] = RULE(nb, "u}b"); /* another slot, on one server too */
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 2, 0), TG_EINVAL);
+  assert_int_equal(req.denied_by, 1);
+  r[1] = RULE(nb, "t}b");
+  r[2] = RULE(nb, "t}a");
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 3, 0), TG_EINVAL);
+  assert_int_equal(req.denied_by, 0); /* a misfit: as tg_hit_rules says */
+  r[2] = RULE(nb, "");
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 3, 0), TG_EKEY);
+  tg_quota zero = {.limit = 0, .period_ms = 1000};
+  r[2] = RULE(nb, "t}c");
+  r[2].q = &zero;
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 3, 0), TG_EQUOTA);
+  assert_int_equal(tg_nb_pending(nb), 0);
+  tg_nb_destroy(nb);
+  tg_nb_destroy(sl);
+  tg_nb_destroy(other);
+  /* a Cluster: keys in one slot only (no server needed: refused at once) */
+  tg_config cc;
+  tg_redis_config rcc;
+  config(&cc, &rcc, TG_FIXED_WINDOW, "polc");
+  char seeds[32];
+  snprintf(seeds, sizeof seeds, "127.0.0.1:%d", rs_port());
+  rcc.cluster_nodes = seeds;
+  tg_nb *cl = nb_make(&cc);
+  r[0] = RULE(cl, "user:{7}:s");
+  r[1] = RULE(cl, "user:{8}:m");
+  assert_int_equal(tg_nb_submit_rules(cl, &req, r, 2, 0), TG_EINVAL);
+  assert_int_equal(req.denied_by, 1);
+  r[1] = RULE(cl, "user:{7}:m");
+  assert_int_equal(tg_nb_submit_rules(cl, &req, r, 2, 0), TG_OK);
+  assert_int_equal(tg_nb_pending(cl), 1);
+  tg_nb_destroy(cl); /* pending: its block is freed (ASan) */
+#undef RULE
+}
+
 /* ---- many at once
  * ------------------------------------------------------------- */
 
@@ -964,6 +1325,10 @@ int main(void) {
       cmocka_unit_test_setup(deny_cache_answers_locally, server_up),
       cmocka_unit_test_setup(fallback_decides_while_down, server_up),
       cmocka_unit_test_setup(shadow_and_hook, server_up),
+      cmocka_unit_test_setup(policy_matches_tg_hit_rules, server_up),
+      cmocka_unit_test_setup(policy_charges_only_admitted, server_up),
+      cmocka_unit_test_setup(policy_input_is_validated, server_up),
+      cmocka_unit_test_setup(policy_resent_and_failing, server_up),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
