@@ -31,10 +31,11 @@
  * client of the non-blocking API, on connections nginx's event loop
  * drives (one to the server, or one per node of a Redis Cluster): the
  * request is parked until the reply comes, then decided as a
- * shared-memory zone's would be. It decides single limits only: a location
- * that uses one has one tollgate line (which may delay: limit_req's queue,
- * one reservation; a delayed request whose client leaves keeps its slot,
- * as limit_req's does).
+ * shared-memory zone's would be. One line is one call (which may delay:
+ * limit_req's queue, one reservation; a delayed request whose client
+ * leaves keeps its slot, as limit_req's does); several lines are one
+ * policy in one command (tg_nb_submit_rules), on zones that share a
+ * store= and a key slot, none of them sliding and none that queues.
  */
 #include <ngx_config.h>
 #include <ngx_core.h>
@@ -192,6 +193,8 @@ struct tg_ngx_pending {
   tg_ngx_loc_conf *lcf;
   tg_ngx_ctx *ctx;     /* NULL: the request ended */
   unsigned parked : 1; /* the handler returned NGX_AGAIN: resume it */
+  ngx_uint_t n;        /* > 1: a policy of n rules (nr, keys after it) */
+  tg_nb_rule *nr;
   u_char key[TG_KEY_MAX];
 };
 
@@ -990,6 +993,27 @@ static void *tg_ngx_create_loc_conf(ngx_conf_t *cf) {
   return lcf;
 }
 
+/* The tag of a zone key's configured text: the literal bytes before its
+ * first "}", when no variable comes before it (else an empty tag). */
+static ngx_str_t key_tag(const ngx_str_t *k) {
+  ngx_str_t t = ngx_null_string;
+  u_char *brace = ngx_strlchr(k->data, k->data + k->len, '}');
+  if (brace && ngx_strlchr(k->data, brace, '$') == NULL) {
+    t.data = k->data;
+    t.len = (size_t)(brace - k->data);
+  }
+  return t;
+}
+
+/* Whether two zone keys name one Redis Cluster slot for every request:
+ * the same text, or the same literal tag ("acct}$a" and "acct}$b"). */
+static ngx_int_t same_slot_keys(const ngx_str_t *a, const ngx_str_t *b) {
+  if (a->len == b->len && ngx_strncmp(a->data, b->data, a->len) == 0)
+    return 1;
+  ngx_str_t x = key_tag(a), y = key_tag(b);
+  return x.len > 0 && x.len == y.len && ngx_strncmp(x.data, y.data, x.len) == 0;
+}
+
 static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
   tg_ngx_loc_conf *prev = parent;
   tg_ngx_loc_conf *conf = child;
@@ -1012,19 +1036,37 @@ static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
           return NGX_CONF_ERROR;
         }
     }
-    for (ngx_uint_t i = 0; i < conf->limits->nelts; i++) {
-      if (!l[i].zone->redis)
+    /* several lines on Redis zones are one policy in one command
+     * (tg_nb_submit_rules): every zone on the same store, none of them a
+     * sliding window (the reply would carry its log) and no line that
+     * queues (a policy of reservations is not one command) */
+    for (ngx_uint_t i = 0; conf->limits->nelts > 1 && i < conf->limits->nelts;
+         i++) {
+      const char *why = NULL;
+      if (l[i].zone->redis != l[0].zone->redis)
+        why = "lines on a Redis zone and on a shared-memory zone cannot be "
+              "one policy";
+      else if (!l[i].zone->redis)
         continue;
-      /* the non-blocking Redis API decides one limit at once (a hit or a
-       * reservation, limit_req's queue), not a policy of several */
-      if (conf->limits->nelts > 1) {
+      else if (l[i].zone->store.len != l[0].zone->store.len ||
+               ngx_strncmp(l[i].zone->store.data, l[0].zone->store.data,
+                           l[0].zone->store.len) != 0)
+        why = "the Redis zones of one location must have the same store=";
+      else if (!same_slot_keys(&l[i].zone->key.value, &l[0].zone->key.value))
+        why = "the keys of Redis zones in one location must fall in one "
+              "Redis Cluster slot: the same key, or keys that begin with "
+              "the same literal tag ended by \"}\" (e.g. "
+              "\"acme}$arg_user\")";
+      else if (l[i].zone->algorithm == TG_SLIDING_WINDOW)
+        why = "a sliding-window Redis zone must be the only line of its "
+              "location";
+      else if (l[i].mode == TG_NGX_RESERVE)
+        why = "a line on a Redis zone that queues (burst without nodelay, "
+              "or delay=) must be the only line of its location";
+      if (why) {
         ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
-                      "tollgate: zone \"%V\" is kept in Redis (store=), "
-                      "and a tollgate line on a Redis zone must be the only "
-                      "one of its location (several lines are decided as "
-                      "one policy, which a Redis zone cannot do without "
-                      "blocking), in %V:%ui",
-                      &l[i].zone_name, &l[i].file, l[i].line);
+                      "tollgate: zone \"%V\": %s, in %V:%ui", &l[i].zone_name,
+                      why, &l[i].file, l[i].line);
         return NGX_CONF_ERROR;
       }
     }
@@ -1154,6 +1196,9 @@ static void tg_ngx_clean(ngx_event_t *ev) {
 
 static void redis_pump(tg_ngx_zone *z);
 static void redis_complete(tg_ngx_zone *z, tg_nb_req *req);
+static ngx_int_t redis_policy_answer(ngx_http_request_t *r,
+                                     tg_ngx_loc_conf *lcf, tg_ngx_ctx *ctx,
+                                     tg_ngx_pending *p);
 static ngx_int_t redis_answer(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
                               tg_ngx_ctx *ctx, int rc, const tg_result *res,
                               uint64_t delay_ms);
@@ -1459,8 +1504,9 @@ static void redis_complete(tg_ngx_zone *z, tg_nb_req *req) {
                   &z->name);
   if (ctx) {
     ctx->pending = NULL;
-    ctx->resume_rc = redis_answer(p->r, p->lcf, ctx, req->status, &req->result,
-                                  req->delay_ms);
+    ctx->resume_rc = p->n > 1 ? redis_policy_answer(p->r, p->lcf, ctx, p)
+                              : redis_answer(p->r, p->lcf, ctx, req->status,
+                                             &req->result, req->delay_ms);
     /* a delayed request is on its timer, which runs the phases again and
      * finds it decided */
     ctx->resume = ctx->resume_rc != NGX_AGAIN;
@@ -1641,18 +1687,30 @@ static tg_ngx_ctx *get_ctx(ngx_http_request_t *r) {
 }
 
 /* Keys longer than tollgate takes are limited by their MD5 digest, behind
- * a byte no short key of that length is likely to start with. */
-static ngx_int_t shorten_key(ngx_http_request_t *r, ngx_str_t *key) {
-  u_char *k = ngx_pnalloc(r->pool, 17);
+ * a byte no short key of that length is likely to start with. A Redis
+ * zone's key keeps its tag (the bytes up to its first "}", within the
+ * first 65) in front, so that a long key stays in its Cluster slot, and
+ * in its policy's. */
+static ngx_int_t shorten_key(ngx_http_request_t *r, ngx_str_t *key,
+                             ngx_uint_t keep_tag) {
+  size_t tag = 0;
+  if (keep_tag) {
+    u_char *end = key->data + (key->len < 65 ? key->len : 65);
+    u_char *b = ngx_strlchr(key->data, end, '}');
+    if (b)
+      tag = (size_t)(b - key->data) + 1;
+  }
+  u_char *k = ngx_pnalloc(r->pool, tag + 17);
   if (k == NULL)
     return NGX_ERROR;
+  ngx_memcpy(k, key->data, tag);
   ngx_md5_t md5;
   ngx_md5_init(&md5);
   ngx_md5_update(&md5, key->data, key->len);
-  k[0] = 0xff;
-  ngx_md5_final(k + 1, &md5);
+  k[tag] = 0xff;
+  ngx_md5_final(k + tag + 1, &md5);
   key->data = k;
-  key->len = 17;
+  key->len = tag + 17;
   return NGX_OK;
 }
 
@@ -1729,7 +1787,7 @@ static ngx_int_t collect_rules(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
       return NGX_ERROR;
     if (key.len == 0)
       continue; /* as limit_req: an empty key is not limited */
-    if (key.len > TG_KEY_MAX && shorten_key(r, &key) != NGX_OK)
+    if (key.len > TG_KEY_MAX && shorten_key(r, &key, l->zone->redis) != NGX_OK)
       return NGX_ERROR;
     uint64_t cost = l->cost;
     ngx_str_t c = ngx_null_string;
@@ -1842,47 +1900,118 @@ static ngx_int_t redis_answer(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
   return decided(r, lcf, ctx, rc, delay_ms);
 }
 
-/* A Redis zone: submit the decision, and wait for it unless the client
- * answered at once (a server marked down, invalid input). */
+/* A Redis policy's answer (several lines), as tg_hit_rules's on
+ * shared-memory zones is applied: every rule's result, the policy's. */
+static ngx_int_t redis_policy_answer(ngx_http_request_t *r,
+                                     tg_ngx_loc_conf *lcf, tg_ngx_ctx *ctx,
+                                     tg_ngx_pending *p) {
+  for (ngx_uint_t i = 0; i < ctx->n; i++) {
+    ctx->rules[i].status = p->nr[i].status;
+    ctx->rules[i].result = p->nr[i].result;
+  }
+  ctx->rr.r = p->req.result;
+  ctx->rr.denied_by = p->req.denied_by;
+  ctx->rr.tightest = p->req.tightest;
+  return decided(r, lcf, ctx, p->req.status, 0);
+}
+
+/* The answer when a line's zone has no client in this worker (logged at
+ * its start): that zone's on_error, for every rule. */
+static ngx_int_t redis_no_client(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
+                                 tg_ngx_ctx *ctx, ngx_uint_t at) {
+  tg_result res;
+  ngx_memzero(&res, sizeof(res));
+  res.allowed = ctx->limits[at]->zone->on_error == TG_POLICY_FAIL_OPEN;
+  res.degraded = 1;
+  res.retry_after_ms = res.allowed ? 0 : ctx->rules[at].q->period_ms;
+  if (ctx->n == 1)
+    return redis_answer(r, lcf, ctx, TG_ENOMEM, &res, 0);
+  for (ngx_uint_t i = 0; i < ctx->n; i++) {
+    ctx->rules[i].status = i == at ? TG_ENOMEM : 0;
+    ctx->rules[i].result = res;
+  }
+  ctx->rr.r = res;
+  ctx->rr.denied_by = at;
+  ctx->rr.tightest = at;
+  return decided(r, lcf, ctx, TG_ENOMEM, 0);
+}
+
+/* A Redis zone: submit the decision (several lines: one policy, through
+ * the first line's client), and wait for it unless the client answered at
+ * once (a server marked down, invalid input). */
 static ngx_int_t redis_decide(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
                               tg_ngx_ctx *ctx) {
   tg_ngx_zone *z = ctx->limits[0]->zone;
   tg_rule *rule = &ctx->rules[0];
-  if (z->nb == NULL) { /* no client in this worker (logged): the policy */
-    tg_result res;
-    ngx_memzero(&res, sizeof(res));
-    res.allowed = z->on_error == TG_POLICY_FAIL_OPEN;
-    res.degraded = 1;
-    res.retry_after_ms = res.allowed ? 0 : rule->q->period_ms;
-    return redis_answer(r, lcf, ctx, TG_ENOMEM, &res, 0);
-  }
-  tg_ngx_pending *p = ngx_alloc(sizeof(*p), r->connection->log);
+  for (ngx_uint_t i = 0; i < ctx->n; i++)
+    if (ctx->limits[i]->zone->nb == NULL)
+      return redis_no_client(r, lcf, ctx, i);
+  ngx_uint_t n = ctx->n;
+  size_t extra = n > 1 ? n * (sizeof(tg_nb_rule) + TG_KEY_MAX) : 0;
+  tg_ngx_pending *p = ngx_alloc(sizeof(*p) + extra, r->connection->log);
   if (p == NULL)
     return NGX_HTTP_INTERNAL_SERVER_ERROR;
   ngx_memzero(&p->req, sizeof(p->req));
-  ngx_memcpy(p->key, rule->key, rule->key_len); /* the pool may go first */
-  p->req.key = p->key;
-  p->req.key_len = rule->key_len;
-  p->req.q = rule->q;
-  p->req.cost = rule->cost;
-  /* decided as a shared-memory zone's one line is (a one-rule policy): a
-   * refused cost is not counted in a fixed window; limit_req's queue is a
-   * reservation */
-  p->req.flags = TG_NB_RULE;
-  if (ctx->limits[0]->mode == TG_NGX_RESERVE) {
-    p->req.flags |= TG_NB_RESERVE;
-    p->req.max_wait_ms = ctx->limits[0]->max_wait_ms;
-  }
+  p->n = n;
+  p->nr = NULL;
   p->req.data = p;
   p->r = r;
   p->lcf = lcf;
   p->ctx = ctx;
   p->parked = 0;
-  int rc = tg_nb_submit(z->nb, &p->req);
-  if (rc != 0) { /* refused input: answered, not pending */
-    tg_result res = p->req.result;
-    ngx_free(p);
-    return redis_answer(r, lcf, ctx, rc, &res, 0);
+  int rc;
+  if (n > 1) {
+    /* the keys copied: the request's pool may go first */
+    _Static_assert(sizeof(tg_ngx_pending) % _Alignof(tg_nb_rule) == 0,
+                   "the rules follow the pending aligned");
+    p->nr = (tg_nb_rule *)(p + 1);
+    u_char *keys = (u_char *)(p->nr + n);
+    for (ngx_uint_t i = 0; i < n; i++) {
+      tg_rule *ru = &ctx->rules[i];
+      ngx_memcpy(keys + i * TG_KEY_MAX, ru->key, ru->key_len);
+      p->nr[i] = (tg_nb_rule){ctx->limits[i]->zone->nb,
+                              keys + i * TG_KEY_MAX,
+                              ru->key_len,
+                              ru->q,
+                              ru->cost,
+                              0,
+                              {0}};
+    }
+    rc = tg_nb_submit_rules(z->nb, &p->req, p->nr, n,
+                            lcf->dry_run ? TG_RULES_SHADOW : 0);
+    if (rc == TG_EINVAL) /* keys in two slots (the rest nginx -t saw) */
+      ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                    "tollgate: zone \"%V\": the location's Redis lines "
+                    "cannot be one policy for this request: their "
+                    "keys must be in one Redis Cluster slot, see the "
+                    "README",
+                    &ctx->limits[p->req.denied_by < n ? p->req.denied_by : 0]
+                         ->zone->name);
+    if (rc != 0) { /* refused: answered, not pending */
+      ngx_int_t out = redis_policy_answer(r, lcf, ctx, p);
+      ngx_free(p);
+      return out;
+    }
+  } else {
+    ngx_memcpy(p->key, rule->key, rule->key_len); /* the pool may go first */
+    p->req.key = p->key;
+    p->req.key_len = rule->key_len;
+    p->req.q = rule->q;
+    p->req.cost = rule->cost;
+    /* decided as a shared-memory zone's one line is (a one-rule policy): a
+     * refused cost is not counted in a fixed window; limit_req's queue is
+     * a reservation */
+    p->req.flags = TG_NB_RULE;
+    if (ctx->limits[0]->mode == TG_NGX_RESERVE) {
+      p->req.flags |= TG_NB_RESERVE;
+      p->req.max_wait_ms = ctx->limits[0]->max_wait_ms;
+    }
+    rc = tg_nb_submit(z->nb, &p->req);
+    if (rc != 0) { /* refused input: answered, not pending */
+      tg_result res = p->req.result;
+      ngx_free(p);
+      return redis_answer(r, lcf, ctx, rc, &res, 0);
+    }
   }
   ngx_queue_insert_tail(&z->pending, &p->queue);
   ctx->pending = p;

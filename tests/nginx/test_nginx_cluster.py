@@ -113,7 +113,20 @@ class Cluster(unittest.TestCase):
         zones += ("tollgate_zone $arg_k zone=many algorithm="
                   "fixed_window_per_key rate=100000/1d %s timeout=200ms;\n"
                   % seed)
-        locs = "".join(
+        # two limits in one location: one policy, one command to the
+        # master of the key's slot
+        zones += ("tollgate_zone $arg_k zone=pa algorithm=fixed_window "
+                  "rate=3/1d %s;\n" % seed)
+        zones += ("tollgate_zone $arg_k zone=pb algorithm=token_bucket "
+                  "rate=5r/d burst=5 %s;\n" % seed)
+        locs = """
+location /policy { tollgate zone=pa; tollgate zone=pb;
+                   add_header X-Status $tollgate_status always;
+                   try_files /index.html =404; }
+location /pb { tollgate zone=pb; add_header X-Remaining $tollgate_remaining
+               always; try_files /index.html =404; }
+"""
+        locs += "".join(
             "location /%s { tollgate zone=%s; add_header X-Status "
             "$tollgate_status always; add_header X-Pid $pid always;"
             " try_files /index.html =404; }\n"
@@ -173,6 +186,34 @@ class Cluster(unittest.TestCase):
         for n in self.hosts:
             self.assertNotIn("[alert]", n.error_log())
             self.assertNotIn("exited on signal", n.error_log())
+
+    def test_1b_policy_on_every_master(self):
+        # a key on each master, 12 requests from both hosts at once: the
+        # policy admits exactly 3 (pa), decided by Redis each time, and
+        # pb is charged only for those
+        keys = keys_per_master(1)
+        got, lock = {}, threading.Lock()
+
+        def run(t):
+            n = self.hosts[t % 2]
+            for ks in keys.values():
+                for _ in range(6):
+                    st, h, _ = n.request("/policy?k=" + ks[0])
+                    with lock:
+                        got.setdefault(ks[0], []).append(
+                            (st, h.get("x-status")))
+        ts = [threading.Thread(target=run, args=(t,)) for t in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for k, res in sorted(got.items()):
+            self.assertEqual({s for _, s in res} - {"PASSED", "REJECTED"},
+                             set(), (k, res))
+            self.assertEqual(sum(1 for st, _ in res if st == 200), 3,
+                             (k, res))
+            st, h, _ = self.hosts[1].request("/pb?k=" + k)
+            self.assertEqual((st, h.get("x-remaining")), (200, "1"), k)
 
     def test_2_master_killed_then_replica_promoted(self):
         keys = keys_per_master(1)

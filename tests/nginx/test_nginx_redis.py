@@ -167,6 +167,16 @@ class Shared(unittest.TestCase):
                   " rate=2r/s %s;\n" % store)
         zones += ("tollgate_zone $arg_k zone=q1 algorithm=leaky_bucket"
                   " rate=1r/m %s;\n" % store)
+        # two limits in one location: one policy in one command
+        zones += ("tollgate_zone $arg_k zone=pa algorithm=fixed_window"
+                  " rate=3/1d %s;\n" % store)
+        zones += ("tollgate_zone $arg_k zone=pb algorithm=token_bucket"
+                  " rate=5r/d burst=5 %s;\n" % store)
+        zones += ("tollgate_zone t}$arg_k zone=pc algorithm=leaky_bucket"
+                  " rate=2r/d burst=2 %s;\n" % store)
+        zones += ("tollgate_zone t}$arg_j zone=pd algorithm="
+                  "fixed_window_per_key rate=10/1d %s;\n" % store)
+
         locs = "".join(
             "location /%s { tollgate zone=%s; add_header X-Pid $pid always;"
             " try_files /index.html =404; }\n" % (a, a) for a in ALGORITHMS)
@@ -198,6 +208,16 @@ location /wcost { tollgate zone=fw cost=$arg_cost;
                   add_header X-Status $tollgate_status always;
                   add_header X-Remaining $tollgate_remaining always;
                   try_files /index.html =404; }
+location /policy { tollgate zone=pa; tollgate zone=pb;
+                   add_header X-Status $tollgate_status always;
+                   try_files /index.html =404; }
+location /pb { tollgate zone=pb; add_header X-Remaining $tollgate_remaining
+               always; try_files /index.html =404; }
+location /tagged { tollgate zone=pc; tollgate zone=pd cost=$arg_cost;
+                   add_header X-Status $tollgate_status always;
+                   try_files /index.html =404; }
+location /pd { tollgate zone=pd; add_header X-Remaining $tollgate_remaining
+               always; try_files /index.html =404; }
 location /cost { tollgate zone=c cost=$arg_cost;
                  add_header X-Status $tollgate_status always;
                  add_header X-Remaining $tollgate_remaining always;
@@ -337,6 +357,53 @@ location /cost { tollgate zone=c cost=$arg_cost;
         self.assertEqual(a.request("/cost?k=c&cost=x")[0], 500)
         self.assertIn('cost "x" is not a whole number', a.error_log())
 
+
+    def test_two_limits_one_policy_across_two_hosts(self):
+        # pa: 3 a day, pb: 5 a day; 40 requests on key h from 8 threads on
+        # both hosts admit exactly 3, and pb is charged only for those 3
+        got, pids, errors = hammer(self.hosts, "/policy?k=h", 8, 5)
+        self.assertEqual(errors, 0)
+        self.assertEqual(got.count(200), 3, got)
+        self.assertEqual(got.count(429), 37, got)
+        a, b = self.hosts
+        st, h, _ = a.request("/pb?k=h")
+        self.assertEqual((st, h["x-remaining"]), (200, "1"))
+        self.assertEqual(b.request("/pb?k=h")[0], 200)
+        self.assertEqual(a.request("/pb?k=h")[0], 429)
+        # the refusal names both limits in the header fields
+        st, h, _ = b.request("/policy?k=h")
+        self.assertEqual((st, h["x-status"]), (429, "REJECTED"))
+        self.assertEqual(h["ratelimit-policy"],
+                         '"pa";q=3;w=86400, "pb";q=5;w=86400')
+        self.assertIn("retry-after", h)
+
+    def test_tagged_keys_and_a_refused_policy(self):
+        # pc (leaky bucket, burst 2) first denies: pd (a window) is charged
+        # only for what passed, whatever the denied call cost
+        a, b = self.hosts
+        got = [(a, b)[i % 2].request("/tagged?k=u&j=v&cost=1")[0]
+               for i in range(4)]
+        self.assertEqual(got, [200, 200, 429, 429])
+        st, h, _ = a.request("/pd?j=v")
+        self.assertEqual((st, h["x-remaining"]), (200, "7"))
+        # a cost pd refuses: nothing charged in pc either (a new pc key)
+        st, h, _ = b.request("/tagged?k=w&j=v&cost=9")
+        self.assertEqual((st, h["x-status"]), (429, "REJECTED"))
+        self.assertEqual(a.request("/tagged?k=w&j=v&cost=1")[0], 200)
+        self.assertEqual(a.request("/tagged?k=w&j=v&cost=1")[0], 200)
+        self.assertEqual(a.request("/tagged?k=w&j=v&cost=1")[0], 429)
+        st, h, _ = a.request("/pd?j=v")
+        self.assertEqual((st, h["x-remaining"]), (200, "4"))
+
+    def test_long_tagged_keys_keep_their_slot(self):
+        # keys longer than 256 bytes are shortened to a digest that keeps
+        # the tag "t}": both lines' keys stay in one slot, one policy
+        a = self.hosts[0]
+        k, j = "k" * 300, "j" * 300
+        got = [a.request("/tagged?k=%s&j=%s&cost=1" % (k, j))[0]
+               for _ in range(3)]
+        self.assertEqual(got, [200, 200, 429])
+        self.assertNotIn("cannot be one policy", a.error_log())
 
     def test_refused_cost_is_not_counted_on_a_redis_fixed_window(self):
         # README: a Redis zone decides as a shared-memory one (TG_NB_RULE):
@@ -644,24 +711,64 @@ class ConfigErrors(unittest.TestCase):
         # a size on a Redis zone: no shared memory, ignored
         rc, out = ngx.check(z.replace("zone=r ", "zone=r:10m ") + ok[len(z):])
         self.assertEqual(rc, 0, out)
+        # several Redis lines in one location: one policy, on one store
+        z += ("tollgate_zone $arg_k zone=r2 algorithm=fixed_window "
+              "rate=1/1m store=redis://127.0.0.1:6379;\n"
+              "tollgate_zone $arg_k zone=s algorithm=sliding_window "
+              "rate=1/1m store=redis://127.0.0.1:6379;\n"
+              "tollgate_zone $arg_k zone=o algorithm=fixed_window "
+              "rate=1/1m store=redis://127.0.0.1:6380;\n"
+              "tollgate_zone $arg_j zone=j algorithm=fixed_window "
+              "rate=1/1m store=redis://127.0.0.1:6379;\n"
+              "tollgate_zone $arg_k zone=rq algorithm=token_bucket "
+              "rate=1r/s store=redis://127.0.0.1:6379;\n"
+              "tollgate_zone b}$arg_j zone=tc algorithm=fixed_window "
+              "rate=1/1m store=redis://127.0.0.1:6379;\n"
+              "tollgate_zone ${arg_k}}x zone=va algorithm=fixed_window "
+              "rate=1/1m store=redis://127.0.0.1:6379;\n"
+              "tollgate_zone ${arg_j}}x zone=vb algorithm=fixed_window "
+              "rate=1/1m store=redis://127.0.0.1:6379;\n"
+              "tollgate_zone a}$arg_k zone=ta algorithm=fixed_window "
+              "rate=1/1m store=redis://127.0.0.1:6379;\n"
+              "tollgate_zone a}$arg_j zone=tb algorithm=token_bucket "
+              "rate=1r/s store=redis://127.0.0.1:6379;\n")
+        for body in ("tollgate zone=r; tollgate zone=r2 cost=2;",
+                     "tollgate zone=ta; tollgate zone=tb; "
+                     "tollgate_dry_run on;"):
+            rc, out = ngx.check(z + "server { listen 127.0.0.1:PORT; "
+                                "location / { %s } }" % body)
+            self.assertEqual(rc, 0, out)
         # the refusals name the zone and the line
-        for body in ("  tollgate zone=m;\n  tollgate zone=r; # HERE\n",
-                     "  tollgate zone=m;\n  tollgate zone=r burst=5; # HERE\n"):
+        for line, message in (
+                ("tollgate zone=m;", "lines on a Redis zone and on a "
+                 "shared-memory zone cannot be one policy"),
+                ("tollgate zone=o;", "the Redis zones of one location must "
+                 "have the same store="),
+                ("tollgate zone=s;", "a sliding-window Redis zone must be "
+                 "the only line of its location"),
+                ("tollgate zone=rq burst=5;", "a line on a Redis zone that "
+                 "queues (burst without nodelay, or delay=) must be the only "
+                 "line"),
+                ("tollgate zone=j;", "must fall in one Redis Cluster slot")):
             rc, out, where = ngx.check_line(
                 z + "server {\n listen 127.0.0.1:PORT;\n location / {\n"
-                + body + " }\n}\n", "# HERE")
+                "  tollgate zone=r;\n  %s # HERE\n }\n}\n" % line,
+                "# HERE")
             self.assertNotEqual(rc, 0, out)
-            self.assertIn('tollgate: zone "r" is kept in Redis', out)
+            self.assertIn(message, out)
             self.assertIn(where, out)
 
         def loc(body):
             return z + "server { listen 127.0.0.1:PORT; location / { %s } }" \
                 % body
-        self.expect(loc("tollgate zone=r; tollgate zone=m;"),
-                    'tollgate: zone "r" is kept in Redis (store=), and a '
-                    'tollgate line on a Redis zone must be the only one')
+        # tags must be the same literal text: "a}" and "b}" differ, and the
+        # "}" of "${arg_k}" is a variable's, not a tag
+        for body in ("tollgate zone=ta; tollgate zone=tc;",
+                     "tollgate zone=va; tollgate zone=vb;"):
+            self.expect(loc(body), "must fall in one Redis Cluster slot")
         self.expect(loc("tollgate zone=m; tollgate zone=r nodelay;"),
-                    'zone "r" is kept in Redis')
+                    'tollgate: zone "r": lines on a Redis zone and on a '
+                    'shared-memory zone cannot be one policy')
         # limit_req's queue on a Redis zone: one reservation
         for body in ("tollgate zone=r burst=5;",
                      "tollgate zone=r burst=5 delay=2;"):
@@ -704,8 +811,8 @@ class ConfigErrors(unittest.TestCase):
               "store=redis-cluster://127.0.0.1:7000;\n")
         self.expect(cz + z + "server { listen 127.0.0.1:PORT; location / { "
                     "tollgate zone=c; tollgate zone=r; } }",
-                    'tollgate: zone "c" is kept in Redis (store=), and a '
-                    'tollgate line on a Redis zone must be the only one')
+                    'tollgate: zone "r": the Redis zones of one location '
+                    'must have the same store=')
         for args, message in cases:
             self.expect("tollgate_zone $a zone=x algorithm=token_bucket "
                         "rate=1r/s %s;" % args, message)
