@@ -20,14 +20,17 @@
  *            splits each batch per node and pipelines the parts);
  *   nb1000   one thread driving the non-blocking API (nb_poll.h's loop)
  *            with 1,000 decisions always in flight;
+ *   nb1000_policy2  the same with policies of two rules (a per-key window
+ *            and a token bucket on one key, tg_nb_submit_rules): one
+ *            command each, the server reading and writing two keys;
  *   exact    the hit workload on 2,000 keys limited to 20 per hour: every
  *            key must admit exactly 20, and count every call once;
  *   deny     one thread on one key at 100 times its limit (10,000 calls
  *            per second, 100 allowed, a fixed window), without and with
  *            the deny cache: round trips per decision and this process's
  *            CPU per decision.
- * The quotas of hit, batch64 and nb1000 admit every call (1e9 per hour,
- * per-key windows), so every decision writes. Nothing is asserted.
+ * The quotas of hit, batch64 and nb1000(_policy2) admit every call (1e9 per
+ * hour, per-key windows), so every decision writes. Nothing is asserted.
  */
 #include "bench_stats.h"
 #include "nb_poll.h"
@@ -194,27 +197,47 @@ static double blocking(tg_limiter *lim, int kind, double *cores, long *errs) {
   return (double)ops / el;
 }
 
-/* One thread, the non-blocking API, INFLIGHT decisions always pending. */
-static double nonblocking(bool cluster, const char *prefix, double *cores,
-                          long *errs) {
+/* The request r (of req[]) submitted again on key i: a decision, or with
+ * `policy` a policy of two rules on that key (nb's per-key window and
+ * nb2's token bucket: two names in one slot). */
+static tg_nb_rule pol_rules[INFLIGHT][2];
+
+static void nb_again(tg_nb *nb, tg_nb *nb2, tg_nb_req *req, tg_nb_req *r,
+                     long i, bool policy) {
+  const char *k = keys[i % NKEYS];
+  size_t kl = strlen(k);
+  if (!policy) {
+    *r = (tg_nb_req){.key = k, .key_len = kl, .q = &all, .cost = 1};
+    tg_nb_submit(nb, r);
+    return;
+  }
+  tg_nb_rule *ru = pol_rules[r - req];
+  ru[0] = (tg_nb_rule){nb, k, kl, &all, 1, 0, {0}};
+  ru[1] = (tg_nb_rule){nb2, k, kl, &all, 1, 0, {0}};
+  *r = (tg_nb_req){0};
+  tg_nb_submit_rules(nb, r, ru, 2, 0);
+}
+
+/* One thread, the non-blocking API, INFLIGHT decisions (or policies of two
+ * rules, tg_nb_submit_rules) always pending. */
+static double nonblocking(bool cluster, const char *prefix, bool policy,
+                          double *cores, long *errs) {
   tg_config cfg;
   tg_redis_config rc;
   redis_cfg(&cfg, &rc, cluster, prefix, 1);
-  tg_nb *nb = NULL;
+  tg_nb *nb = NULL, *nb2 = NULL;
   if (tg_nb_new(&nb, &cfg) != TG_OK)
+    exit(1);
+  cfg.algorithm = TG_TOKEN_BUCKET;
+  if (tg_nb_new(&nb2, &cfg) != TG_OK)
     exit(1);
   static tg_nb_req req[INFLIGHT];
   nbp d;
   nbp_init(&d, nb);
   long i = 0, done = 0;
   *errs = 0;
-  for (int j = 0; j < INFLIGHT; j++, i++) {
-    req[j] = (tg_nb_req){.key = keys[i % NKEYS],
-                         .key_len = strlen(keys[i % NKEYS]),
-                         .q = &all,
-                         .cost = 1};
-    tg_nb_submit(nb, &req[j]);
-  }
+  for (int j = 0; j < INFLIGHT; j++, i++)
+    nb_again(nb, nb2, req, &req[j], i, policy);
   uint64_t b0, t0, b1, t1;
   cpu_ticks(&b0, &t0);
   double start = bench_now_s(), end = start + secs;
@@ -223,11 +246,8 @@ static double nonblocking(bool cluster, const char *prefix, double *cores,
     tg_nb_req *r;
     while ((r = tg_nb_done(nb)) != NULL) {
       done++;
-      *errs += r->status != TG_OK;
-      r->key = keys[i % NKEYS]; /* and it goes again */
-      r->key_len = strlen(keys[i % NKEYS]);
-      i++;
-      tg_nb_submit(nb, r);
+      *errs += r->status != TG_OK || !r->result.allowed;
+      nb_again(nb, nb2, req, r, i++, policy); /* and it goes again */
     }
   }
   double el = bench_now_s() - start;
@@ -237,6 +257,7 @@ static double nonblocking(bool cluster, const char *prefix, double *cores,
   nbp_run(&d, INFLIGHT, 10000, NULL, NULL); /* drain */
   nbp_close_all(&d);
   tg_nb_destroy(nb);
+  tg_nb_destroy(nb2);
   return (double)done / el;
 }
 
@@ -323,9 +344,20 @@ static double abusive(bool cluster, uint64_t deny, unsigned round,
 
 /* ---- rounds ---- */
 
-enum { C_HIT_S, C_HIT_C, C_B_S, C_B_C, C_NB_S, C_NB_C, C_NCASES };
-static const char *const case_name[C_NCASES] = {"hit",     "hit",    "batch64",
-                                                "batch64", "nb1000", "nb1000"};
+enum {
+  C_HIT_S,
+  C_HIT_C,
+  C_B_S,
+  C_B_C,
+  C_NB_S,
+  C_NB_C,
+  C_NBP_S,
+  C_NBP_C,
+  C_NCASES
+};
+static const char *const case_name[C_NCASES] = {
+    "hit",    "hit",    "batch64",        "batch64",
+    "nb1000", "nb1000", "nb1000_policy2", "nb1000_policy2"};
 
 int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
@@ -370,8 +402,9 @@ int main(int argc, char **argv) {
       bool cluster = c % 2 == 1;
       snprintf(prefix, sizeof prefix, "cb%u.%s.%d", run_id, case_name[c], r);
       long errs = 0;
-      if (c == C_NB_S || c == C_NB_C) {
-        dps[c][r] = nonblocking(cluster, prefix, &cores[c][r], &errs);
+      if (c >= C_NB_S) {
+        dps[c][r] =
+            nonblocking(cluster, prefix, c >= C_NBP_S, &cores[c][r], &errs);
       } else {
         tg_limiter *lim = limiter(cluster, prefix, (uint32_t)threads, 0);
         dps[c][r] = blocking(lim, c >= C_B_S ? 1 : 0, &cores[c][r], &errs);
@@ -406,6 +439,11 @@ int main(int argc, char **argv) {
            "flight, against %d threads of tg_hit)\n",
            s ? "cluster3" : "single", med[C_NB_S + s] / med[C_HIT_S + s],
            threads);
+  for (int s = 0; s < 2; s++)
+    printf("name=nb1000_policy2_vs_nb1000 store=%s ratio=%.2f (policies of "
+           "two rules per second against single decisions, each one "
+           "command)\n",
+           s ? "cluster3" : "single", med[C_NBP_S + s] / med[C_NB_S + s]);
   for (int s = 0; s < 2; s++)
     printf("name=exact store=%s threads=%d keys=2000 limit=20 calls=%ld "
            "exact=%s\n",
