@@ -8,7 +8,8 @@ Run inside with_cluster.sh --module, every node has tollgate's Redis
 module and the decisions go through TG.STEP (checked), else through the
 script. Two nginx hosts (two workers each) name ONE seed: each worker's client must
 read the slot map and open a connection to every master its keys live on.
-Exactness per key for every algorithm with keys on all three masters, then
+Exactness per key for every algorithm with keys on all three masters, a
+two-line location (one policy, one command) on a key of each master, then
 `nginx -s reload` (counts kept), and a master killed (SIGKILL): its keys are answered by on_error, quickly,
 while the other masters' keys are still decided by Redis, until its replica
 is promoted and they are decided by Redis again, with no reload.

@@ -6,7 +6,9 @@ nginx instances (ngx.py: each its own prefix and port, two workers each)
 sharing one limit through it.
 
 Exactness across both hosts for every algorithm, the header fields,
-variables, status and dry run of a Redis zone, a Redis that stops answering
+variables, status and dry run of a Redis zone, two lines in one location
+as one policy (exact across both hosts, charging nothing when refused,
+long tagged keys kept in their slot), a Redis that stops answering
 (SIGSTOP: the zone's timeout, then on_error, quickly), a Redis that dies
 (SIGKILL: on_error at once) and comes back (decided by Redis again), a
 request that ends while Redis decides, `nginx -s reload` (counts kept, no
