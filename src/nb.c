@@ -288,6 +288,18 @@ static int policy_refused(tg_nb_req *req, tg_nb_rule *rules, size_t n,
   return policy_answered(req, rules, n, tr, &rr, rc);
 }
 
+/* A policy answered by the store's rc at rule `at` before it is sent (no
+ * memory for it, names in two slots), as the blocking store's failure is
+ * (tg__rules_answer). */
+static int policy_failed(tg_nb_req *req, tg_nb_rule *rules, size_t n,
+                         unsigned flags, size_t at, int rc) {
+  tg_rule tr[TG_RULES_MAX];
+  tg_rules_result rr;
+  as_rules(rules, n, NULL, tr);
+  tg__rules_answer(tr, n, flags, rc, at, false, NULL, &rr);
+  return policy_answered(req, rules, n, tr, &rr, rc);
+}
+
 static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
                         tg_nb_rule *rules, size_t n, unsigned flags) {
   if (!nb || !req)
@@ -301,31 +313,23 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
     req->result.retry_after_ms = TG_NEVER;
     return TG_EINVAL;
   }
-  /* one now for every rule, read once, as tg_hit_rules reads it */
-  uint64_t t;
-  const uint64_t *tp = now;
-  if (!now && rules[0].nb && !rules[0].nb->lim->store_time) {
-    const tg_limiter *l0 = rules[0].nb->lim;
-    t = l0->cfg.clock(l0->cfg.clock_ctx);
-    tp = &t;
-  }
   /* each rule's input first (counted on its client), then whether the
-   * rules fit together, as tg_hit_rules checks them */
+   * rules fit together, as tg_hit_rules checks them; the policy's now is
+   * the server's, or now_us for every rule */
   tg__call calls[TG_RULES_MAX];
   const tg__store *codecs[TG_RULES_MAX];
   bool shadow[TG_RULES_MAX], fit = true;
   for (size_t i = 0; i < n; i++) {
     const tg_nb_rule *ru = &rules[i];
     const tg_limiter *lim = ru->nb ? ru->nb->lim : NULL;
-    int rc = lim ? tg__limiter_prepare(lim, TG__OP_CHECK, tp, ru->key,
+    int rc = lim ? tg__limiter_prepare(lim, TG__OP_CHECK, now, ru->key,
                                        ru->key_len, ru->q, ru->cost, &calls[i])
                  : TG_EINVAL;
     if (rc == TG_OK && lim->cfg.algorithm == TG_SLIDING_WINDOW)
       rc = TG_ENOTSUP; /* its reply would carry the whole log */
     if (rc != TG_OK)
       return policy_refused(req, rules, n, i, rc, true);
-    fit = fit && same_server(nb, ru->nb) &&
-          lim->store_time == rules[0].nb->lim->store_time;
+    fit = fit && same_server(nb, ru->nb);
     codecs[i] = ru->nb->codec;
     shadow[i] = lim->shadow;
   }
@@ -334,16 +338,10 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
   nbpol *pol = malloc(sizeof *pol);
   int rc =
       pol ? tg__redis_rules_new(&pol->x, codecs, calls, n, shadow) : TG_ENOMEM;
-  if (rc != TG_OK) { /* answered as the blocking store's failure is */
+  if (rc != TG_OK) {
     free(pol);
-    tg_rule tr[TG_RULES_MAX];
-    tg_rules_result rr;
-    as_rules(rules, n, NULL, tr);
-    rc = tg__rules_answer(tr, n, flags, rc, 0, false, NULL, &rr);
-    return policy_answered(req, rules, n, tr, &rr, rc);
+    return policy_failed(req, rules, n, flags, 0, rc);
   }
-  for (size_t i = 0; i < n; i++)
-    pol->q[i] = *rules[i].q;
   /* distinct names (a misfit), in one slot, on one server too (as the
    * blocking store decides it: a policy that works there works on a
    * Cluster; the rule out of place is answered as a store failure) */
@@ -356,17 +354,12 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
       bad = i;
   if (!fit || bad < n) {
     tg__redis_rules_free(pol->x);
-    if (!fit) {
-      free(pol);
-      return policy_refused(req, rules, n, 0, TG_EINVAL, false);
-    }
-    tg_rule tr[TG_RULES_MAX];
-    tg_rules_result rr;
-    as_rules(rules, n, pol, tr);
-    rc = tg__rules_answer(tr, n, flags, TG_EINVAL, bad, false, NULL, &rr);
     free(pol);
-    return policy_answered(req, rules, n, tr, &rr, rc);
+    return fit ? policy_failed(req, rules, n, flags, bad, TG_EINVAL)
+               : policy_refused(req, rules, n, 0, TG_EINVAL, false);
   }
+  for (size_t i = 0; i < n; i++)
+    pol->q[i] = *rules[i].q;
   pol->rules = rules;
   pol->n = n;
   pol->flags = flags;

@@ -274,10 +274,22 @@ int tg__rules_refuse(tg_rule *rules, size_t n, size_t at, int rc, bool count,
   fail(rules, n, at, rc, out);
   tg_rule *ru = &rules[at];
   if (count && ru->lim) {
+    /* counted, and never turned into shadow mode's answer: input the
+     * call could not run with is not a decision */
     tg__decided d = {ru->key, ru->key_len, ru->q, ru->cost, true};
     tg__limiter_done_slow(ru->lim, rc, &ru->result, false, &d);
   }
   return rc;
+}
+
+/* Rule i's answer (set) added to the policy's, and counted and hooked
+ * when it is a decision of its own: the call passed, or it denied. */
+static inline void rule_settled(tg_rules_result *out, size_t i, tg_rule *ru,
+                                bool passed, bool all_shadow) {
+  summary_add(out, i, &ru->result);
+  if (passed || !ru->result.allowed)
+    tg__limiter_done(ru->lim, TG_OK, &ru->result, all_shadow, ru->key,
+                     ru->key_len, ru->q, ru->cost, true);
 }
 
 int tg__rules_answer(tg_rule *rules, size_t n, unsigned flags, int rc,
@@ -291,10 +303,7 @@ int tg__rules_answer(tg_rule *rules, size_t n, unsigned flags, int rc,
     tg_rule *ru = &rules[i];
     ru->status = TG_OK;
     ru->result = passed ? o[i].r : unpassed(&o[i]);
-    summary_add(out, i, &ru->result);
-    if (passed || !ru->result.allowed)
-      tg__limiter_done(ru->lim, TG_OK, &ru->result, all_shadow, ru->key,
-                       ru->key_len, ru->q, ru->cost, true);
+    rule_settled(out, i, ru, passed, all_shadow);
   }
   summary_end(out, passed);
   shadow_call(out, all_shadow);
@@ -376,16 +385,8 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
       rc = TG_EINVAL;
     if (rv && rv->wait_ms && rc == TG_OK)
       rc = rule_wait(ru, rv->wait_ms[i], &pr.c[i]);
-    if (rc != TG_OK) {
-      fail(rules, n, i, rc, out);
-      if (ru->lim) {
-        /* counted, and never turned into shadow mode's answer: input the
-         * call could not run with is not a decision */
-        tg__decided d = {ru->key, ru->key_len, ru->q, ru->cost, true};
-        tg__limiter_done_slow(ru->lim, rc, &ru->result, false, &d);
-      }
-      return rc;
-    }
+    if (rc != TG_OK)
+      return tg__rules_refuse(rules, n, i, rc, true, out);
     fit = fit && (i == 0 ? ru->lim->ident_ok : store_fits(rules, i));
     /* the flags (the stores fill the rest before reading it), and the
      * generation and entry a give-back would compare: zeroing the whole
@@ -400,7 +401,7 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
     pr.shadow |= (uint32_t)ru->lim->shadow << i;
   }
   if (!fit)
-    return fail(rules, n, 0, TG_EINVAL, out);
+    return tg__rules_refuse(rules, n, 0, TG_EINVAL, false, out);
   /* a store that decides a policy by itself must say it honours waits */
   if (rv && rules[0].lim->store->ops->exec_rules &&
       !(rules[0].lim->store->ops->caps & TG__STORE_RULES_WAIT))
@@ -441,11 +442,7 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
       if (d > rv->delay_ns)
         rv->delay_ns = d;
     }
-    summary_add(out, i, &ru->result);
-    if (passed || !ru->result.allowed) {
-      tg__limiter_done(ru->lim, TG_OK, &ru->result, all_shadow, ru->key,
-                       ru->key_len, ru->q, ru->cost, true);
-    }
+    rule_settled(out, i, ru, passed, all_shadow);
   }
   summary_end(out, passed);
   shadow_call(out, all_shadow);
