@@ -1565,8 +1565,9 @@ TG_EXTERN int tg_redis_available(void);
  * until tg_nb_destroy; a node's address is copied once. A request
  * allocates nothing: its bookkeeping lives in its own private_ words,
  * replies are decoded in the link's fixed storage, and the deny cache and
- * the fallback allocate nothing per call (a policy allocates one block, see
- * tg_nb_submit_rules). The output buffer bounds how far
+ * the fallback allocate nothing per call (a policy allocates one block, and
+ * a block for each sliding log its reply carries, see tg_nb_submit_rules).
+ * The output buffer bounds how far
  * ahead calls are encoded; the others wait queued.
  *
  * Threads: a tg_nb is used by one thread at a time (it has no lock); use
@@ -1659,13 +1660,15 @@ TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
  *     tags" under Policies; denied_by names the first rule out of place,
  *     answered as the blocking store answers it: by that rule's failure
  *     policy, counted, shadow mode applied);
- *   TG_ENOTSUP: a sliding-window rule (its reply would carry the whole log:
- *     decide sliding windows with tg_nb_submit, or with tg_hit_rules on
- *     a blocking Redis limiter);
  *   what tg_hit_rules returns for a rule's input (TG_EKEY, TG_EQUOTA,
  *     TG_ETIME, TG_EINVAL).
  * A policy allocates one block (about 18 KiB) from submit until done;
  * when it cannot, it is answered at once as a store failure, TG_ENOMEM.
+ * The reply carries the value of every key read, which for a sliding-
+ * window rule is its whole log (21 bytes, and 40 an entry: 41 KiB for the
+ * default 1,024 entries); each such log is read into a block of its own,
+ * freed once the reply is decoded (when no block can be had, the policy
+ * is answered TG_ESTORE, by the failure policy).
  * Every rule's client must outlive the request (its names and its
  * limiter are used until the answer). The deny cache is not consulted
  * (as tg_hit_rules does not). One difference from the blocking store: a

@@ -35,7 +35,7 @@
  * limit_req's queue, one reservation; a delayed request whose client
  * leaves keeps its slot, as limit_req's does); several lines are one
  * policy in one command (tg_nb_submit_rules), on zones that share a
- * store= and a key slot, none of them sliding and none that queues.
+ * store= and a key slot, none of them a line that queues.
  */
 #include <ngx_config.h>
 #include <ngx_core.h>
@@ -1037,8 +1037,7 @@ static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
         }
     }
     /* several lines on Redis zones are one policy in one command
-     * (tg_nb_submit_rules): every zone on the same store, none of them a
-     * sliding window (the reply would carry its log) and no line that
+     * (tg_nb_submit_rules): every zone on the same store, and no line that
      * queues (a policy of reservations is not one command) */
     for (ngx_uint_t i = 0; conf->limits->nelts > 1 && i < conf->limits->nelts;
          i++) {
@@ -1057,9 +1056,6 @@ static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
               "Redis Cluster slot: the same key, or keys that begin with "
               "the same literal tag ended by \"}\" (e.g. "
               "\"acme}$arg_user\")";
-      else if (l[i].zone->algorithm == TG_SLIDING_WINDOW)
-        why = "a sliding-window Redis zone must be the only line of its "
-              "location";
       else if (l[i].mode == TG_NGX_RESERVE)
         why = "a line on a Redis zone that queues (burst without nodelay, "
               "or delay=) must be the only line of its location";

@@ -325,8 +325,6 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
     int rc = lim ? tg__limiter_prepare(lim, TG__OP_CHECK, now, ru->key,
                                        ru->key_len, ru->q, ru->cost, &calls[i])
                  : TG_EINVAL;
-    if (rc == TG_OK && lim->cfg.algorithm == TG_SLIDING_WINDOW)
-      rc = TG_ENOTSUP; /* its reply would carry the whole log */
     if (rc != TG_OK)
       return policy_refused(req, rules, n, i, rc, true);
     fit = fit && same_server(nb, ru->nb);

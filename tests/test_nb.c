@@ -336,9 +336,10 @@ static void nb_matches_tg_hit(void **state) {
 
 /* The rule shapes a policy draws from: per algorithm, a client, a blocking
  * Redis limiter and a memory limiter (the model). */
-enum { NPC = 4 };
-static const tg_algorithm PALG[NPC] = {
-    TG_FIXED_WINDOW, TG_TOKEN_BUCKET, TG_FIXED_WINDOW_PER_KEY, TG_LEAKY_BUCKET};
+enum { NPC = 5 };
+static const tg_algorithm PALG[NPC] = {TG_FIXED_WINDOW, TG_TOKEN_BUCKET,
+                                       TG_FIXED_WINDOW_PER_KEY, TG_LEAKY_BUCKET,
+                                       TG_SLIDING_WINDOW};
 
 /* Keys of one slot (the tag "t"), and one of another (a policy with it
  * and another key is invalid input, everywhere). */
@@ -351,7 +352,7 @@ static bool same_rules(const tg_rules_result *a, const tg_nb_req *b) {
          a->denied_by == b->denied_by && a->tightest == b->tightest;
 }
 
-/* Random policies of 1-3 rules over four clients of different algorithms,
+/* Random policies of 1-3 rules over five clients of different algorithms,
  * pipelined, against tg_hit_rules on memory limiters and on blocking Redis
  * limiters: the same status, answer, denying rule and per-rule results. */
 static void policy_differential(uint64_t seed, size_t rounds) {
@@ -532,6 +533,58 @@ static void policy_charges_only_admitted(void **state) {
   tg_nb_destroy(nb);
 }
 
+/* A sliding rule's log comes back whole in the policy's reply, a value
+ * far longer than the engine keeps of a string by default (512 bytes):
+ * 260 policies of a bucket and a log of 200 an hour, each at its own
+ * microsecond, with the replies cut at random, answered as tg_hit_rules
+ * answers on memory; the log's 200 entries (8,021 bytes) are all read, or
+ * the count could not be 200. */
+static void policy_reads_a_long_sliding_log(void **state) {
+  (void)state;
+  tg_config cb, cs, mb, ms;
+  tg_redis_config rb, rs;
+  config(&cb, &rb, TG_TOKEN_BUCKET, "pollb");
+  config(&cs, &rs, TG_SLIDING_WINDOW, "polls");
+  tg_nb *b = nb_make(&cb), *s = nb_make(&cs);
+  tg_limiter *lb, *ls;
+  tg_config_init(&mb);
+  mb.algorithm = TG_TOKEN_BUCKET;
+  tg_config_init(&ms);
+  ms.algorithm = TG_SLIDING_WINDOW;
+  assert_int_equal(tg_limiter_new(&lb, &mb), TG_OK);
+  assert_int_equal(tg_limiter_new(&ls, &ms), TG_OK);
+  nbp d;
+  nbp_init(&d, b);
+  tg_quota qb = {.limit = 1000, .period_ms = 1000, .burst = 1000},
+           qs = {.limit = 200, .period_ms = 3600000};
+  uint64_t now = real_us();
+  size_t admitted = 0;
+  for (uint64_t i = 0; i < 260; i++) {
+    d.split = 1 + (size_t)(i * 37 % 700);
+    uint64_t t = now + i * 7;
+    tg_nb_rule nr[2] = {{b, "L}b", 3, &qb, 1, 0, {0}},
+                        {s, "L}s", 3, &qs, 1, 0, {0}}};
+    tg_rule mr[2] = {{lb, "L}b", 3, &qb, 1, 0, {0}},
+                     {ls, "L}s", 3, &qs, 1, 0, {0}}};
+    tg_rules_result want;
+    assert_int_equal(tg_hit_rules_at(t, mr, 2, 0, &want), TG_OK);
+    tg_nb_req q = {0};
+    assert_int_equal(tg_nb_submit_rules_at(b, t, &q, nr, 2, 0), TG_OK);
+    assert_int_equal(nbp_run(&d, 1, 10000, NULL, NULL), 1);
+    assert_int_equal(q.status, TG_OK);
+    assert_true(same_rules(&want, &q));
+    for (size_t j = 0; j < 2; j++)
+      assert_true(same(&nr[j].result, &mr[j].result));
+    admitted += q.result.allowed;
+  }
+  assert_int_equal(admitted, 200);
+  nbp_close_all(&d);
+  tg_nb_destroy(b);
+  tg_nb_destroy(s);
+  tg_limiter_destroy(lb);
+  tg_limiter_destroy(ls);
+}
+
 /* A policy on the server's clock, sent again after NOSCRIPT (the script
  * path: the encoding is made again), and a policy whose server is gone,
  * answered as tg_hit_rules answers on the blocking store. */
@@ -624,12 +677,10 @@ static void policy_resent_and_failing(void **state) {
 /* What a policy refuses before sending anything. */
 static void policy_input_is_validated(void **state) {
   (void)state;
-  tg_config cfg, cs, co;
-  tg_redis_config rc, rs, ro;
+  tg_config cfg, co;
+  tg_redis_config rc, ro;
   config(&cfg, &rc, TG_TOKEN_BUCKET, "polv");
   tg_nb *nb = nb_make(&cfg);
-  config(&cs, &rs, TG_SLIDING_WINDOW, "polvs");
-  tg_nb *sl = nb_make(&cs);
   config(&co, &ro, TG_TOKEN_BUCKET, "polvo");
   ro.port = rs_port() + 1; /* another server */
   tg_nb *other = nb_make(&co);
@@ -644,13 +695,6 @@ static void policy_input_is_validated(void **state) {
                    TG_EINVAL);
   assert_int_equal(tg_nb_submit_rules(nb, &req, r, 1, 8), TG_EINVAL);
   assert_int_equal(tg_nb_submit_rules(nb, NULL, r, 1, 0), TG_EINVAL);
-  /* a sliding rule */
-  r[1] = RULE(sl, "t}b");
-  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 2, 0), TG_ENOTSUP);
-  assert_int_equal(req.status, TG_ENOTSUP);
-  assert_int_equal(req.denied_by, 1);
-  assert_int_equal(r[1].status, TG_ENOTSUP);
-  assert_int_equal(r[0].status, TG_OK);
   /* another server, no client, one key twice, a bad rule's own input */
   r[1] = RULE(other, "t}b");
   assert_int_equal(tg_nb_submit_rules(nb, &req, r, 2, 0), TG_EINVAL);
@@ -671,7 +715,6 @@ static void policy_input_is_validated(void **state) {
   assert_int_equal(tg_nb_submit_rules(nb, &req, r, 3, 0), TG_EQUOTA);
   assert_int_equal(tg_nb_pending(nb), 0);
   tg_nb_destroy(nb);
-  tg_nb_destroy(sl);
   tg_nb_destroy(other);
   /* a Cluster: keys in one slot only (no server needed: refused at once) */
   tg_config cc;
@@ -1326,6 +1369,7 @@ int main(void) {
       cmocka_unit_test_setup(fallback_decides_while_down, server_up),
       cmocka_unit_test_setup(shadow_and_hook, server_up),
       cmocka_unit_test_setup(policy_matches_tg_hit_rules, server_up),
+      cmocka_unit_test_setup(policy_reads_a_long_sliding_log, server_up),
       cmocka_unit_test_setup(policy_charges_only_admitted, server_up),
       cmocka_unit_test_setup(policy_input_is_validated, server_up),
       cmocka_unit_test_setup(policy_resent_and_failing, server_up),

@@ -147,6 +147,102 @@ static void resp_long_strings_are_cut_not_kept(void **state) {
   free(wire);
 }
 
+/* The consumer's room for long strings: asked with the value's depth and
+ * length, for bulk strings above TG__RESP_STR_MAX only; a string it gives
+ * room for comes whole (NUL after it) whatever the split, one it refuses is
+ * cut as before. */
+typedef struct room_log {
+  int asked;
+  int depth[4];
+  int64_t n[4];
+  char *given[4];
+  bool refuse_second;
+} room_log;
+
+static char *give_room(void *ctx, int depth, int64_t n) {
+  room_log *lg = ctx;
+  int k = lg->asked++;
+  if (k >= 4)
+    return NULL;
+  lg->depth[k] = depth;
+  lg->n[k] = n;
+  if (k == 1 && lg->refuse_second)
+    return NULL;
+  lg->given[k] = malloc((size_t)n + 1);
+  return lg->given[k];
+}
+
+static void resp_long_strings_kept_where_given_room(void **state) {
+  (void)state;
+  size_t n = 3000;
+  char *wire = malloc(2 * n + 64);
+  assert_non_null(wire);
+  /* [a 3000-byte string, "short", a 3000-byte string] */
+  int h = snprintf(wire, 64, "*3\r\n$%zu\r\n", n);
+  size_t w = (size_t)h;
+  for (size_t i = 0; i < n; i++)
+    wire[w++] = (char)('a' + i % 26);
+  w += (size_t)snprintf(wire + w, 64, "\r\n$5\r\nshort\r\n$%zu\r\n", n);
+  memset(wire + w, 'z', n);
+  w += n;
+  memcpy(wire + w, "\r\n", 2);
+  w += 2;
+  for (int refuse = 0; refuse < 2; refuse++) {
+    for (size_t step = 1; step <= w; step = step < 8 ? step + 1 : step * 3) {
+      room_log lg = {0};
+      lg.refuse_second = refuse;
+      tg__resp_reader rd;
+      tg__resp_reader_init(&rd);
+      rd.room = give_room;
+      rd.room_ctx = &lg;
+      tg__resp_value v[4];
+      int got = 0;
+      for (size_t pos = 0; pos < w;) {
+        size_t len = step < w - pos ? step : w - pos, off = 0;
+        while (off < len) {
+          size_t used;
+          int rc = tg__resp_read(&rd, wire + pos + off, len - off, &used,
+                                 &v[got < 3 ? got : 3]);
+          assert_int_not_equal(rc, -1);
+          off += used;
+          if (rc == 1) {
+            if (got == 1) { /* check the first string before it is reused */
+              assert_int_equal(v[1].len, n);
+              assert_false(v[1].truncated);
+              assert_ptr_equal(v[1].str, lg.given[0]);
+              for (size_t i = 0; i < n; i++)
+                assert_int_equal(v[1].str[i], 'a' + i % 26);
+              assert_int_equal(v[1].str[n], '\0');
+            } else if (got == 2) { /* "short": valid until the next read */
+              assert_int_equal(v[2].len, 5);
+              assert_memory_equal(v[2].str, "short", 5);
+            }
+            got++;
+          }
+        }
+        pos += len;
+      }
+      assert_int_equal(got, 4);
+      assert_int_equal(lg.asked, 2); /* not for the array, nor "short" */
+      assert_int_equal(lg.depth[0], 1);
+      assert_int_equal(lg.n[1], (int64_t)n);
+      if (refuse) {
+        assert_true(v[3].truncated);
+        assert_int_equal(v[3].len, TG__RESP_STR_MAX);
+      } else {
+        assert_false(v[3].truncated);
+        assert_int_equal(v[3].len, n);
+        assert_ptr_equal(v[3].str, lg.given[1]);
+        assert_int_equal(v[3].str[n - 1], 'z');
+      }
+      assert_true(v[3].last);
+      free(lg.given[0]);
+      free(lg.given[1]);
+    }
+  }
+  free(wire);
+}
+
 static void resp_commands(void **state) {
   (void)state;
   const char *argv[] = {"SET", "k", ""};
@@ -791,6 +887,7 @@ int main(void) {
       cmocka_unit_test(resp_values_in_any_split),
       cmocka_unit_test(resp_rejects_what_is_not_resp),
       cmocka_unit_test(resp_long_strings_are_cut_not_kept),
+      cmocka_unit_test(resp_long_strings_kept_where_given_room),
       cmocka_unit_test(resp_commands),
       cmocka_unit_test(crc16_and_key_slots),
       cmocka_unit_test(redirections_parse),

@@ -1262,6 +1262,10 @@ bool tg__redis_rules_same_key(const tg__redis_rules *x, size_t i, size_t j) {
          memcmp(x->m[i].name, x->m[j].name, x->m[i].name_len) == 0;
 }
 
+bool tg__redis_rules_long_value(const tg__redis_rules *x, size_t i) {
+  return i < x->n && x->orig[i].alg == TG_SLIDING_WINDOW;
+}
+
 const tg__redis_rules_args *
 tg__redis_rules_encode(tg__redis_rules *x, bool module, const char *sha) {
   for (size_t i = 0; i < x->n; i++)

@@ -25,8 +25,10 @@
 /* An output buffer holds the handshake (SCRIPT LOAD carries the script)
  * and then as many calls as fit: a pipeline's depth in bytes. */
 #define OUT_MIN ((size_t)64 * 1024)
-/* A decision's reply is an array of at most 6 short fields. */
-#define VIEW_ELEMS (TG_RULES_MAX + 2) /* a policy: now, values, verdict */
+/* A decision's reply is an array of at most 6 short fields; a policy's,
+ * of its time, each key's value and its verdict. A value is short but a
+ * sliding log, which is kept whole in a block of its own (room_for). */
+#define VIEW_ELEMS (TG_RULES_MAX + 2)
 #define VIEW_TEXT 2048
 
 /* ASKING, as it goes on the wire. */
@@ -45,9 +47,11 @@ typedef struct view {
   redisReply el[VIEW_ELEMS];
   redisReply *ptr[VIEW_ELEMS];
   char text[VIEW_TEXT];
-  size_t used;  /* bytes of text used */
-  size_t count; /* elements seen */
-  bool bad;     /* not the shape of a decision's reply */
+  size_t used;             /* bytes of text used */
+  size_t count;            /* elements seen */
+  bool bad;                /* not the shape of a decision's reply */
+  char *spill[VIEW_ELEMS]; /* the long strings' blocks (room_for) */
+  size_t spills;
 } view;
 
 /* Where a CLUSTER SLOTS reply is being read. */
@@ -146,10 +150,13 @@ int tg__eng_init(tg__eng *e, const tg__eng_config *cfg) {
   return TG_OK;
 }
 
+static void view_reset(view *v);
+
 void tg__eng_free(tg__eng *e) {
   if (e->links) {
     for (uint32_t i = 0; i < TG__NODES_MAX; i++) {
       if (e->links[i]) {
+        view_reset(&e->links[i]->v);
         free(e->links[i]->out);
         free(e->links[i]);
       }
@@ -159,6 +166,15 @@ void tg__eng_free(tg__eng *e) {
   free(e->ids);
   e->links = NULL;
   e->ids = NULL;
+}
+
+static char *room_for(void *ctx, int depth, int64_t n);
+
+/* The link's reader at the start of a stream, with room_for as its room. */
+static void reader_start(tg__elink *L) {
+  tg__resp_reader_init(&L->rd);
+  L->rd.room = room_for;
+  L->rd.room_ctx = L;
 }
 
 static tg__elink *link_get(tg__eng *e, uint32_t id) {
@@ -176,6 +192,7 @@ static tg__elink *link_get(tg__eng *e, uint32_t id) {
     L->load.kind = TG__EK_LOAD;
     L->reload.kind = TG__EK_RELOAD;
     L->slots.kind = TG__EK_SLOTS;
+    reader_start(L);
     e->links[id] = L;
   }
   return L;
@@ -409,7 +426,7 @@ int tg__eng_connected(tg__eng *e, uint32_t id) {
   }
   L->state = L_HANDSHAKE;
   L->len = L->sent = 0;
-  tg__resp_reader_init(&L->rd);
+  reader_start(L);
   L->module = L->need_reload = L->reloading = false;
   memset(L->sha, 0, sizeof L->sha);
   L->hs_left = 0;
@@ -514,7 +531,8 @@ void tg__eng_closed(tg__eng *e, uint32_t id, int code) {
   L->len = L->sent = 0;
   L->hs_left = 0;
   L->module = L->need_reload = L->reloading = false;
-  tg__resp_reader_init(&L->rd);
+  reader_start(L);
+  view_reset(&L->v); /* a reply cut short: its blocks */
 }
 
 void tg__eng_fail_queued(tg__eng *e, uint32_t id, int code) {
@@ -574,7 +592,7 @@ void tg__eng_reset(tg__eng *e) {
     L->state = L_CLOSED;
     L->len = L->sent = 0;
     L->slots_pending = L->need_reload = L->reloading = false;
-    tg__resp_reader_init(&L->rd);
+    reader_start(L);
   }
   e->refresh_node = TG__NO_NODE;
 }
@@ -603,6 +621,27 @@ static void view_reset(view *v) {
   v->used = 0;
   v->count = 0;
   v->bad = false;
+  while (v->spills > 0)
+    free(v->spill[--v->spills]);
+}
+
+/* The reader's room (redis_resp.h) for a string too long for the view: a
+ * block of its own, for a policy's sliding log only (the value read of a
+ * sliding rule, element 1 + i of the reply to rule i); anything else long
+ * is not a decision's reply, and is cut. The block is the view's until
+ * the reply is decoded (or the link closes or is freed). */
+static char *room_for(void *ctx, int depth, int64_t n) {
+  tg__elink *L = ctx;
+  view *v = &L->v;
+  tg__eitem *h = L->flight.head;
+  if (depth != 1 || !h || h->kind != TG__EK_CALL || !as_call(h)->rules ||
+      v->count == 0 || v->count > TG_RULES_MAX || v->spills == VIEW_ELEMS ||
+      !tg__redis_rules_long_value(as_call(h)->rules, v->count - 1))
+    return NULL;
+  char *p = malloc((size_t)n + 1);
+  if (p)
+    v->spill[v->spills++] = p;
+  return p;
 }
 
 /* One value into a reply node. */
@@ -620,7 +659,12 @@ static void view_fill(view *v, redisReply *r, const tg__resp_value *x) {
     break;
   default:
     if (x->truncated && x->type != TG__RESP_ERROR)
-      v->bad = true; /* longer than any field of a decision */
+      v->bad = true;                 /* longer than any field of a decision */
+    if (x->len > TG__RESP_STR_MAX) { /* kept whole in a block (room_for) */
+      r->str = (char *)x->str;
+      r->len = x->len;
+      break;
+    }
     if (VIEW_TEXT - v->used < x->len + 1) {
       v->bad = true;
       r->str = v->text + VIEW_TEXT - 1; /* "" */
@@ -891,6 +935,7 @@ int tg__eng_input(tg__eng *e, uint32_t id, const char *data, size_t len) {
       continue;
     pop(&L->flight);
     rc = item_done(e, L, h);
+    view_reset(&L->v); /* its blocks, if any, freed at once */
     if (rc != TG_OK) {
       tg__eng_closed(e, id, rc);
       return rc;

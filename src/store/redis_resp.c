@@ -46,8 +46,11 @@ static int emit(tg__resp_reader *rd, tg__resp_type type, int64_t n,
   v->type = type;
   v->depth = rd->depth;
   v->n = n;
-  v->str = rd->str;
+  v->str = rd->big ? rd->big : rd->str;
   v->len = rd->str_len;
+  if (rd->big)
+    rd->big[rd->str_len] = '\0';
+  rd->big = NULL; /* the consumer's now */
   v->truncated = (type == TG__RESP_STATUS || type == TG__RESP_ERROR ||
                   type == TG__RESP_BULK) &&
                  (uint64_t)n > rd->str_len;
@@ -96,6 +99,9 @@ static int header_done(tg__resp_reader *rd, tg__resp_value *v) {
     rd->n = n;
     rd->bulk_left = n;
     rd->str_len = 0;
+    rd->big = n > (int64_t)TG__RESP_STR_MAX && rd->room
+                  ? rd->room(rd->room_ctx, rd->depth, n)
+                  : NULL;
     rd->state = n > 0 ? S_BULK : S_BULK_CR;
     return 0;
   }
@@ -103,10 +109,11 @@ static int header_done(tg__resp_reader *rd, tg__resp_value *v) {
 
 /* Keeps what fits of a string value's bytes. */
 static void keep(tg__resp_reader *rd, const char *p, size_t n) {
-  size_t room = TG__RESP_STR_MAX - rd->str_len;
+  char *to = rd->big ? rd->big : rd->str;
+  size_t room = (rd->big ? (size_t)rd->n : TG__RESP_STR_MAX) - rd->str_len;
   if (n > room)
     n = room;
-  memcpy(rd->str + rd->str_len, p, n);
+  memcpy(to + rd->str_len, p, n);
   rd->str_len += n;
 }
 

@@ -11,7 +11,9 @@
  * a consumer builds exactly what it needs (a decision's few fields, a slot
  * map) and nothing else. Its state is a fixed-size struct: a reply's size is
  * not bounded by memory, only by the limits below, and a value's string is
- * kept up to TG__RESP_STR_MAX bytes (the rest is counted, not stored).
+ * kept up to TG__RESP_STR_MAX bytes (the rest is counted, not stored),
+ * unless the consumer gives it room for a longer one (a policy's sliding
+ * log).
  *
  * Strict: a header line is a type byte, an integer of at most 19 digits
  * (with "-" only where RESP allows it) and CR LF; a bulk string is followed
@@ -69,8 +71,19 @@ typedef struct tg__resp_reader {
   int64_t n;                        /* the value's length or count */
   char str[TG__RESP_STR_MAX];       /* the value's string, so far */
   size_t str_len;
+  /* Optional, set by the consumer after init: where a bulk string longer than
+   * TG__RESP_STR_MAX is kept whole. room(room_ctx, depth, n) is asked when
+   * such a string's header is read (depth as the value's will be); it
+   * returns n + 1 bytes that the consumer owns (the value's str then points
+   * there, untruncated, and the reader writes a NUL after it), or NULL to
+   * have the string cut as usual. The reader itself still allocates
+   * nothing. */
+  char *(*room)(void *room_ctx, int depth, int64_t n);
+  void *room_ctx;
+  char *big; /* room's answer for the string being read, else NULL */
 } tg__resp_reader;
 
+/* Starts a stream: every field zeroed (room too). */
 void tg__resp_reader_init(tg__resp_reader *rd);
 
 /* Reads from buf[0..len) until one value is complete or the bytes run out.

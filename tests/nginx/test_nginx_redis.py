@@ -174,6 +174,12 @@ class Shared(unittest.TestCase):
                   " rate=3/1d %s;\n" % store)
         zones += ("tollgate_zone $arg_k zone=pb algorithm=token_bucket"
                   " rate=5r/d burst=5 %s;\n" % store)
+        # a sliding log in a policy: its 30 entries (1,221 bytes) come back
+        # whole in the reply
+        zones += ("tollgate_zone $arg_k zone=ps algorithm=sliding_window"
+                  " rate=30/1d %s;\n" % store)
+        zones += ("tollgate_zone $arg_k zone=pt algorithm=token_bucket"
+                  " rate=40r/d burst=40 %s;\n" % store)
         zones += ("tollgate_zone t}$arg_k zone=pc algorithm=leaky_bucket"
                   " rate=2r/d burst=2 %s;\n" % store)
         zones += ("tollgate_zone t}$arg_j zone=pd algorithm="
@@ -213,6 +219,11 @@ location /wcost { tollgate zone=fw cost=$arg_cost;
 location /policy { tollgate zone=pa; tollgate zone=pb;
                    add_header X-Status $tollgate_status always;
                    try_files /index.html =404; }
+location /slpolicy { tollgate zone=ps; tollgate zone=pt;
+                     add_header X-Status $tollgate_status always;
+                     try_files /index.html =404; }
+location /pt { tollgate zone=pt; add_header X-Remaining $tollgate_remaining
+               always; try_files /index.html =404; }
 location /pb { tollgate zone=pb; add_header X-Remaining $tollgate_remaining
                always; try_files /index.html =404; }
 location /tagged { tollgate zone=pc; tollgate zone=pd cost=$arg_cost;
@@ -378,6 +389,25 @@ location /cost { tollgate zone=c cost=$arg_cost;
         self.assertEqual(h["ratelimit-policy"],
                          '"pa";q=3;w=86400, "pb";q=5;w=86400')
         self.assertIn("retry-after", h)
+
+    def test_sliding_log_in_a_policy_across_two_hosts(self):
+        # ps: a sliding log of 30 a day, pt: a bucket of 40; 40 requests on
+        # key s from 8 threads on both hosts admit exactly 30, and pt is
+        # charged only for those 30
+        got, pids, errors = hammer(self.hosts, "/slpolicy?k=s", 8, 5)
+        self.assertEqual(errors, 0)
+        self.assertEqual(got.count(200), 30, got)
+        self.assertEqual(got.count(429), 10, got)
+        a, b = self.hosts
+        st, h, _ = a.request("/pt?k=s")
+        self.assertEqual((st, h["x-remaining"]), (200, "9"))
+        st, h, _ = b.request("/slpolicy?k=s")
+        self.assertEqual((st, h["x-status"]), (429, "REJECTED"))
+        self.assertIn("retry-after", h)
+        for n in self.hosts:  # no store failure (a cut log: TG_ESTORE)
+            log = n.error_log()
+            self.assertNotIn('zone "ps": ', log)
+            self.assertNotIn('zone "pt": ', log)
 
     def test_tagged_keys_and_a_refused_policy(self):
         # pc (leaky bucket, burst 2) first denies: pd (a window) is charged
@@ -735,6 +765,7 @@ class ConfigErrors(unittest.TestCase):
               "tollgate_zone a}$arg_j zone=tb algorithm=token_bucket "
               "rate=1r/s store=redis://127.0.0.1:6379;\n")
         for body in ("tollgate zone=r; tollgate zone=r2 cost=2;",
+                     "tollgate zone=s; tollgate zone=r;",
                      "tollgate zone=ta; tollgate zone=tb; "
                      "tollgate_dry_run on;"):
             rc, out = ngx.check(z + "server { listen 127.0.0.1:PORT; "
@@ -746,8 +777,6 @@ class ConfigErrors(unittest.TestCase):
                  "shared-memory zone cannot be one policy"),
                 ("tollgate zone=o;", "the Redis zones of one location must "
                  "have the same store="),
-                ("tollgate zone=s;", "a sliding-window Redis zone must be "
-                 "the only line of its location"),
                 ("tollgate zone=rq burst=5;", "a line on a Redis zone that "
                  "queues (burst without nodelay, or delay=) must be the only "
                  "line"),
