@@ -836,9 +836,13 @@ TG_EXTERN int tg_cancel_at(tg_limiter *lim, uint64_t now_us, const void *key,
  * given back; so concurrent callers admit at most what some serial order
  * of the same calls would). Every rule's status and result are filled as
  * tg_hit_rules fills them (an accepted reservation's result is allowed).
- * Stores: memory, shm and custom stores; on Redis (and Redis Cluster) it is
- * TG_ENOTSUP and decides nothing (its policy runs in one server-side step
- * that knows no waits).
+ * Stores: every store. On Redis (and Redis Cluster) the policy is one
+ * command, as tg_hit_rules's: the script's P with each waiting bucket's
+ * tolerance stretched by its wait, or the module's TG.STEPS with each
+ * rule's wait as an eighth argument; a server whose tollgate module
+ * predates that argument refuses it, so every policy of reservations fails
+ * there (TG_ESTORE, the failure policy's answer) until the module is
+ * upgraded (policies without a wait are sent as before).
  *
  * Shadow mode: a rule whose limiter is in shadow mode does not refuse the
  * call (as in tg_hit_rules) and delays nothing: when its reservation was
@@ -872,7 +876,7 @@ typedef struct tg_rules_reservation {
  * described above; now is read once, as in tg_hit_rules. res: NULL, or n
  * receipts to fill. Returns 0 when the call was decided (look at out->ok),
  * else a TG_E* code as tg_hit_rules returns them (an invalid wait: that
- * rule's TG_EINVAL or TG_ENOTSUP; a Redis store: TG_ENOTSUP), with nothing
+ * rule's TG_EINVAL or TG_ENOTSUP), with nothing
  * consumed and no receipt to cancel. flags: 0 or TG_RULES_SHADOW. */
 TG_EXTERN int tg_reserve_rules(tg_rule *rules, size_t n,
                                const uint64_t *max_wait_ms, unsigned flags,

@@ -672,25 +672,26 @@ static int step_ro_command(RedisModuleCtx *ctx, RedisModuleString **argv,
 
 /* ---- TG.STEPS: a policy's decision for the library ----
  * TG.STEPS n key_1 .. key_n now, then per rule: alg limit period_ms burst
- * cost log_cap shadow (decimal; now in us or "" for the server's clock, as
- * TG.STEP). It decides as the library's policy does (src/store/redis.c,
- * decide_rules): CHECK every rule on its key, the policy passes when every
- * rule allows or is a shadow rule, and then every rule that allowed TAKEs
- * (a shadow rule that denied is left as it is); nothing is written when it
- * does not pass. All in one command, so one round trip and nothing between
- * the checks and the takes: the library's other way, a read and a
- * conditional write, takes two and retries when a key changed in between.
- * The reply is what the library needs to compute every number itself:
- *   [now_us, the value found at each key or "", 1 passed / 0 not]
- * and it checks that its own decision on those values is the server's.
- * Errors: "TGARG ..." (a client bug), "TGCORRUPT rule I ..." for the first
- * rule whose value is not a sound state (I from 0; nothing written). A
- * rule whose step fails with TG_EOVERFLOW makes the reply "not passed"
- * (nothing written): the library's own step names the rule. Keys
- * are found by parsing (getkeys-api): Cluster routes the command, and
+ * cost log_cap shadow [wait_ns] (decimal; now in us or "" for the server's
+ * clock, as TG.STEP; wait_ns on every rule or on none: how late a bucket
+ * rule may be admitted, a policy of reservations, tg_reserve_rules; 0 for
+ * the other algorithms). It decides as the library's policy does
+ * (src/store/redis.c, decide_rules): CHECK every rule on its key, the policy
+ * passes when every rule allows or is a shadow rule, and then every rule that
+ * allowed TAKEs (a shadow rule that denied is left as it is); nothing is
+ * written when it does not pass. All in one command, so one round trip and
+ * nothing between the checks and the takes: the library's other way, a read and
+ * a conditional write, takes two and retries when a key changed in between. The
+ * reply is what the library needs to compute every number itself: [now_us, the
+ * value found at each key or "", 1 passed / 0 not] and it checks that its own
+ * decision on those values is the server's. Errors: "TGARG ..." (a client bug),
+ * "TGCORRUPT rule I ..." for the first rule whose value is not a sound state (I
+ * from 0; nothing written). A rule whose step fails with TG_EOVERFLOW makes the
+ * reply "not passed" (nothing written): the library's own step names the rule.
+ * Keys are found by parsing (getkeys-api): Cluster routes the command, and
  * refuses keys of several slots (CROSSSLOT) before it runs. */
 
-#define STEPS_PER_RULE 7
+#define STEPS_PER_RULE 7 /* 8 with the waits */
 
 /* Runs k's call on its key, a window/bucket or a log whose log keeps at
  * most cap entries: TG_OK with the call's outcome in *o, or the code
@@ -722,7 +723,11 @@ static int steps_command(RedisModuleCtx *ctx, RedisModuleString **argv,
   uint64_t n = 0;
   bool shaped = argc >= 2 && num_arg(argv[1], false, &n) && n >= 1 &&
                 n <= TG_RULES_MAX &&
-                (uint64_t)argc == 3 + n + STEPS_PER_RULE * n;
+                ((uint64_t)argc == 3 + n + STEPS_PER_RULE * n ||
+                 (uint64_t)argc == 3 + n + (STEPS_PER_RULE + 1) * n);
+  uint64_t per = (uint64_t)argc == 3 + n + STEPS_PER_RULE * n
+                     ? STEPS_PER_RULE
+                     : STEPS_PER_RULE + 1;
   if (RedisModule_IsKeysPositionRequest(ctx)) {
     for (uint64_t i = 0; shaped && i < n; i++)
       RedisModule_KeyAtPos(ctx, 2 + (int)i);
@@ -738,8 +743,8 @@ static int steps_command(RedisModuleCtx *ctx, RedisModuleString **argv,
   bool shadow[TG_RULES_MAX];
   uint64_t server_us = server_now_us();
   for (uint64_t r = 0; r < n; r++) {
-    RedisModuleString **a = argv + 3 + n + STEPS_PER_RULE * r;
-    uint64_t alg, c, sh;
+    RedisModuleString **a = argv + 3 + n + per * r;
+    uint64_t alg, c, sh, wait = 0;
     tg_quota q;
     k[r] = (kcall){.ctx = ctx, .name = argv[2 + r]};
     if (!num_arg(a[0], false, &alg) || alg >= TG_ALGORITHM_COUNT ||
@@ -747,9 +752,13 @@ static int steps_command(RedisModuleCtx *ctx, RedisModuleString **argv,
         !num_arg(a[2], false, &q.period_ms) ||
         !num_arg(a[3], false, &q.burst) || !num_arg(a[4], false, &k[r].c.arg) ||
         !num_arg(a[5], false, &c) || c < 1 || c > LOG_CAP_MAX ||
-        !num_arg(a[6], false, &sh) || sh > 1)
+        !num_arg(a[6], false, &sh) || sh > 1 ||
+        (per > STEPS_PER_RULE &&
+         (!num_arg(a[7], false, &wait) || wait > TG__WAIT_MAX_NS ||
+          (wait > 0 && alg != TG_TOKEN_BUCKET && alg != TG_LEAKY_BUCKET))))
       return RedisModule_ReplyWithError(ctx, "TGARG malformed arguments");
     k[r].c.alg = (tg_algorithm)alg;
+    k[r].c.wait_ns = wait;
     k[r].c.op = TG__OP_CHECK;
     int rc = tg__quota_prepare(&k[r].c.q, &q, k[r].c.alg);
     if (rc != TG_OK)

@@ -28,10 +28,13 @@
  *   - policies of reservations (tg_reserve_rules, "Policies of
  *     reservations"): exact spacing through two bucket rules (the tighter
  *     one's delay wins), nothing consumed when a rule refuses (beside a
- *     fixed window), cancelling, shadow mode, refused waits, Redis's
- *     TG_ENOTSUP; the model test again with bucket rules that wait, delays
- *     compared; and the threads again, reserving, admitting at most the
- *     21 slots a serial run hands out, each slot once.
+ *     fixed window), cancelling, shadow mode, refused waits; the model
+ *     test again with bucket rules that wait, delays compared; and the
+ *     threads again, reserving, admitting at most the 21 slots a serial
+ *     run hands out, each slot once. Under tests/redis/with_redis.sh (and
+ *     with_cluster.sh) all of it runs on Redis, policies of reservations
+ *     included (the script's P with each bucket's tolerance stretched by
+ *     its wait, or the module's TG.STEPS with the waits).
  *
  * Environment: TG_RULES_STEPS (model steps per store, default 1000000;
  * 100000 under sanitizers).
@@ -1104,7 +1107,7 @@ static void test_model(void **state) {
 static void test_model_reserve(void **state) {
   (void)state;
   for (int k = 0; k < K_COUNT; k++) {
-    if (!kind_ready[k] || k == K_REDIS)
+    if (!kind_ready[k])
       continue;
     rnd_state =
         test_seed("TG_RULES_SEED", UINT64_C(0x5eed0fa11)) + (uint64_t)k + 99;
@@ -1560,19 +1563,6 @@ static void test_reserve_rules(void **state) {
   for (int k = 0; k < K_COUNT; k++) {
     if (!kind_ready[k])
       continue;
-    if (k == K_REDIS) {
-      /* documented: Redis decides policies in one step that knows no wait */
-      world w;
-      world_new(&w, K_REDIS);
-      const tg_quota qb = {10, 1000, 1};
-      tg_rule r[1] = {rule(w.lim[TG_TOKEN_BUCKET], "x", &qb, 1)};
-      tg_rules_reservation out;
-      const uint64_t wait[1] = {100};
-      assert_int_equal(tg_reserve_rules_at(T0, r, 1, wait, 0, &out, NULL),
-                       TG_ENOTSUP);
-      world_free(&w);
-      continue;
-    }
     resv_spacing((kind)k);
     resv_nothing_consumed((kind)k);
     resv_cancel_shadow((kind)k);
@@ -1645,7 +1635,7 @@ static void *rstress_main(void *p) {
 static void test_reserve_threads(void **state) {
   (void)state;
   for (int k = 0; k < K_COUNT; k++) {
-    if (!kind_ready[k] || k == K_REDIS)
+    if (!kind_ready[k])
       continue;
     for (int round = 0; round < 25; round++) {
       world w;

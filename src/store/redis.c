@@ -1040,7 +1040,8 @@ static int decide_rules(mkey *m, size_t n, const tg__call *orig, void *p,
     tg__call keep = m[i].c;
     m[i].c.op = TG__OP_TAKE;
     tg__outcome o;
-    int rc = step_key(&m[i], orig, true, &o, NULL);
+    /* a reservation's receipt (tg_reserve_rules) in the rule's token */
+    int rc = step_key(&m[i], orig, true, &o, keep.tok);
     m[i].c = keep;
     if (rc != TG_OK) {
       *failed = i;
@@ -1061,8 +1062,11 @@ static int decide_rules(mkey *m, size_t n, const tg__call *orig, void *p,
 #define STEPS_PER_RULE 7
 
 /* The script's arguments of rule c for P (redis.lua): algorithm, op, the
- * op's four numbers, shadow. A bucket's cost above the burst is sent as
- * tau + 1 ns (denied all the same: cost * T could pass 2^64). */
+ * op's four numbers, shadow. A bucket rule that reserves
+ * (tg_reserve_rules) is sent with its tolerance stretched by its wait, as
+ * gcra.c's CHECK and TAKE decide it (tau + wait < 2^64); a bucket's cost
+ * above the burst as that tolerance + 1 ns (denied all the same: cost * T
+ * could pass 2^64). */
 static void script_rule(const redis_store *s, const tg__call *c, bool shadow,
                         const char **argv, size_t *len, char (*num)[24]) {
   static const char ALG[TG_ALGORITHM_COUNT][2] = {"0", "1", "2", "3", "4"};
@@ -1075,10 +1079,12 @@ static void script_rule(const redis_store *s, const tg__call *c, bool shadow,
     v[2] = c->q.limit;
     break;
   case TG_TOKEN_BUCKET:
-  case TG_LEAKY_BUCKET:
-    v[0] = c->arg > c->q.burst ? c->q.tau_ns + 1 : c->arg * c->q.t_ns;
-    v[1] = c->q.tau_ns;
+  case TG_LEAKY_BUCKET: {
+    uint64_t tau = c->q.tau_ns + c->wait_ns;
+    v[0] = c->arg > c->q.burst ? tau + 1 : c->arg * c->q.t_ns;
+    v[1] = tau;
     break;
+  }
   case TG_SLIDING_WINDOW:
     v[0] = c->arg;
     v[1] = c->q.limit;
@@ -1099,11 +1105,17 @@ static void script_rule(const redis_store *s, const tg__call *c, bool shadow,
 }
 
 /* The policy command for rules m[0..n) (names made), into a: the module's
- * TG.STEPS (module) or the script's P (the SHA1 left for the caller). */
+ * TG.STEPS (module) or the script's P (the SHA1 left for the caller). A
+ * policy of which a rule reserves gives TG.STEPS each rule's wait as an
+ * eighth argument (a module that predates it refuses the command: see
+ * tg_reserve_rules); other policies are sent as before. */
 static void rules_args(const mkey *m, size_t n, const tg__call *orig,
                        const bool *shadow, bool module,
                        tg__redis_rules_args *a) {
   size_t nn = 0;
+  bool waits = false;
+  for (size_t i = 0; i < n; i++)
+    waits = waits || m[i].c.wait_ns > 0;
   a->n = 0;
 #define ARG(s, l) (a->v[a->n] = (s), a->len[a->n++] = (l))
 #define NUM(v) (ARG(a->num[nn], tg__u64_dec(a->num[nn], (v))), nn++)
@@ -1138,6 +1150,8 @@ static void rules_args(const mkey *m, size_t n, const tg__call *orig,
     NUM(c->arg);
     NUM(m[i].s->log_entries);
     NUM(shadow[i] ? 1u : 0u);
+    if (waits)
+      NUM(c->wait_ns);
   }
 #undef NUM
 #undef ARG
@@ -1583,7 +1597,7 @@ static void redis_ident(const tg__store *base, uint64_t group[2],
 }
 
 static const tg__store_ops redis_ops = {
-    .caps = TG__STORE_OWN_CLOCK,
+    .caps = TG__STORE_OWN_CLOCK | TG__STORE_RULES_WAIT,
     .exec = redis_exec,
     .reset = redis_reset,
     .key_count = redis_zero, /* keys live in the server */

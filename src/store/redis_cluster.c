@@ -711,7 +711,7 @@ static void cluster_destroy(tg__store *base) {
 }
 
 static const tg__store_ops cluster_ops = {
-    .caps = TG__STORE_OWN_CLOCK,
+    .caps = TG__STORE_OWN_CLOCK | TG__STORE_RULES_WAIT,
     .exec = cluster_exec,
     .reset = cluster_reset,
     .key_count = cluster_zero, /* keys live in the cluster's nodes */

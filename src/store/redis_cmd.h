@@ -55,15 +55,16 @@ int tg__redis_decode(const tg__call *c, const redisReply *r, tg__outcome *o);
 
 /* ---- a policy in one command (the non-blocking API's) ---- */
 
-/* The policy command's arguments: EVALSHA sha numkeys keys... P now, or
- * TG.STEPS numkeys keys... now, then 7 per rule. */
-#define TG__REDIS_RULES_ARGC (5 + 8 * TG_RULES_MAX)
+/* The policy command's arguments: EVALSHA sha numkeys keys... P now, then
+ * 7 per rule, or TG.STEPS numkeys keys... now, then 7 per rule (8 when a
+ * rule reserves). */
+#define TG__REDIS_RULES_ARGC (5 + 9 * TG_RULES_MAX)
 
 typedef struct tg__redis_rules_args {
   int n;
   const char *v[TG__REDIS_RULES_ARGC];
   size_t len[TG__REDIS_RULES_ARGC];
-  char num[2 + 7 * TG_RULES_MAX][24];
+  char num[2 + 8 * TG_RULES_MAX][24];
 } tg__redis_rules_args;
 
 typedef struct tg__redis_rules tg__redis_rules;
