@@ -212,8 +212,8 @@ static void nb_again(tg_nb *nb, tg_nb *nb2, tg_nb_req *req, tg_nb_req *r,
     return;
   }
   tg_nb_rule *ru = pol_rules[r - req];
-  ru[0] = (tg_nb_rule){nb, k, kl, &all, 1, 0, {0}};
-  ru[1] = (tg_nb_rule){nb2, k, kl, &all, 1, 0, {0}};
+  ru[0] = (tg_nb_rule){nb, k, kl, &all, 1, 0, 0, {0}, 0};
+  ru[1] = (tg_nb_rule){nb2, k, kl, &all, 1, 0, 0, {0}, 0};
   *r = (tg_nb_req){0};
   tg_nb_submit_rules(nb, r, ru, 2, 0);
 }

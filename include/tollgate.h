@@ -1456,10 +1456,11 @@ TG_EXTERN int tg_redis_available(void);
  * command, key names, validation, answers and failure answers, counted in
  * the same counters (tg_nb_stats), from the same code. The Redis settings
  * that are about doing I/O (pool_size, the timeouts, reconnect_backoff_ms)
- * are not used: they are the caller's business here. It decides single
- * calls: tg_hit's, a one-rule policy's (TG_NB_RULE) and tg_reserve's
- * (TG_NB_RESERVE), each in one command. Policies of several rules and
- * tg_cancel are offered on a limiter only.
+ * are not used: they are the caller's business here. It decides
+ * tg_hit's calls, a one-rule policy's (TG_NB_RULE), tg_reserve's
+ * (TG_NB_RESERVE), and policies (tg_nb_submit_rules: tg_hit_rules's and
+ * tg_reserve_rules's), each in one command. tg_cancel and
+ * tg_cancel_rules are offered on a limiter only.
  *
  * One call as a policy's rule: flags TG_NB_RULE decides the request as
  * tg_hit_rules decides a policy of that one rule, rather than as tg_hit:
@@ -1594,7 +1595,8 @@ typedef struct tg_nb_req {
   int status;           /* out: what tg_hit (or, with a flag, the call
                            it names) would have returned */
   tg_result result;     /* out: and written */
-  uint64_t delay_ns;    /* out, with TG_NB_RESERVE: as tg_reservation's */
+  uint64_t delay_ns;    /* out, with TG_NB_RESERVE: as tg_reservation's;
+                           a policy's: as tg_rules_reservation's */
   uint64_t delay_ms;    /* (delay_ns rounded up) */
   size_t denied_by;     /* out, a policy (tg_nb_submit_rules): as */
   size_t tightest;      /* tg_rules_result's; else TG_RULE_NONE and 0 */
@@ -1604,16 +1606,22 @@ typedef struct tg_nb_req {
 /* One rule of a policy through the non-blocking API (tg_nb_submit_rules):
  * a tg_rule whose limiter is a client's. */
 typedef struct tg_nb_rule {
-  tg_nb *nb;         /* in: the client whose configuration decides the rule
-                        (algorithm, key prefix, shadow mode, failure policy,
-                        counters); it must name the same server or Cluster
-                        as the client the policy is submitted to */
-  const void *key;   /* in: read until the request is done */
-  size_t key_len;    /* in */
-  const tg_quota *q; /* in: read by the submit only */
-  uint64_t cost;     /* in */
-  int status;        /* out: as tg_rule's */
-  tg_result result;  /* out */
+  tg_nb *nb;            /* in: the client whose configuration decides the rule
+                           (algorithm, key prefix, shadow mode, failure policy,
+                           counters); it must name the same server or Cluster
+                           as the client the policy is submitted to */
+  const void *key;      /* in: read until the request is done */
+  size_t key_len;       /* in */
+  const tg_quota *q;    /* in: read by the submit only */
+  uint64_t cost;        /* in */
+  uint64_t max_wait_ms; /* in: as tg_reserve_rules's max_wait_ms[i]: 0, a
+                           plain rule; above 0 (the buckets), the rule
+                           reserves, waiting at most that long */
+  int status;           /* out: as tg_rule's */
+  tg_result result;     /* out */
+  uint64_t delay_ns;    /* out: the rule's own delay, as its receipt's in
+                           tg_reserve_rules (0 unless the policy passed with
+                           this rule's reservation accepted late) */
 } tg_nb_rule;
 
 /* tg_nb_req.flags: decide as a one-rule policy; reserve (see above). */
@@ -1649,7 +1657,12 @@ TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
  * what tg_hit_rules would return, result the policy's answer (tg_rules_
  * result's r), denied_by and tightest as tg_rules_result's, and each
  * rule's status and result as tg_hit_rules sets them (rules must stay
- * valid until then). The answer is the one tg_hit_rules gives on the
+ * valid until then). A rule whose max_wait_ms is above 0 reserves: the
+ * policy is then decided as tg_reserve_rules decides it (without receipts:
+ * there is no cancel here), req's delay_ns and delay_ms are the call's
+ * delay and each rule's delay_ns its own (the module needs TG.STEPS's wait
+ * argument: see tg_reserve_rules); with no wait, as tg_hit_rules (delays
+ * 0). The answer is the one tg_hit_rules (tg_reserve_rules) gives on the
  * blocking Redis store: every number computed by this process's core from
  * the values the server read, whose verdict must agree (else TG_ESTORE).
  * A store failure is answered for every rule by the failure policy of the
@@ -1665,7 +1678,8 @@ TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
  *     answered as the blocking store answers it: by that rule's failure
  *     policy, counted, shadow mode applied);
  *   what tg_hit_rules returns for a rule's input (TG_EKEY, TG_EQUOTA,
- *     TG_ETIME, TG_EINVAL).
+ *     TG_ETIME, TG_EINVAL), and tg_reserve_rules for its wait (TG_EINVAL
+ *     above TG_PERIOD_MAX_MS, TG_ENOTSUP on a window or a sliding log).
  * A policy allocates one block (about 18 KiB) from submit until done;
  * when it cannot, it is answered at once as a store failure, TG_ENOMEM.
  * The reply carries the value of every key read, which for a sliding-

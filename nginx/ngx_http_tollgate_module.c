@@ -35,7 +35,8 @@
  * limit_req's queue, one reservation; a delayed request whose client
  * leaves keeps its slot, as limit_req's does); several lines are one
  * policy in one command (tg_nb_submit_rules), on zones that share a
- * store= and a key slot, none of them a line that queues.
+ * store= and a key slot; lines that queue make it a policy of
+ * reservations, whose delay the request waits (as on shared memory).
  */
 #include <ngx_config.h>
 #include <ngx_core.h>
@@ -1037,8 +1038,8 @@ static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
         }
     }
     /* several lines on Redis zones are one policy in one command
-     * (tg_nb_submit_rules): every zone on the same store, and no line that
-     * queues (a policy of reservations is not one command) */
+     * (tg_nb_submit_rules, lines that queue included: a policy of
+     * reservations): every zone on the same store, keys in one slot */
     for (ngx_uint_t i = 0; conf->limits->nelts > 1 && i < conf->limits->nelts;
          i++) {
       const char *why = NULL;
@@ -1056,9 +1057,6 @@ static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
               "Redis Cluster slot: the same key, or keys that begin with "
               "the same literal tag ended by \"}\" (e.g. "
               "\"acme}$arg_user\")";
-      else if (l[i].mode == TG_NGX_RESERVE)
-        why = "a line on a Redis zone that queues (burst without nodelay, "
-              "or delay=) must be the only line of its location";
       if (why) {
         ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
                       "tollgate: zone \"%V\": %s, in %V:%ui", &l[i].zone_name,
@@ -1818,6 +1816,30 @@ static ngx_int_t reserving(const tg_ngx_ctx *ctx) {
   return 0;
 }
 
+/* A policy of reservations answered (rc, ok, each line's delay): the line
+ * whose delay the request waits, and a dry run's answer (decided and
+ * recorded, let through now, as shadow mode does). */
+static void reservation_answered(tg_ngx_loc_conf *lcf, tg_ngx_ctx *ctx, int rc,
+                                 bool ok, const uint64_t *delay_ns,
+                                 uint64_t *delay_ms) {
+  for (ngx_uint_t i = 0; i < ctx->n; i++)
+    if (delay_ns[i] > delay_ns[ctx->delayed_by])
+      ctx->delayed_by = i;
+  if (rc == 0 && lcf->dry_run && (!ok || *delay_ms)) {
+    ctx->rr.r.shadow_denied = 1;
+    ctx->rr.r.allowed = 1;
+    for (ngx_uint_t i = 0; i < ctx->n; i++) {
+      tg_result *res = &ctx->rules[i].result;
+      if (!res->allowed || delay_ns[i]) {
+        res->shadow_denied = 1;
+        res->allowed = 1; /* no Retry-After in a dry run */
+      }
+    }
+    ctx->state = ok ? TG_NGX_DELAYED_DRY_RUN : TG_NGX_REJECTED_DRY_RUN;
+    *delay_ms = 0;
+  }
+}
+
 /* Lines of which one or more delay: one policy of reservations, as
  * limit_req decides several lines (every line checked; one that rejects
  * rejects the request and charges no line; else every line is charged and
@@ -1836,23 +1858,10 @@ static int reserve(ngx_http_request_t *r, tg_ngx_loc_conf *lcf, tg_ngx_ctx *ctx,
   int rc = tg_reserve_rules(ctx->rules, ctx->n, wait, 0, &out, ctx->res);
   ctx->rr = out.rules;
   *delay_ms = out.ok ? out.delay_ms : 0;
+  uint64_t delay_ns[TG_RULES_MAX];
   for (ngx_uint_t i = 0; i < ctx->n; i++)
-    if (ctx->res[i].delay_ns > ctx->res[ctx->delayed_by].delay_ns)
-      ctx->delayed_by = i;
-  if (rc == 0 && lcf->dry_run && (!out.ok || *delay_ms)) {
-    /* what shadow mode does: decided and recorded, let through now */
-    ctx->rr.r.shadow_denied = 1;
-    ctx->rr.r.allowed = 1;
-    for (ngx_uint_t i = 0; i < ctx->n; i++) {
-      tg_result *res = &ctx->rules[i].result;
-      if (!res->allowed || ctx->res[i].delay_ns) {
-        res->shadow_denied = 1;
-        res->allowed = 1; /* no Retry-After in a dry run */
-      }
-    }
-    ctx->state = out.ok ? TG_NGX_DELAYED_DRY_RUN : TG_NGX_REJECTED_DRY_RUN;
-    *delay_ms = 0;
-  }
+    delay_ns[i] = ctx->res[i].delay_ns;
+  reservation_answered(lcf, ctx, rc, out.ok, delay_ns, delay_ms);
   return rc;
 }
 
@@ -1896,19 +1905,26 @@ static ngx_int_t redis_answer(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
   return decided(r, lcf, ctx, rc, delay_ms);
 }
 
-/* A Redis policy's answer (several lines), as tg_hit_rules's on
- * shared-memory zones is applied: every rule's result, the policy's. */
+/* A Redis policy's answer (several lines), as tg_hit_rules's (or, with a
+ * line that queues, tg_reserve_rules's) on shared-memory zones is
+ * applied: every rule's result, the policy's, its delay. */
 static ngx_int_t redis_policy_answer(ngx_http_request_t *r,
                                      tg_ngx_loc_conf *lcf, tg_ngx_ctx *ctx,
                                      tg_ngx_pending *p) {
+  uint64_t delay_ns[TG_RULES_MAX];
   for (ngx_uint_t i = 0; i < ctx->n; i++) {
     ctx->rules[i].status = p->nr[i].status;
     ctx->rules[i].result = p->nr[i].result;
+    delay_ns[i] = p->nr[i].delay_ns;
   }
   ctx->rr.r = p->req.result;
   ctx->rr.denied_by = p->req.denied_by;
   ctx->rr.tightest = p->req.tightest;
-  return decided(r, lcf, ctx, p->req.status, 0);
+  uint64_t delay_ms = p->req.result.allowed ? p->req.delay_ms : 0;
+  if (reserving(ctx))
+    reservation_answered(lcf, ctx, p->req.status, p->req.result.allowed,
+                         delay_ns, &delay_ms);
+  return decided(r, lcf, ctx, p->req.status, delay_ms);
 }
 
 /* The answer when a line's zone has no client in this worker (logged at
@@ -1965,16 +1981,22 @@ static ngx_int_t redis_decide(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
     for (ngx_uint_t i = 0; i < n; i++) {
       tg_rule *ru = &ctx->rules[i];
       ngx_memcpy(keys + i * TG_KEY_MAX, ru->key, ru->key_len);
-      p->nr[i] = (tg_nb_rule){ctx->limits[i]->zone->nb,
+      tg_ngx_limit *l = ctx->limits[i];
+      p->nr[i] = (tg_nb_rule){l->zone->nb,
                               keys + i * TG_KEY_MAX,
                               ru->key_len,
                               ru->q,
                               ru->cost,
+                              l->mode == TG_NGX_RESERVE ? l->max_wait_ms : 0,
                               0,
-                              {0}};
+                              {0},
+                              0};
     }
+    /* a dry run of lines that queue is applied to the answer, as on
+     * shared-memory zones (reservation_answered) */
     rc = tg_nb_submit_rules(z->nb, &p->req, p->nr, n,
-                            lcf->dry_run ? TG_RULES_SHADOW : 0);
+                            lcf->dry_run && !reserving(ctx) ? TG_RULES_SHADOW
+                                                            : 0);
     if (rc == TG_EINVAL) /* keys in two slots (the rest nginx -t saw) */
       ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                     "tollgate: zone \"%V\": the location's Redis lines "

@@ -149,10 +149,24 @@ int tg__rules_refuse(tg_rule *rules, size_t n, size_t at, int rc, bool count,
 /* A policy's answer (rules.c) from a store that decided it by itself
  * (exec_rules' outputs: rc, the failing rule, passed, each rule's CHECK
  * outcome): every rule's status and result, the policy's, the counters
- * and hooks, as tg_hit_rules gives them. Returns rc. */
+ * and hooks, as tg_hit_rules gives them. Returns rc. A policy of
+ * reservations (tg_reserve_rules) gives each rule's wait (wait_ms, else
+ * NULL) and gets each rule's delay in delays[0..n) (0 unless it passed
+ * late), then its answer from tg__rules_reserved with the largest. */
 int tg__rules_answer(tg_rule *rules, size_t n, unsigned flags, int rc,
                      size_t failed, bool passed, const tg__outcome *o,
+                     const uint64_t *wait_ms, uint64_t *delays,
                      tg_rules_result *out);
+
+/* out (its rules set) completed as tg_reserve_rules answers: ok, the
+ * call's delay (delay_ns, the largest rule's), shadow mode's. */
+void tg__rules_reserved(unsigned flags, uint64_t delay_ns,
+                        tg_rules_reservation *out);
+
+/* A rule's wait, validated as tg_reserve_rules validates max_wait_ms[i]
+ * (TG_EINVAL above TG_PERIOD_MAX_MS, TG_ENOTSUP above 0 on an algorithm
+ * that does not reserve), into c->wait_ns. */
+int tg__rules_wait(const tg_limiter *lim, uint64_t wait_ms, tg__call *c);
 
 /* A limiter without a store (its policy, fallback, deny cache and counters
  * only): what tg_limiter_new would check and build, but no connection.

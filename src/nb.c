@@ -44,6 +44,7 @@ struct nbpol {
   size_t n;
   unsigned flags;
   tg_quota q[TG_RULES_MAX];
+  uint64_t wait[TG_RULES_MAX]; /* each rule's max_wait_ms */
 };
 
 _Static_assert(sizeof(nbpriv) <= sizeof(((tg_nb_req *)0)->private_),
@@ -262,13 +263,15 @@ static void as_rules(const tg_nb_rule *rules, size_t n, const nbpol *pol,
   }
 }
 
-/* The policy's answer in req and its rules, from rules.c's. */
+/* The policy's answer in req and its rules, from rules.c's (a policy of
+ * reservations: each rule's delay, else NULL). */
 static int policy_answered(tg_nb_req *req, tg_nb_rule *rules, size_t n,
                            const tg_rule *tr, const tg_rules_result *rr,
-                           int rc) {
+                           const uint64_t *delays, int rc) {
   for (size_t i = 0; i < n; i++) {
     rules[i].status = tr[i].status;
     rules[i].result = tr[i].result;
+    rules[i].delay_ns = delays ? delays[i] : 0;
   }
   req->status = rc;
   req->result = rr->r;
@@ -285,7 +288,7 @@ static int policy_refused(tg_nb_req *req, tg_nb_rule *rules, size_t n,
   tg_rules_result rr;
   as_rules(rules, n, NULL, tr);
   tg__rules_refuse(tr, n, at, rc, count, &rr);
-  return policy_answered(req, rules, n, tr, &rr, rc);
+  return policy_answered(req, rules, n, tr, &rr, NULL, rc);
 }
 
 /* A policy answered by the store's rc at rule `at` before it is sent (no
@@ -296,8 +299,8 @@ static int policy_failed(tg_nb_req *req, tg_nb_rule *rules, size_t n,
   tg_rule tr[TG_RULES_MAX];
   tg_rules_result rr;
   as_rules(rules, n, NULL, tr);
-  tg__rules_answer(tr, n, flags, rc, at, false, NULL, &rr);
-  return policy_answered(req, rules, n, tr, &rr, rc);
+  tg__rules_answer(tr, n, flags, rc, at, false, NULL, NULL, NULL, &rr);
+  return policy_answered(req, rules, n, tr, &rr, NULL, rc);
 }
 
 static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
@@ -325,6 +328,8 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
     int rc = lim ? tg__limiter_prepare(lim, TG__OP_CHECK, now, ru->key,
                                        ru->key_len, ru->q, ru->cost, &calls[i])
                  : TG_EINVAL;
+    if (rc == TG_OK) /* a rule that reserves: its CHECK and TAKE wait */
+      rc = tg__rules_wait(lim, ru->max_wait_ms, &calls[i]);
     if (rc != TG_OK)
       return policy_refused(req, rules, n, i, rc, true);
     fit = fit && same_server(nb, ru->nb);
@@ -356,8 +361,10 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
     return fit ? policy_failed(req, rules, n, flags, bad, TG_EINVAL)
                : policy_refused(req, rules, n, 0, TG_EINVAL, false);
   }
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
     pol->q[i] = *rules[i].q;
+    pol->wait[i] = rules[i].max_wait_ms;
+  }
   pol->rules = rules;
   pol->n = n;
   pol->flags = flags;
@@ -403,10 +410,18 @@ static void policy_done(tg_nb *nb, tg_nb_req *req, nbpriv *p, int status) {
   bool passed = false;
   size_t failed = 0;
   const tg__outcome *o = tg__redis_rules_outcomes(pol->x, &passed, &failed);
-  tg_rules_result rr;
-  int rc =
-      tg__rules_answer(tr, pol->n, pol->flags, status, failed, passed, o, &rr);
-  policy_answered(req, pol->rules, pol->n, tr, &rr, rc);
+  /* as tg_reserve_rules answers (tg_hit_rules's answer when no rule
+   * waits): the rules' delays, and the call's, the largest */
+  tg_rules_reservation out;
+  uint64_t delays[TG_RULES_MAX], delay = 0;
+  int rc = tg__rules_answer(tr, pol->n, pol->flags, status, failed, passed, o,
+                            pol->wait, delays, &out.rules);
+  for (size_t i = 0; i < pol->n; i++)
+    delay = delays[i] > delay ? delays[i] : delay;
+  tg__rules_reserved(pol->flags, delay, &out);
+  policy_answered(req, pol->rules, pol->n, tr, &out.rules, delays, rc);
+  req->delay_ns = out.delay_ns;
+  req->delay_ms = out.delay_ms;
   tg__redis_rules_free(pol->x);
   free(pol);
   p->pol = NULL;

@@ -292,10 +292,27 @@ static inline void rule_settled(tg_rules_result *out, size_t i, tg_rule *ru,
                      ru->key_len, ru->q, ru->cost, true);
 }
 
+/* A passed rule's own delay: its outcome's value when it waits (a
+ * reservation accepted late), 0 for a rule in shadow mode, whose result
+ * then says shadow_denied (as tg_reserve's does). */
+static inline uint64_t rule_delay(tg_rule *ru, uint64_t wait_ms, uint64_t value,
+                                  bool shadow) {
+  uint64_t delay = wait_ms > 0 && ru->result.allowed ? value : 0;
+  if (delay > 0 && shadow) {
+    ru->result.shadow_denied = true;
+    delay = 0;
+  }
+  return delay;
+}
+
 int tg__rules_answer(tg_rule *rules, size_t n, unsigned flags, int rc,
                      size_t failed, bool passed, const tg__outcome *o,
+                     const uint64_t *wait_ms, uint64_t *delays,
                      tg_rules_result *out) {
   bool all_shadow = flags & TG_RULES_SHADOW;
+  if (delays)
+    for (size_t i = 0; i < n; i++)
+      delays[i] = 0;
   if (rc != TG_OK)
     return store_failed(rules, n, failed < n ? failed : 0, rc, all_shadow, out);
   summary_start(out, passed);
@@ -303,11 +320,25 @@ int tg__rules_answer(tg_rule *rules, size_t n, unsigned flags, int rc,
     tg_rule *ru = &rules[i];
     ru->status = TG_OK;
     ru->result = passed ? o[i].r : unpassed(&o[i]);
+    if (wait_ms && passed)
+      delays[i] = rule_delay(ru, wait_ms[i], o[i].value, ru->lim->shadow);
     rule_settled(out, i, ru, passed, all_shadow);
   }
   summary_end(out, passed);
   shadow_call(out, all_shadow);
   return TG_OK;
+}
+
+void tg__rules_reserved(unsigned flags, uint64_t delay_ns,
+                        tg_rules_reservation *out) {
+  out->ok = out->rules.r.allowed;
+  out->delay_ns = out->ok ? delay_ns : 0;
+  if ((flags & TG_RULES_SHADOW) && out->delay_ns > 0) {
+    /* shadow mode lets it go at once, saying it would have waited */
+    out->rules.r.shadow_denied = true;
+    out->delay_ns = 0;
+  }
+  out->delay_ms = tg__div_ceil(out->delay_ns, 1000000);
 }
 
 /* What a policy of reservations (tg_reserve_rules) adds to a decision:
@@ -318,12 +349,10 @@ typedef struct reserving {
   uint64_t delay_ns;       /* out: the largest rule's delay */
 } reserving;
 
-/* A rule's wait, validated as tg_reserve's max_wait_ms (and only the
- * buckets reserve: any other algorithm with a wait is TG_ENOTSUP). */
-static int rule_wait(const tg_rule *ru, uint64_t wait_ms, tg__call *c) {
+int tg__rules_wait(const tg_limiter *lim, uint64_t wait_ms, tg__call *c) {
   if (wait_ms > TG_PERIOD_MAX_MS)
     return TG_EINVAL;
-  if (wait_ms > 0 && !tg__op_supported(ru->lim->cfg.algorithm, TG__OP_RESERVE))
+  if (wait_ms > 0 && !tg__op_supported(lim->cfg.algorithm, TG__OP_RESERVE))
     return TG_ENOTSUP;
   c->wait_ns = wait_ms * UINT64_C(1000000);
   return TG_OK;
@@ -334,13 +363,8 @@ static int rule_wait(const tg_rule *ru, uint64_t wait_ms, tg__call *c) {
  * receipt. */
 static uint64_t rule_reserved(const policy_run *pr, size_t i, tg_rule *ru,
                               reserving *rv) {
-  uint64_t delay = rv->wait_ms && rv->wait_ms[i] > 0 && ru->result.allowed
-                       ? pr->o[i].value
-                       : 0;
-  if (delay > 0 && (pr->shadow >> i & 1u)) {
-    ru->result.shadow_denied = true;
-    delay = 0;
-  }
+  uint64_t delay = rule_delay(ru, rv->wait_ms ? rv->wait_ms[i] : 0,
+                              pr->o[i].value, pr->shadow >> i & 1u);
   if (rv->res) {
     tg_reservation *x = &rv->res[i];
     tg__reservation_receipt(x, ru->lim->cfg.algorithm, &pr->tok[i], ru->cost);
@@ -384,7 +408,7 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
         ru->lim->store_time != rules[0].lim->store_time)
       rc = TG_EINVAL;
     if (rv && rv->wait_ms && rc == TG_OK)
-      rc = rule_wait(ru, rv->wait_ms[i], &pr.c[i]);
+      rc = tg__rules_wait(ru->lim, rv->wait_ms[i], &pr.c[i]);
     if (rc != TG_OK)
       return tg__rules_refuse(rules, n, i, rc, true, out);
     fit = fit && (i == 0 ? ru->lim->ident_ok : store_fits(rules, i));
@@ -541,14 +565,7 @@ static int reserve_rules(const uint64_t *now, tg_rule *rules, size_t n,
       res[i] = (tg_reservation){0};
   reserving rv = {max_wait_ms, res, 0};
   int rc = hit_rules(now, rules, n, flags, &out->rules, &rv);
-  out->ok = out->rules.r.allowed;
-  out->delay_ns = out->ok ? rv.delay_ns : 0;
-  if ((flags & TG_RULES_SHADOW) && out->delay_ns > 0) {
-    /* shadow mode lets it go at once, saying it would have waited */
-    out->rules.r.shadow_denied = true;
-    out->delay_ns = 0;
-  }
-  out->delay_ms = tg__div_ceil(out->delay_ns, 1000000);
+  tg__rules_reserved(flags, rv.delay_ns, out);
   if (res && rules && n <= TG_RULES_MAX)
     for (size_t i = 0; i < n; i++) {
       /* each rule's answer as the call left it (shadow mode's included) */

@@ -346,6 +346,22 @@ static const tg_algorithm PALG[NPC] = {TG_FIXED_WINDOW, TG_TOKEN_BUCKET,
 static const char *const PKEYS[] = {"t}a", "t}b", "t}c", "t}", "u}a"};
 #define NPK (sizeof PKEYS / sizeof PKEYS[0])
 
+/* tg_reserve_rules_at as a reference: the answer, the call's delay and
+ * each rule's (its receipt's). */
+static int reserve_ref(uint64_t now, tg_rule *rs, size_t n,
+                       const uint64_t *wait, unsigned flags,
+                       tg_rules_result *out, uint64_t *delay,
+                       uint64_t *rdelay) {
+  tg_rules_reservation rv;
+  tg_reservation rcpt[TG_RULES_MAX];
+  int rc = tg_reserve_rules_at(now, rs, n, wait, flags, &rv, rcpt);
+  *out = rv.rules;
+  *delay = rv.delay_ns;
+  for (size_t j = 0; j < n; j++)
+    rdelay[j] = rcpt[j].delay_ns;
+  return rc;
+}
+
 static bool same_rules(const tg_rules_result *a, const tg_nb_req *b) {
   return same(&a->r, &b->result) &&
          a->r.shadow_denied == b->result.shadow_denied &&
@@ -354,8 +370,11 @@ static bool same_rules(const tg_rules_result *a, const tg_nb_req *b) {
 
 /* Random policies of 1-3 rules over five clients of different algorithms,
  * pipelined, against tg_hit_rules on memory limiters and on blocking Redis
- * limiters: the same status, answer, denying rule and per-rule results. */
-static void policy_differential(uint64_t seed, size_t rounds) {
+ * limiters: the same status, answer, denying rule and per-rule results.
+ * With waits, bucket rules reserve (a random max_wait_ms, now and then one
+ * on another algorithm: TG_ENOTSUP) and the references are
+ * tg_reserve_rules's: the call's delay and each rule's too. */
+static void policy_differential(uint64_t seed, size_t rounds, bool waits) {
   rng = seed;
   tg_nb *nb[NPC];
   tg_limiter *red[NPC], *mem[NPC];
@@ -388,6 +407,8 @@ static void policy_differential(uint64_t seed, size_t rounds) {
   tg_rules_result want[MAXM];
   int want_rc[MAXM];
   size_t nrules[MAXM];
+  uint64_t want_delay[MAXM], want_rdelay[MAXM][MAXR];
+  size_t late = 0;
   for (size_t round = 0; round < rounds; round++) {
     size_t m = 1 + (size_t)below(MAXM), queued = 0;
     for (size_t i = 0; i < m; i++) {
@@ -397,6 +418,8 @@ static void policy_differential(uint64_t seed, size_t rounds) {
       for (size_t j = 0; j < n; j++) {
         size_t a = (size_t)below(NPC),
                k = (size_t)below(below(8) == 0 ? NPK : NPK - 1);
+        if (waits && below(2) == 0) /* more bucket rules: more waits */
+          a = below(2) ? 1 : 3;
         /* few keys and tight quotas: rules deny, and now and then two
          * rules name one key (invalid input, everywhere) */
         const tg_quota *q = &QUOTAS[below(5)];
@@ -404,33 +427,63 @@ static void policy_differential(uint64_t seed, size_t rounds) {
         uint64_t cost = below(5) == 0 ? cap + below(2) - 1 : below(3);
         const char *key = PKEYS[k];
         size_t len = strlen(key);
-        nr[i][j] = (tg_nb_rule){nb[a], key, len, q, cost, 0, {0}};
+        bool bucket = PALG[a] == TG_TOKEN_BUCKET || PALG[a] == TG_LEAKY_BUCKET;
+        uint64_t wait = !waits || (!bucket && below(20) != 0) || below(3) == 0
+                            ? 0
+                        : below(2) ? below(400)
+                                   : below(60000);
+        nr[i][j] = (tg_nb_rule){nb[a], key, len, q, cost, wait, 0, {0}, 0};
         mr[i][j] = (tg_rule){mem[a], key, len, q, cost, 0, {0}};
         br[i][j] = (tg_rule){red[a], key, len, q, cost, 0, {0}};
       }
+      uint64_t wt[MAXR];
+      for (size_t j = 0; j < n; j++)
+        wt[j] = nr[i][j].max_wait_ms;
+        /* tg_hit_rules, or tg_reserve_rules with the waits */
+#define DECIDE(rs, out, delay, rdelay)                                         \
+  (waits ? reserve_ref(now, rs, n, wt, flags, &(out), &(delay), rdelay)        \
+         : ((delay) = 0, tg_hit_rules_at(now, rs, n, flags, &(out))))
+      uint64_t bdelay, brdelay[MAXR] = {0, 0, 0};
       /* the memory store has no slots: a policy with the other tag is
        * decided there, and refused by Redis (skipped) */
       bool tags = true;
       for (size_t j = 1; j < n; j++)
         tags =
             tags && *(const char *)mr[i][j].key == *(const char *)mr[i][0].key;
-      want_rc[i] =
-          tags ? tg_hit_rules_at(now, mr[i], n, flags, &want[i]) : TG_EINVAL;
+      for (size_t j = 0; j < n; j++)
+        want_rdelay[i][j] = 0;
+      want_rc[i] = tags ? DECIDE(mr[i], want[i], want_delay[i], want_rdelay[i])
+                        : TG_EINVAL;
       tg_rules_result b;
-      int brc = tg_hit_rules_at(now, br[i], n, flags, &b);
+      int brc = DECIDE(br[i], b, bdelay, brdelay);
+#undef DECIDE
       if (!tags) {
+        /* two slots (TG_EINVAL), unless a rule's input is refused first
+         * (a window that waits: TG_ENOTSUP) */
+        if (brc == TG_ENOTSUP)
+          want_rc[i] = brc;
         want[i] = b;
-        for (size_t j = 0; j < n; j++)
+        want_delay[i] = bdelay;
+        for (size_t j = 0; j < n; j++) {
           mr[i][j] = br[i][j];
+          want_rdelay[i][j] = brdelay[j];
+        }
       }
+      for (size_t j = 0; waits && tags && j < n; j++)
+        assert_int_equal(brdelay[j], want_rdelay[i][j]);
       if (brc != want_rc[i] || !same(&b.r, &want[i].r) ||
-          b.denied_by != want[i].denied_by) {
+          b.denied_by != want[i].denied_by || bdelay != want_delay[i]) {
         print_error("seed %" PRIu64 " round %zu: blocking Redis differs "
                     "from memory: %s/%s allowed %d/%d count %" PRIu64
                     "/%" PRIu64 " denied_by %zu/%zu (%zu rules)\n",
                     seed, round, tg_err_name(brc), tg_err_name(want_rc[i]),
                     b.r.allowed, want[i].r.allowed, b.r.count, want[i].r.count,
                     b.denied_by, want[i].denied_by, n);
+        for (size_t j = 0; j < n; j++)
+          print_error("  rule %zu: key %s cost %" PRIu64 " wait %" PRIu64
+                      " limit %" PRIu64 "\n",
+                      j, (const char *)mr[i][j].key, mr[i][j].cost, wt[j],
+                      mr[i][j].q->limit);
         fail();
       }
       req[i] = (tg_nb_req){0};
@@ -441,11 +494,15 @@ static void policy_differential(uint64_t seed, size_t rounds) {
     }
     assert_int_equal(nbp_run(&d, queued, 10000, NULL, NULL), queued);
     for (size_t i = 0; i < m; i++) {
-      bool ok = req[i].status == want_rc[i] && same_rules(&want[i], &req[i]);
+      bool ok = req[i].status == want_rc[i] && same_rules(&want[i], &req[i]) &&
+                req[i].delay_ns == want_delay[i] &&
+                req[i].delay_ms == (want_delay[i] + 999999) / 1000000;
       for (size_t j = 0; ok && j < nrules[i]; j++)
         ok = nr[i][j].status == mr[i][j].status &&
              same(&nr[i][j].result, &mr[i][j].result) &&
-             nr[i][j].result.shadow_denied == mr[i][j].result.shadow_denied;
+             nr[i][j].result.shadow_denied == mr[i][j].result.shadow_denied &&
+             nr[i][j].delay_ns == want_rdelay[i][j];
+      late += want_delay[i] > 0;
       if (!ok) {
         print_error("seed %" PRIu64 " round %zu policy %zu (%zu rules): "
                     "tg_nb %s allowed=%d count=%" PRIu64 " remaining=%" PRIu64
@@ -470,10 +527,13 @@ static void policy_differential(uint64_t seed, size_t rounds) {
     }
     now += below(4) == 0 ? MS(below(2000)) : below(MS(50));
   }
-  print_message("policies: %zu in %zu rounds, %zu passed, %zu denied, %zu "
-                "invalid\n",
-                calls, rounds, passed, denied, invalid);
+  print_message("policies%s: %zu in %zu rounds, %zu passed (%zu late), %zu "
+                "denied, %zu invalid\n",
+                waits ? " of reservations" : "", calls, rounds, passed, late,
+                denied, invalid);
   assert_true(passed > calls / 20 && denied > calls / 20);
+  if (waits)
+    assert_true(late > 2); /* some reservations were accepted late */
   nbp_close_all(&d);
   for (size_t a = 0; a < NPC; a++) {
     tg_nb_destroy(nb[a]);
@@ -488,8 +548,18 @@ static void policy_matches_tg_hit_rules(void **state) {
   const char *fixed = getenv("TG_TEST_NB_SEED");
   if (fixed)
     seed = strtoull(fixed, NULL, 10);
-  policy_differential(seed, 150);
-  policy_differential(seed + 1, 150);
+  policy_differential(seed, 150, false);
+  policy_differential(seed + 1, 150, false);
+}
+
+static void reserving_policy_matches_tg_reserve_rules(void **state) {
+  (void)state;
+  uint64_t seed = (uint64_t)time(NULL);
+  const char *fixed = getenv("TG_TEST_NB_SEED");
+  if (fixed)
+    seed = strtoull(fixed, NULL, 10);
+  policy_differential(seed + 2, 150, true);
+  policy_differential(seed + 3, 150, true);
 }
 
 /* The issue's scenario: 5 a second and 6 a minute, 20 calls over two
@@ -509,8 +579,8 @@ static void policy_charges_only_admitted(void **state) {
   size_t admitted = 0;
   uint64_t minute_count = 0;
   for (int i = 0; i < 20; i++) {
-    tg_nb_rule r[2] = {{nb, "u}s", 3, &sec, 1, 0, {0}},
-                       {nb, "u}m", 3, &min, 1, 0, {0}}};
+    tg_nb_rule r[2] = {{nb, "u}s", 3, &sec, 1, 0, 0, {0}, 0},
+                       {nb, "u}m", 3, &min, 1, 0, 0, {0}, 0}};
     tg_nb_req q = {0};
     uint64_t t = now + (uint64_t)i * MS(100); /* 10 a second */
     assert_int_equal(tg_nb_submit_rules_at(nb, t, &q, r, 2, 0), TG_OK);
@@ -562,8 +632,8 @@ static void policy_reads_a_long_sliding_log(void **state) {
   for (uint64_t i = 0; i < 260; i++) {
     d.split = 1 + (size_t)(i * 37 % 700);
     uint64_t t = now + i * 7;
-    tg_nb_rule nr[2] = {{b, "L}b", 3, &qb, 1, 0, {0}},
-                        {s, "L}s", 3, &qs, 1, 0, {0}}};
+    tg_nb_rule nr[2] = {{b, "L}b", 3, &qb, 1, 0, 0, {0}, 0},
+                        {s, "L}s", 3, &qs, 1, 0, 0, {0}, 0}};
     tg_rule mr[2] = {{lb, "L}b", 3, &qb, 1, 0, {0}},
                      {ls, "L}s", 3, &qs, 1, 0, {0}}};
     tg_rules_result want;
@@ -605,8 +675,8 @@ static void policy_resent_and_failing(void **state) {
   tg_nb_rule nr[4][2];
   for (int round = 0; round < 2; round++) {
     for (int i = 0; i < 4; i++) {
-      nr[i][0] = (tg_nb_rule){w, "x}w", 3, &qw, 1, 0, {0}};
-      nr[i][1] = (tg_nb_rule){b, "x}b", 3, &qb, 1, 0, {0}};
+      nr[i][0] = (tg_nb_rule){w, "x}w", 3, &qw, 1, 0, 0, {0}, 0};
+      nr[i][1] = (tg_nb_rule){b, "x}b", 3, &qb, 1, 0, 0, {0}, 0};
       r[i] = (tg_nb_req){0};
       assert_int_equal(tg_nb_submit_rules(w, &r[i], nr[i], 2, 0), TG_OK);
     }
@@ -639,8 +709,8 @@ static void policy_resent_and_failing(void **state) {
     /* rule 0 fail-open, then fail-closed */
     tg_rule br[2] = {{lw, "x}w", 3, &qw, 1, 0, {0}},
                      {lb, "x}b", 3, &qb, 1, 0, {0}}};
-    tg_nb_rule n2[2] = {{w, "x}w", 3, &qw, 1, 0, {0}},
-                        {bc, "x}b", 3, &qb, 1, 0, {0}}};
+    tg_nb_rule n2[2] = {{w, "x}w", 3, &qw, 1, 0, 0, {0}, 0},
+                        {bc, "x}b", 3, &qb, 1, 0, 0, {0}, 0}};
     if (first) {
       tg_rule t = br[0];
       br[0] = br[1];
@@ -687,7 +757,7 @@ static void policy_input_is_validated(void **state) {
   tg_quota q = {.limit = 5, .period_ms = 1000};
   tg_nb_req req;
   tg_nb_rule r[3];
-#define RULE(c, k) ((tg_nb_rule){(c), (k), strlen(k), &q, 1, 0, {0}})
+#define RULE(c, k) ((tg_nb_rule){(c), (k), strlen(k), &q, 1, 0, 0, {0}, 0})
   r[0] = RULE(nb, "t}a");
   assert_int_equal(tg_nb_submit_rules(nb, &req, r, 0, 0), TG_EINVAL);
   assert_int_equal(tg_nb_submit_rules(nb, &req, NULL, 1, 0), TG_EINVAL);
@@ -713,8 +783,27 @@ static void policy_input_is_validated(void **state) {
   r[2] = RULE(nb, "t}c");
   r[2].q = &zero;
   assert_int_equal(tg_nb_submit_rules(nb, &req, r, 3, 0), TG_EQUOTA);
-  assert_int_equal(tg_nb_pending(nb), 0);
-  tg_nb_destroy(nb);
+  /* waits: too long on a bucket, any on a window (tg_reserve_rules's) */
+  r[2] = RULE(nb, "t}c");
+  r[2].max_wait_ms = TG_PERIOD_MAX_MS + 1;
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 3, 0), TG_EINVAL);
+  assert_int_equal(req.denied_by, 2);
+  assert_int_equal(r[2].status, TG_EINVAL);
+  r[2].max_wait_ms = TG_PERIOD_MAX_MS; /* the longest wait: fine */
+  tg_config cw;
+  tg_redis_config rcw;
+  config(&cw, &rcw, TG_FIXED_WINDOW, "polvw");
+  tg_nb *win = nb_make(&cw);
+  r[1] = RULE(win, "t}w");
+  r[1].max_wait_ms = 1;
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 3, 0), TG_ENOTSUP);
+  assert_int_equal(req.denied_by, 1);
+  assert_int_equal(req.delay_ns, 0);
+  r[1].max_wait_ms = 0;
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 3, 0), TG_OK);
+  assert_int_equal(tg_nb_pending(nb), 1);
+  tg_nb_destroy(nb); /* pending: abandoned (its rules' clients outlive it) */
+  tg_nb_destroy(win);
   tg_nb_destroy(other);
   /* a Cluster: keys in one slot only (no server needed: refused at once) */
   tg_config cc;
@@ -1369,6 +1458,8 @@ int main(void) {
       cmocka_unit_test_setup(fallback_decides_while_down, server_up),
       cmocka_unit_test_setup(shadow_and_hook, server_up),
       cmocka_unit_test_setup(policy_matches_tg_hit_rules, server_up),
+      cmocka_unit_test_setup(reserving_policy_matches_tg_reserve_rules,
+                             server_up),
       cmocka_unit_test_setup(policy_reads_a_long_sliding_log, server_up),
       cmocka_unit_test_setup(policy_charges_only_admitted, server_up),
       cmocka_unit_test_setup(policy_input_is_validated, server_up),

@@ -35,6 +35,9 @@ ALGORITHMS = ["fixed_window", "fixed_window_per_key", "sliding_window",
               "token_bucket", "leaky_bucket"]
 
 _redises = []
+# TG_REDIS_MODULE: the path of tollgate's Redis module, loaded by every
+# redis-server here (nginx_module_redis_module); else the script path
+MODULE = os.environ.get("TG_REDIS_MODULE")
 
 
 @atexit.register
@@ -65,6 +68,8 @@ class Redis:
                 "--logfile", os.path.join(self.dir, "redis.log")]
         if self.password:
             args += ["--requirepass", self.password]
+        if MODULE:  # tollgate's Redis module: TG.STEP(S) instead of scripts
+            args += ["--loadmodule", MODULE]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
@@ -180,6 +185,10 @@ class Shared(unittest.TestCase):
                   " rate=30/1d %s;\n" % store)
         zones += ("tollgate_zone $arg_k zone=pt algorithm=token_bucket"
                   " rate=40r/d burst=40 %s;\n" % store)
+        # a line that queues (zone q) and a window: a policy of
+        # reservations
+        zones += ("tollgate_zone $arg_k zone=pw algorithm=fixed_window"
+                  " rate=10/1d %s;\n" % store)
         zones += ("tollgate_zone t}$arg_k zone=pc algorithm=leaky_bucket"
                   " rate=2r/d burst=2 %s;\n" % store)
         zones += ("tollgate_zone t}$arg_j zone=pd algorithm="
@@ -222,6 +231,15 @@ location /policy { tollgate zone=pa; tollgate zone=pb;
 location /slpolicy { tollgate zone=ps; tollgate zone=pt;
                      add_header X-Status $tollgate_status always;
                      try_files /index.html =404; }
+location /qpolicy { tollgate zone=q burst=3 delay=1; tollgate zone=pw;
+                    add_header X-Status $tollgate_status always;
+                    try_files /index.html =404; }
+location /qpdry { tollgate zone=q burst=3 delay=1; tollgate zone=pw;
+                  tollgate_dry_run on;
+                  add_header X-Status $tollgate_status always;
+                  try_files /index.html =404; }
+location /pw { tollgate zone=pw; add_header X-Remaining $tollgate_remaining
+               always; try_files /index.html =404; }
 location /pt { tollgate zone=pt; add_header X-Remaining $tollgate_remaining
                always; try_files /index.html =404; }
 location /pb { tollgate zone=pb; add_header X-Remaining $tollgate_remaining
@@ -327,6 +345,49 @@ location /cost { tollgate zone=c cost=$arg_cost;
                          [(200, "PASSED")] * 2 +
                          [(200, "DELAYED_DRY_RUN")] * 2 +
                          [(200, "REJECTED_DRY_RUN")], got)
+
+    def test_queue_in_a_policy_across_two_hosts(self):
+        # a line that queues (2r/s burst=3 delay=1) and a window of 10 a
+        # day in one location: one policy of reservations. Five requests
+        # 20 ms apart on both hosts: two pass at once, two wait about 0.5
+        # and 1 s, the last is refused and charges the window nothing
+        a, b = self.hosts
+        seen = [len(n.error_log()) for n in self.hosts]
+
+        def new_log():  # what the hosts logged since `seen`
+            return "".join(n.error_log()[k:] for n, k in zip(self.hosts,
+                                                                seen))
+        got = ngx.staggered(self.hosts, ["/qpolicy?k=qp"] * 5, gap=0.02)
+        self.assertEqual([g[0] for g in got], [200, 200, 200, 200, 429], got)
+        self.assertEqual([g[2] for g in got],
+                         ["PASSED", "PASSED", "DELAYED", "DELAYED",
+                          "REJECTED"], got)
+        self.assertGreater(got[2][1], 0.35, got)
+        self.assertGreater(got[3][1], 0.85, got)
+        log = new_log()
+        # the line that queues is the one waited for, and refused by
+        self.assertIn('delaying request by zone "q"', log)
+        self.assertIn('rejecting request by zone "q"', log)
+        self.assertNotIn('zone "pw"', log)
+        self.assertNotIn("the request is", log)  # no store failure
+        if MODULE:  # decided by the module (the waits as TG.STEPS's)
+            self.assertIn("cmdstat_tg.steps:",
+                          self.redis.cli("INFO", "commandstats"))
+        st, h, _ = a.request("/pw?k=qp")
+        self.assertEqual((st, h["x-remaining"]), (200, "5"))
+        seen = [len(n.error_log()) for n in self.hosts]
+        # a dry run: decided and recorded, nobody waits or is refused
+        got = ngx.staggered(self.hosts, ["/qpdry?k=qe"] * 5, gap=0.02)
+        self.assertEqual([(g[0], g[2]) for g in got],
+                         [(200, "PASSED")] * 2 +
+                         [(200, "DELAYED_DRY_RUN")] * 2 +
+                         [(200, "REJECTED_DRY_RUN")], got)
+        st, h, _ = b.request("/pw?k=qe")
+        self.assertEqual((st, h["x-remaining"]), (200, "5"))
+        log = new_log()
+        self.assertIn('would delay request by zone "q"', log)
+        self.assertIn('would reject request by zone "q"', log)
+        self.assertNotIn("the request is", log)
 
     def test_client_leaving_a_redis_delay(self):
         # 1r/m burst=1: the first request passes, the second would wait a
@@ -766,6 +827,8 @@ class ConfigErrors(unittest.TestCase):
               "rate=1r/s store=redis://127.0.0.1:6379;\n")
         for body in ("tollgate zone=r; tollgate zone=r2 cost=2;",
                      "tollgate zone=s; tollgate zone=r;",
+                     "tollgate zone=rq burst=5; tollgate zone=r2;",
+                     "tollgate zone=rq burst=5 delay=2; tollgate zone=r;",
                      "tollgate zone=ta; tollgate zone=tb; "
                      "tollgate_dry_run on;"):
             rc, out = ngx.check(z + "server { listen 127.0.0.1:PORT; "
@@ -777,9 +840,6 @@ class ConfigErrors(unittest.TestCase):
                  "shared-memory zone cannot be one policy"),
                 ("tollgate zone=o;", "the Redis zones of one location must "
                  "have the same store="),
-                ("tollgate zone=rq burst=5;", "a line on a Redis zone that "
-                 "queues (burst without nodelay, or delay=) must be the only "
-                 "line"),
                 ("tollgate zone=j;", "must fall in one Redis Cluster slot")):
             rc, out, where = ngx.check_line(
                 z + "server {\n listen 127.0.0.1:PORT;\n location / {\n"
