@@ -839,10 +839,12 @@ TG_EXTERN int tg_cancel_at(tg_limiter *lim, uint64_t now_us, const void *key,
  * Stores: every store. On Redis (and Redis Cluster) the policy is one
  * command, as tg_hit_rules's: the script's P with each waiting bucket's
  * tolerance stretched by its wait, or the module's TG.STEPS with each
- * rule's wait as an eighth argument; a server whose tollgate module
- * predates that argument refuses it, so every policy of reservations fails
- * there (TG_ESTORE, the failure policy's answer) until the module is
- * upgraded (policies without a wait are sent as before).
+ * rule's wait as an eighth argument (policies without a wait are sent as
+ * before). A server whose tollgate module predates that argument refuses
+ * it: the connection then turns to the script, as when the module is
+ * unloaded, and the policy is decided there the same (through
+ * tg_nb_submit_rules such a policy fails instead: TG_ESTORE, the failure
+ * policy's answer, until the module is upgraded).
  *
  * Shadow mode: a rule whose limiter is in shadow mode does not refuse the
  * call (as in tg_hit_rules) and delays nothing: when its reservation was
@@ -1660,9 +1662,10 @@ TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
  * valid until then). A rule whose max_wait_ms is above 0 reserves: the
  * policy is then decided as tg_reserve_rules decides it (without receipts:
  * there is no cancel here), req's delay_ns and delay_ms are the call's
- * delay and each rule's delay_ns its own (the module needs TG.STEPS's wait
- * argument: see tg_reserve_rules); with no wait, as tg_hit_rules (delays
- * 0). The answer is the one tg_hit_rules (tg_reserve_rules) gives on the
+ * delay and each rule's delay_ns its own (a server's tollgate module
+ * must take TG.STEPS's wait argument: with an older one such a policy is
+ * answered TG_ESTORE by the failure policy); with no wait, as tg_hit_rules
+ * (delays 0). The answer is the one tg_hit_rules (tg_reserve_rules) gives on the
  * blocking Redis store: every number computed by this process's core from
  * the values the server read, whose verdict must agree (else TG_ESTORE).
  * A store failure is answered for every rule by the failure policy of the

@@ -55,6 +55,16 @@
  * library's default). */
 #define LOG_CAP_DEFAULT 1024u
 #define LOG_CAP_MAX TG_SLIDING_ENTRIES_MAX
+
+/* TG_MODULE_NO_WAITS: a test build (tollgate_nowait.so) that answers as a
+ * module from before the waits: TG.STEP's eleventh argument and TG.STEPS's
+ * eighth per rule are refused ("TGARG wrong number of arguments"), so the
+ * blocking store's turn to the script can be tested. */
+#ifdef TG_MODULE_NO_WAITS
+#define TAKES_WAITS 0
+#else
+#define TAKES_WAITS 1
+#endif
 /* ms a key outlives its state when the caller gave the now (the script's
  * allowance for a caller's clock running behind the server's). */
 #define CALLER_NOW_SLACK_MS 1000
@@ -590,7 +600,7 @@ static bool num_arg(RedisModuleString *s, bool empty_ok, uint64_t *out) {
 
 static int step_command_any(RedisModuleCtx *ctx, RedisModuleString **argv,
                             int argc, bool writable) {
-  if (argc != 10 && argc != 11)
+  if (argc != 10 && !(TAKES_WAITS && argc == 11))
     return RedisModule_ReplyWithError(ctx, "TGARG wrong number of arguments");
   uint64_t alg, op, now = UINT64_MAX, cap, wait = 0;
   tg_quota q;
@@ -721,10 +731,10 @@ static int run_rule(kcall *k, uint32_t cap, tg__outcome *o) {
 static int steps_command(RedisModuleCtx *ctx, RedisModuleString **argv,
                          int argc) {
   uint64_t n = 0;
-  bool shaped = argc >= 2 && num_arg(argv[1], false, &n) && n >= 1 &&
-                n <= TG_RULES_MAX &&
-                ((uint64_t)argc == 3 + n + STEPS_PER_RULE * n ||
-                 (uint64_t)argc == 3 + n + (STEPS_PER_RULE + 1) * n);
+  bool shaped =
+      argc >= 2 && num_arg(argv[1], false, &n) && n >= 1 && n <= TG_RULES_MAX &&
+      ((uint64_t)argc == 3 + n + STEPS_PER_RULE * n ||
+       (TAKES_WAITS && (uint64_t)argc == 3 + n + (STEPS_PER_RULE + 1) * n));
   uint64_t per = (uint64_t)argc == 3 + n + STEPS_PER_RULE * n
                      ? STEPS_PER_RULE
                      : STEPS_PER_RULE + 1;

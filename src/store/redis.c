@@ -1197,6 +1197,23 @@ static int rules_reply(mkey *m, size_t n, const tg__call *orig, rules_ctx *x,
   return rc;
 }
 
+/* Whether a rule of m[0..n) waits (a policy of reservations). */
+static bool rules_wait(const mkey *m, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (m[i].c.wait_ns > 0)
+      return true;
+  return false;
+}
+
+/* Whether the module's reply r to a policy that carries waits says the
+ * module predates them: it refuses the command's shape ("TGARG", which
+ * for any other command means a client bug). The policy did not run; the
+ * connection turns to the script, which needs no change for a wait (the
+ * tolerance is stretched before it is sent). */
+static bool old_module(const redisReply *r, bool waits) {
+  return waits && r->type == REDIS_REPLY_ERROR && starts(r->str, "TGARG");
+}
+
 static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
                         void *p, size_t *failed, bool *ran) {
   rules_ctx *x = p;
@@ -1214,6 +1231,10 @@ static int rules_native(conn *k, mkey *m, size_t n, const tg__call *orig,
     goto out;
   if (module && not_run(k, r)) {
     rc = fix_conn(k); /* unloaded since this connection found it */
+    goto out;
+  }
+  if (module && old_module(r, rules_wait(m, n))) {
+    rc = fix_conn(k); /* a module from before the waits: the script */
     goto out;
   }
   *ran = true;
