@@ -432,16 +432,22 @@ location /cost { tollgate zone=c cost=$arg_cost;
         self.assertIn('cost "x" is not a whole number', a.error_log())
 
 
+    def hammer_policy(self, path, admitted, second, remaining):
+        """40 requests on a policy's location from 8 threads on both
+        hosts: exactly `admitted` pass, and then the location of its second
+        zone alone (which charges one more) says `remaining`."""
+        got, _, errors = hammer(self.hosts, path, 8, 5)
+        self.assertEqual(errors, 0)
+        self.assertEqual(got.count(200), admitted, got)
+        self.assertEqual(got.count(429), 40 - admitted, got)
+        st, h, _ = self.hosts[0].request(second)
+        self.assertEqual((st, h["x-remaining"]), (200, remaining))
+
     def test_two_limits_one_policy_across_two_hosts(self):
         # pa: 3 a day, pb: 5 a day; 40 requests on key h from 8 threads on
         # both hosts admit exactly 3, and pb is charged only for those 3
-        got, pids, errors = hammer(self.hosts, "/policy?k=h", 8, 5)
-        self.assertEqual(errors, 0)
-        self.assertEqual(got.count(200), 3, got)
-        self.assertEqual(got.count(429), 37, got)
+        self.hammer_policy("/policy?k=h", 3, "/pb?k=h", "1")
         a, b = self.hosts
-        st, h, _ = a.request("/pb?k=h")
-        self.assertEqual((st, h["x-remaining"]), (200, "1"))
         self.assertEqual(b.request("/pb?k=h")[0], 200)
         self.assertEqual(a.request("/pb?k=h")[0], 429)
         # the refusal names both limits in the header fields
@@ -455,14 +461,8 @@ location /cost { tollgate zone=c cost=$arg_cost;
         # ps: a sliding log of 30 a day, pt: a bucket of 40; 40 requests on
         # key s from 8 threads on both hosts admit exactly 30, and pt is
         # charged only for those 30
-        got, pids, errors = hammer(self.hosts, "/slpolicy?k=s", 8, 5)
-        self.assertEqual(errors, 0)
-        self.assertEqual(got.count(200), 30, got)
-        self.assertEqual(got.count(429), 10, got)
-        a, b = self.hosts
-        st, h, _ = a.request("/pt?k=s")
-        self.assertEqual((st, h["x-remaining"]), (200, "9"))
-        st, h, _ = b.request("/slpolicy?k=s")
+        self.hammer_policy("/slpolicy?k=s", 30, "/pt?k=s", "9")
+        st, h, _ = self.hosts[1].request("/slpolicy?k=s")
         self.assertEqual((st, h["x-status"]), (429, "REJECTED"))
         self.assertIn("retry-after", h)
         for n in self.hosts:  # no store failure (a cut log: TG_ESTORE)
