@@ -842,9 +842,9 @@ TG_EXTERN int tg_cancel_at(tg_limiter *lim, uint64_t now_us, const void *key,
  * rule's wait as an eighth argument (policies without a wait are sent as
  * before). A server whose tollgate module predates that argument refuses
  * it: the connection then turns to the script, as when the module is
- * unloaded, and the policy is decided there the same (through
- * tg_nb_submit_rules such a policy fails instead: TG_ESTORE, the failure
- * policy's answer, until the module is upgraded).
+ * unloaded, and the policy is decided there the same (tg_nb_submit_rules
+ * asks the module whether it takes waits when it connects, and sends such
+ * a policy to the script from the start when it does not).
  *
  * Shadow mode: a rule whose limiter is in shadow mode does not refuse the
  * call (as in tg_hit_rules) and delays nothing: when its reservation was
@@ -1489,10 +1489,12 @@ TG_EXTERN int tg_redis_available(void);
  * (0 when it may go at once, or was refused, or failed; in shadow mode a
  * delay is answered 0 with shadow_denied set). One command, one round
  * trip: the script's bucket step with the tolerance stretched by the wait,
- * or TG.STEP's RESERVE with the wait as its eleventh argument. A server
- * whose tollgate module predates that argument answers an error, so every
- * reservation fails there (TG_ESTORE, the failure policy's answer) until
- * the module is upgraded: load the module built with this library. A failure is
+ * or TG.STEP's RESERVE with the wait as its eleventh argument. When it
+ * connects, the client asks whether the server's tollgate module takes
+ * waits (COMMAND INFO TG.PROTOCOL); a module that predates them would
+ * refuse that argument, so calls that carry a wait (reservations, policies
+ * of them) are sent to the script instead, which decides them alike, and
+ * the others to the module. A failure is
  * answered as tg_reserve answers it (the failure policy, without the
  * fallback's decision). What is missing beside tg_reserve: a receipt, so
  * there is no tg_cancel for it: a reservation made here is never given
@@ -1662,10 +1664,9 @@ TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
  * valid until then). A rule whose max_wait_ms is above 0 reserves: the
  * policy is then decided as tg_reserve_rules decides it (without receipts:
  * there is no cancel here), req's delay_ns and delay_ms are the call's
- * delay and each rule's delay_ns its own (a server's tollgate module
- * must take TG.STEPS's wait argument: with an older one such a policy is
- * answered TG_ESTORE by the failure policy); with no wait, as tg_hit_rules
- * (delays 0). The answer is the one tg_hit_rules (tg_reserve_rules) gives on the
+ * delay and each rule's delay_ns its own (to a server whose tollgate
+ * module predates TG.STEPS's waits, such a policy goes as the script's
+ * P: see TG_NB_RESERVE); with no wait, as tg_hit_rules (delays 0). The answer is the one tg_hit_rules (tg_reserve_rules) gives on the
  * blocking Redis store: every number computed by this process's core from
  * the values the server read, whose verdict must agree (else TG_ESTORE).
  * A store failure is answered for every rule by the failure policy of the

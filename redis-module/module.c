@@ -32,7 +32,8 @@
  * library's Redis store sends TG.STEP / TG.STEP_RO, which run one core step
  * as its script does and reply what the script replies (see the comment
  * above step_command), so the library computes every number it reports
- * itself and checks the module's transition against its own.
+ * itself and checks the module's transition against its own; TG.STEPS, a
+ * policy's; and TG.PROTOCOL, which says this module takes their waits.
  */
 #include "module_api.h"
 
@@ -58,8 +59,9 @@
 
 /* TG_MODULE_NO_WAITS: a test build (tollgate_nowait.so) that answers as a
  * module from before the waits: TG.STEP's eleventh argument and TG.STEPS's
- * eighth per rule are refused ("TGARG wrong number of arguments"), so the
- * blocking store's turn to the script can be tested. */
+ * eighth per rule are refused ("TGARG wrong number of arguments"), and
+ * it has no TG.PROTOCOL, so the library's turns to the script can be
+ * tested. */
 #ifdef TG_MODULE_NO_WAITS
 #define TAKES_WAITS 0
 #else
@@ -840,6 +842,18 @@ static int steps_command(RedisModuleCtx *ctx, RedisModuleString **argv,
   return RedisModule_ReplyWithLongLong(ctx, pass ? 1 : 0);
 }
 
+/* TG.PROTOCOL: 2, the level of the library's TG.STEP / TG.STEPS protocol
+ * this module speaks (2: with waits, a reservation's and a policy's). */
+#if TAKES_WAITS
+static int protocol_command(RedisModuleCtx *ctx, RedisModuleString **argv,
+                            int argc) {
+  (void)argv;
+  if (argc != 1)
+    return RedisModule_ReplyWithError(ctx, "TGARG wrong number of arguments");
+  return RedisModule_ReplyWithLongLong(ctx, 2);
+}
+#endif
+
 /* ---- loading ---- */
 
 /* Load arguments: [SLIDING-MAX-ENTRIES n]. */
@@ -894,6 +908,13 @@ MODULE_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx,
                                 "write deny-oom getkeys-api", 0, 0,
                                 0) != REDISMODULE_OK)
     return REDISMODULE_ERR;
+    /* TG.PROTOCOL: what the library's non-blocking client asks (COMMAND
+     * INFO) to know this module takes waits; its answer, 2, is that level */
+#if TAKES_WAITS
+  if (RedisModule_CreateCommand(ctx, "tg.protocol", protocol_command,
+                                "readonly fast", 0, 0, 0) != REDISMODULE_OK)
+    return REDISMODULE_ERR;
+#endif
   if (RedisModule_CreateCommand(ctx, "tg.step", step_command,
                                 "write deny-oom fast", 1, 1,
                                 1) != REDISMODULE_OK ||

@@ -436,23 +436,31 @@ static char *wire_of(rig *r, const tg__ereq *x, bool module, const char *sha) {
 
 static const char SHA[] = "0123456789abcdef0123456789abcdef01234567";
 #define LOAD_REPLY "$40\r\n0123456789abcdef0123456789abcdef01234567\r\n"
-#define NO_MODULE "*1\r\n*-1\r\n"
-#define HAS_MODULE "*1\r\n*2\r\n$7\r\ntg.step\r\n:-10\r\n"
+/* COMMAND INFO TG.STEP TG.PROTOCOL: no module; the module; a module from
+ * before the waits (no TG.PROTOCOL) */
+#define NO_MODULE "*2\r\n*-1\r\n*-1\r\n"
+#define HAS_MODULE                                                             \
+  "*2\r\n*2\r\n$7\r\ntg.step\r\n:-10\r\n*2\r\n$11\r\ntg.protocol\r\n:1\r\n"
+#define OLD_MODULE "*2\r\n*2\r\n$7\r\ntg.step\r\n:-10\r\n*-1\r\n"
 /* The script's reply to a first hit at now 1700000000000000 us: no old
  * value, and it wrote. */
 #define FIRST_HIT "*3\r\n$16\r\n1700000000000000\r\n$0\r\n\r\n:1\r\n"
 
 /* Connects node id and answers its handshake (no AUTH, no SELECT). */
-static void open_link(rig *r, uint32_t id, bool module) {
+static void open_link_as(rig *r, uint32_t id, const char *info) {
   assert_true(tg__eng_wants(&r->e, id) & TG__WANT_CONNECT);
   assert_int_equal(tg__eng_connected(&r->e, id), TG_OK);
   char *hs = take(r, id);
-  assert_non_null(
-      strstr(hs, "$7\r\nCOMMAND\r\n$4\r\nINFO\r\n$7\r\nTG.STEP\r\n"));
+  assert_non_null(strstr(hs, "$7\r\nCOMMAND\r\n$4\r\nINFO\r\n$7\r\nTG.STEP"
+                             "\r\n$11\r\nTG.PROTOCOL\r\n"));
   assert_non_null(strstr(hs, "$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n"));
   free(hs);
-  assert_int_equal(feed(r, id, module ? HAS_MODULE : NO_MODULE), TG_OK);
+  assert_int_equal(feed(r, id, info), TG_OK);
   assert_int_equal(feed(r, id, LOAD_REPLY), TG_OK);
+}
+
+static void open_link(rig *r, uint32_t id, bool module) {
+  open_link_as(r, id, module ? HAS_MODULE : NO_MODULE);
 }
 
 static void engine_handshake_then_pipeline(void **state) {
@@ -583,6 +591,37 @@ static void engine_noscript_and_module_loss_resend(void **state) {
   assert_ptr_equal(tg__eng_done(&r->e), &a);
   assert_int_equal(a.status, TG_OK);
   rig_free(r);
+}
+
+/* A call that carries a wait (a reservation) goes to the module when it
+ * has TG.PROTOCOL, to the script when it is older (which refuses the
+ * wait); a plain call to the module either way. */
+static void engine_waits_skip_an_old_module(void **state) {
+  (void)state;
+  for (int old = 0; old < 2; old++) {
+    rig *r = rig_new(false, NULL, 0);
+    tg__ereq a, b;
+    call_init(r, &a, "a");
+    call_init(r, &b, "b");
+    b.call.op = TG__OP_RESERVE;
+    b.call.alg = TG_TOKEN_BUCKET;
+    assert_int_equal(
+        tg__call_check(TG_TOKEN_BUCKET, TG__OP_RESERVE, 1, &r->q, &b.call.q),
+        TG_OK);
+    b.call.wait_ns = 5000000;
+    tg__eng_submit(&r->e, &a);
+    tg__eng_submit(&r->e, &b);
+    open_link_as(r, 0, old ? OLD_MODULE : HAS_MODULE);
+    char *out = take(r, 0);
+    char *wa = wire_of(r, &a, true, SHA), *wb = wire_of(r, &b, !old, SHA);
+    const char *pa = strstr(out, wa), *pb = strstr(out, wb);
+    assert_true(pa && pb && pa < pb);
+    assert_int_equal(b.module, !old);
+    free(out);
+    free(wa);
+    free(wb);
+    rig_free(r);
+  }
 }
 
 /* Calls written in full may have run: answered with the code, never sent
@@ -895,6 +934,7 @@ int main(void) {
       cmocka_unit_test(engine_handshake_then_pipeline),
       cmocka_unit_test(engine_long_password),
       cmocka_unit_test(engine_noscript_and_module_loss_resend),
+      cmocka_unit_test(engine_waits_skip_an_old_module),
       cmocka_unit_test(engine_lost_connection_resends_only_unwritten),
       cmocka_unit_test(engine_corrupt_replies_drop_the_connection),
       cmocka_unit_test(engine_refused_handshake),

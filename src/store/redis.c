@@ -1297,6 +1297,10 @@ bool tg__redis_rules_same_key(const tg__redis_rules *x, size_t i, size_t j) {
          memcmp(x->m[i].name, x->m[j].name, x->m[i].name_len) == 0;
 }
 
+bool tg__redis_rules_wait(const tg__redis_rules *x) {
+  return rules_wait(x->m, x->n);
+}
+
 bool tg__redis_rules_long_value(const tg__redis_rules *x, size_t i) {
   return i < x->n && x->orig[i].alg == TG_SLIDING_WINDOW;
 }

@@ -83,6 +83,10 @@ unsigned tg__redis_rules_slot(const tg__redis_rules *x, size_t i);
 
 /* Whether rules i and j name the same Redis key. */
 bool tg__redis_rules_same_key(const tg__redis_rules *x, size_t i, size_t j);
+/* Whether a rule waits (a policy of reservations: TG.STEPS then carries
+ * the waits). */
+bool tg__redis_rules_wait(const tg__redis_rules *x);
+
 /* Whether rule i's value may be longer than a RESP reader keeps by default
  * (a sliding log: any length a client's sliding_max_entries allows). */
 bool tg__redis_rules_long_value(const tg__redis_rules *x, size_t i);

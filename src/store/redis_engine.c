@@ -71,6 +71,8 @@ struct tg__elink {
   uint32_t id;
   int state;
   bool module;        /* calls are TG.STEP (the server has the module) */
+  bool module_waits;  /* and it takes waits (TG.PROTOCOL exists): else the
+                         calls that carry one go to the script */
   bool need_reload;   /* a SCRIPT LOAD must precede the next call */
   bool reloading;     /* one is in flight */
   bool slots_pending; /* a CLUSTER SLOTS waits to be encoded */
@@ -357,9 +359,15 @@ static void fill(tg__eng *e, tg__elink *L) {
     if (!from->head)
       return;
     tg__ereq *r = as_call(from->head);
+    /* a call that carries a wait (a reservation, a policy of them) goes to
+     * the script when the module predates the waits: both are atomic and
+     * answer alike (the script needs no change for a wait) */
+    bool waits = r->rules ? tg__redis_rules_wait(r->rules)
+                          : r->call.op == TG__OP_RESERVE;
+    r->module = L->module && (L->module_waits || !waits);
     if (r->rules) {
       const tg__redis_rules_args *ra =
-          tg__redis_rules_encode(r->rules, L->module, L->sha);
+          tg__redis_rules_encode(r->rules, r->module, L->sha);
       if (!put_call(L, r, from, ra->n, ra->v, ra->len))
         return;
       continue;
@@ -372,7 +380,7 @@ static void fill(tg__eng *e, tg__elink *L) {
       a.v[1] = a.name;
       a.len[1] = tg__redis_key_name(e->cfg.codec, &r->call, a.name);
     } else {
-      tg__redis_encode(e->cfg.codec, &r->call, L->module, L->sha, &a);
+      tg__redis_encode(e->cfg.codec, &r->call, r->module, L->sha, &a);
     }
     if (!put_call(L, r, from, a.n, a.v, a.len))
       return;
@@ -427,7 +435,7 @@ int tg__eng_connected(tg__eng *e, uint32_t id) {
   L->state = L_HANDSHAKE;
   L->len = L->sent = 0;
   reader_start(L);
-  L->module = L->need_reload = L->reloading = false;
+  L->module = L->module_waits = L->need_reload = L->reloading = false;
   memset(L->sha, 0, sizeof L->sha);
   L->hs_left = 0;
   L->hs_rc = TG_OK;
@@ -452,9 +460,9 @@ int tg__eng_connected(tg__eng *e, uint32_t id) {
     put_cmd(L, &L->select, 2, argv, len);
     L->hs_left++;
   }
-  const char *argv[] = {"COMMAND", "INFO", "TG.STEP"};
-  size_t len[] = {7, 4, 7};
-  put_cmd(L, &L->info, 3, argv, len);
+  const char *argv[] = {"COMMAND", "INFO", "TG.STEP", "TG.PROTOCOL"};
+  size_t len[] = {7, 4, 7, 11};
+  put_cmd(L, &L->info, 4, argv, len);
   put_load(L, &L->load);
   L->hs_left += 2;
   return TG_OK;
@@ -530,7 +538,7 @@ void tg__eng_closed(tg__eng *e, uint32_t id, int code) {
   L->state = L_CLOSED;
   L->len = L->sent = 0;
   L->hs_left = 0;
-  L->module = L->need_reload = L->reloading = false;
+  L->module = L->module_waits = L->need_reload = L->reloading = false;
   reader_start(L);
   view_reset(&L->v); /* a reply cut short: its blocks */
 }
@@ -810,7 +818,7 @@ static void call_done(tg__eng *e, tg__elink *L, tg__ereq *r) {
   const redisReply *top = &v->top;
   if (top->type == REDIS_REPLY_ERROR) {
     const char *t = top->str;
-    if (!r->del && (L->module ? starts(t, "ERR unknown command")
+    if (!r->del && (r->module ? starts(t, "ERR unknown command")
                               : starts(t, "NOSCRIPT"))) {
       /* it did not run: the server lost the script, or the module went
        * away (this connection turns to the script until it reconnects) */
@@ -875,9 +883,13 @@ static int item_done(tg__eng *e, tg__elink *L, tg__eitem *it) {
       memcpy(L->sha, top->str, 40);
     return TG_OK;
   case TG__EK_INFO:
-    /* a nil entry: no such command; an error: a user without COMMAND */
-    L->module = top->type == REDIS_REPLY_ARRAY && top->elements == 1 &&
+    /* a nil entry: no such command; an error: a user without COMMAND.
+     * TG.PROTOCOL: a module that takes waits (TG.STEP's RESERVE, and
+     * TG.STEPS's, which a module from before them refuses) */
+    L->module = top->type == REDIS_REPLY_ARRAY && top->elements == 2 &&
                 L->v.count >= 1 && L->v.el[0].type == REDIS_REPLY_ARRAY;
+    L->module_waits =
+        L->module && L->v.count >= 2 && L->v.el[1].type == REDIS_REPLY_ARRAY;
     break;
   case TG__EK_LOAD:
     if (top->type == REDIS_REPLY_STRING && top->len == 40)

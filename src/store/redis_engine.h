@@ -84,6 +84,8 @@ typedef struct tg__ereq {
   uint8_t parked; /* waiting for the slot map */
   uint8_t del;    /* not the call's command but DEL of its key (a reset):
                      status TG_OK, out unused */
+  uint8_t module; /* last sent as the module's command (else the script's):
+                     what its error replies mean */
   tg__redis_rules *rules; /* not NULL: not the call's command but this
                              policy's (call: its first rule, for routing);
                              out unused, the outcomes are the policy's */

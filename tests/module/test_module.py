@@ -299,6 +299,22 @@ def test_key_positions(r):
                              3, 1, 1000, 1, 1, 1024, 0)
     assert [k.decode() if isinstance(k, bytes) else k for k in keys] == \
         ["a", "b"], keys
+    # the keys of a policy of reservations (an eighth argument per rule)
+    keys = r.command_getkeys("TG.STEPS", 2, "a", "b", "",
+                             3, 1, 1000, 1, 1, 1024, 0, 5000000,
+                             0, 1, 1000, 1, 1, 1024, 0, 0)
+    assert [k.decode() if isinstance(k, bytes) else k for k in keys] == \
+        ["a", "b"], keys
+    # what the non-blocking client asks when it connects: the protocol
+    # level, 2 (the waits); it names no key and never writes
+    assert r.execute_command("TG.PROTOCOL") == 2
+    info = r.execute_command("COMMAND", "INFO", "TG.PROTOCOL")["tg.protocol"]
+    assert info["first_key_pos"] == 0, info
+    try:
+        r.execute_command("TG.PROTOCOL", "x")
+        raise AssertionError("TG.PROTOCOL x was accepted")
+    except redis.ResponseError as e:
+        assert "TGARG" in str(e), e
 
 
 def test_policy(r):
