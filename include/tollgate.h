@@ -1666,9 +1666,10 @@ TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
  * there is no cancel here), req's delay_ns and delay_ms are the call's
  * delay and each rule's delay_ns its own (to a server whose tollgate
  * module predates TG.STEPS's waits, such a policy goes as the script's
- * P: see TG_NB_RESERVE); with no wait, as tg_hit_rules (delays 0). The answer is the one tg_hit_rules (tg_reserve_rules) gives on the
- * blocking Redis store: every number computed by this process's core from
- * the values the server read, whose verdict must agree (else TG_ESTORE).
+ * P: see TG_NB_RESERVE); with no wait, as tg_hit_rules (delays 0). The
+ * answer is the one tg_hit_rules (tg_reserve_rules) gives on the blocking
+ * Redis store: every number computed by this process's core from the
+ * values the server read, whose verdict must agree (else TG_ESTORE).
  * A store failure is answered for every rule by the failure policy of the
  * rule where it happened (rule 0 for a lost connection), as there.
  * Returns 0 (pending) or, not pending, with status and results filled as
