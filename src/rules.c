@@ -320,7 +320,7 @@ int tg__rules_answer(tg_rule *rules, size_t n, unsigned flags, int rc,
     tg_rule *ru = &rules[i];
     ru->status = TG_OK;
     ru->result = passed ? o[i].r : unpassed(&o[i]);
-    if (wait_ms && passed)
+    if (wait_ms && delays && passed)
       delays[i] = rule_delay(ru, wait_ms[i], o[i].value, ru->lim->shadow);
     rule_settled(out, i, ru, passed, all_shadow);
   }
