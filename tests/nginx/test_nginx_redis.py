@@ -330,17 +330,28 @@ location /cost { tollgate zone=c cost=$arg_cost;
         # hosts: the first and the first excess one pass at once, the next
         # two wait about 0.5 s and 1 s, the last is refused - what a
         # shared-memory zone (and limit_req) answers on one host
-        got = ngx.staggered(self.hosts, ["/queue?k=d"] * 5, gap=0.02)
+        self.queued_five("/queue?k=d")
+        log = self.hosts[0].error_log() + self.hosts[1].error_log()
+        self.assertIn('delaying request by zone "q"', log)
+        # a dry run: decided and recorded, nobody waits or is refused
+        self.queued_five_dry("/qdry?k=e")
+
+    def queued_five(self, path):
+        """Five requests 20 ms apart on both hosts through zone q's queue
+        (2r/s burst=3 delay=1): two pass at once, two wait about 0.5 and
+        1 s, the last is refused."""
+        got = ngx.staggered(self.hosts, [path] * 5, gap=0.02)
         self.assertEqual([g[0] for g in got], [200, 200, 200, 200, 429], got)
         self.assertEqual([g[2] for g in got],
                          ["PASSED", "PASSED", "DELAYED", "DELAYED",
                           "REJECTED"], got)
         self.assertGreater(got[2][1], 0.35, got)
         self.assertGreater(got[3][1], 0.85, got)
-        log = self.hosts[0].error_log() + self.hosts[1].error_log()
-        self.assertIn('delaying request by zone "q"', log)
-        # a dry run: decided and recorded, nobody waits or is refused
-        got = ngx.staggered(self.hosts, ["/qdry?k=e"] * 5, gap=0.02)
+
+    def queued_five_dry(self, path):
+        """The same in a dry run: decided and recorded, nobody waits or
+        is refused."""
+        got = ngx.staggered(self.hosts, [path] * 5, gap=0.02)
         self.assertEqual([(g[0], g[2]) for g in got],
                          [(200, "PASSED")] * 2 +
                          [(200, "DELAYED_DRY_RUN")] * 2 +
@@ -357,13 +368,7 @@ location /cost { tollgate zone=c cost=$arg_cost;
         def new_log():  # what the hosts logged since `seen`
             return "".join(n.error_log()[k:] for n, k in zip(self.hosts,
                                                                 seen))
-        got = ngx.staggered(self.hosts, ["/qpolicy?k=qp"] * 5, gap=0.02)
-        self.assertEqual([g[0] for g in got], [200, 200, 200, 200, 429], got)
-        self.assertEqual([g[2] for g in got],
-                         ["PASSED", "PASSED", "DELAYED", "DELAYED",
-                          "REJECTED"], got)
-        self.assertGreater(got[2][1], 0.35, got)
-        self.assertGreater(got[3][1], 0.85, got)
+        self.queued_five("/qpolicy?k=qp")
         log = new_log()
         # the line that queues is the one waited for, and refused by
         self.assertIn('delaying request by zone "q"', log)
@@ -377,11 +382,7 @@ location /cost { tollgate zone=c cost=$arg_cost;
         self.assertEqual((st, h["x-remaining"]), (200, "5"))
         seen = [len(n.error_log()) for n in self.hosts]
         # a dry run: decided and recorded, nobody waits or is refused
-        got = ngx.staggered(self.hosts, ["/qpdry?k=qe"] * 5, gap=0.02)
-        self.assertEqual([(g[0], g[2]) for g in got],
-                         [(200, "PASSED")] * 2 +
-                         [(200, "DELAYED_DRY_RUN")] * 2 +
-                         [(200, "REJECTED_DRY_RUN")], got)
+        self.queued_five_dry("/qpdry?k=qe")
         st, h, _ = b.request("/pw?k=qe")
         self.assertEqual((st, h["x-remaining"]), (200, "5"))
         log = new_log()
