@@ -341,14 +341,21 @@ typedef struct tg_config {
   /* Memory store: most keys held at once (default 65536, at most
    * TG_CAPACITY_MAX). The table takes about 55 bytes per key (a 48-byte
    * slot, at most 7/8 of them in use), reserved up front and, from 2 MiB
-   * on, advised onto transparent huge pages; a sliding window table also
-   * reserves, as address space backed only once used, 48 + 16 *
-   * sliding_max_entries bytes per key, rounded up to 64 (TG_ENOMEM if the
-   * address space cannot hold it). */
+   * on, advised onto transparent huge pages (TG_ENOMEM if the address space
+   * cannot hold it). What keys need beyond their slot is reserved as they
+   * come: a long key's 256 bytes (long_keys), and a sliding window key's
+   * log, 48 + 16 * sliding_max_entries bytes rounded up to 64. They are
+   * mapped in extents of doubling size (the first 64 KiB), so the table
+   * reserves at most twice what its keys use plus 64 KiB, and a key whose
+   * memory cannot be mapped is TG_ENOMEM (through on_failure). Nothing is
+   * given back before tg_limiter_destroy: a key reclaimed leaves its chunk
+   * or log to the next one. Memory backs it all only as it is touched. A
+   * shared segment, or a region the caller provides, holds all of it from
+   * the start (tg_store_bytes). */
   uint64_t capacity;
   /* Memory store: most keys longer than 24 bytes held at once (keys up to
    * 24 bytes live in their slot); 0 (the default) means "as many as
-   * capacity". 256 bytes each, backed by the kernel only once used. */
+   * capacity". 256 bytes each, reserved only once used (see capacity). */
   uint64_t long_keys;
   /* Memory store: background cleaning period (default 60000); 0 runs no
    * thread: call tg_clean() yourself. */
@@ -567,9 +574,10 @@ TG_EXTERN int tg_reset(tg_limiter *lim, const void *key, size_t key_len);
  * store (they cannot tell). */
 TG_EXTERN size_t tg_key_count(const tg_limiter *lim);
 
-/* Bytes of memory the store has reserved for key state (the whole table,
- * including its virtual reservation for long keys and logs); 0 for a custom
- * or Redis store. */
+/* Bytes of memory the store has reserved for key state: the memory store's
+ * slots and the long-key chunks and sliding logs mapped so far (it grows as
+ * keys come, see tg_config.capacity); a shared segment's or the caller's
+ * region's whole table; 0 for a custom or Redis store. */
 TG_EXTERN size_t tg_store_bytes(const tg_limiter *lim);
 
 /* ---- Batches --------------------------------------------------------------
@@ -1402,7 +1410,7 @@ TG_EXTERN int tg_redis_available(void);
  * down), so exact decisions resume by themselves once it answers. The local
  * store keeps what it counted, so a key met in an earlier outage starts
  * the next one where it was (stricter, never looser); it is sized by
- * capacity, long_keys and sliding_max_entries (reserved at tg_limiter_new,
+ * capacity, long_keys and sliding_max_entries (reserved as keys come,
  * as the memory store's), uses the limiter's clock for calls on the
  * store's clock, and when it is full answers as TG_POLICY_FAIL_OPEN.
  *

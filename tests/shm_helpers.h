@@ -159,7 +159,7 @@ static inline int take_lock(uint64_t *w) {
 }
 
 static inline const tg__log_block *block_at(const seg *s, uint64_t b) {
-  return (const tg__log_block *)(const void *)(s->t.logs +
+  return (const tg__log_block *)(const void *)(s->t.base + s->t.g.log_off +
                                                b * s->t.h->log_block_bytes);
 }
 

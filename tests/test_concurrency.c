@@ -16,6 +16,10 @@
  *      racing with hits, round after round, on all five algorithms: every
  *      key admits exactly L per period, never more (no live state dropped)
  *      and never less (no update lost).
+ *   e. T threads creating and hitting the same 3,000 long keys in different
+ *      orders (fixed window) or sliding keys (their logs), so that the
+ *      arenas grow by extents while other threads look keys up in them:
+ *      every key admits exactly its limit.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -337,6 +341,99 @@ static void d_cleaner_leaky_bucket(void **state) {
   cleaner_race(TG_LEAKY_BUCKET);
 }
 
+/* ---- e: the arenas grow under lookups ---- */
+
+#define E_KEYS 3000u
+
+typedef struct grower {
+  tg_limiter *lim;
+  const tg_quota *q;
+  unsigned first; /* where this thread starts in the keys */
+  bool long_keys;
+  pthread_barrier_t *start;
+  unsigned allowed[E_KEYS]; /* out */
+  unsigned errors;          /* out */
+} grower;
+
+static size_t e_key(char *buf, unsigned k, bool long_key) {
+  return (size_t)snprintf(buf, 48,
+                          long_key ? "a-long-key-of-40-bytes-%016u" : "s%u", k);
+}
+
+static void *grower_run(void *arg) {
+  grower *g = arg;
+  char key[48];
+  pthread_barrier_wait(g->start);
+  for (unsigned i = 0; i < E_KEYS; i++) {
+    unsigned k = (g->first + i) % E_KEYS;
+    size_t len = e_key(key, k, g->long_keys);
+    tg_result r;
+    if (tg_hit_at(g->lim, T0, key, len, g->q, 1, &r) != TG_OK)
+      g->errors++;
+    else if (r.allowed)
+      g->allowed[k]++;
+  }
+  return NULL;
+}
+
+static void arenas_grow(tg_algorithm alg, bool long_keys) {
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = alg;
+  cfg.capacity = 4096;
+  cfg.clean_period_ms = 0;
+  cfg.sliding_max_entries = 8;
+  tg_limiter *lim = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  size_t fresh = tg_store_bytes(lim);
+  const tg_quota q = {.limit = 3, .period_ms = 60000, .burst = 3};
+  grower *g = calloc(THREADS, sizeof *g);
+  assert_non_null(g);
+  pthread_t th[THREADS];
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, THREADS);
+  for (unsigned i = 0; i < THREADS; i++) {
+    g[i].lim = lim;
+    g[i].q = &q;
+    g[i].first = i * (E_KEYS / THREADS) / 2; /* overlapping starts */
+    g[i].long_keys = long_keys;
+    g[i].start = &start;
+    assert_int_equal(pthread_create(&th[i], NULL, grower_run, &g[i]), 0);
+  }
+  unsigned errors = 0, wrong = 0;
+  for (int i = 0; i < THREADS; i++) {
+    pthread_join(th[i], NULL);
+    errors += g[i].errors;
+  }
+  for (unsigned k = 0; k < E_KEYS; k++) {
+    unsigned sum = 0;
+    for (int i = 0; i < THREADS; i++)
+      sum += g[i].allowed[k];
+    if (sum != 3 && wrong++ < 5)
+      print_error("%s: key %u admitted %u of %d hits, limit 3\n",
+                  tg_algorithm_name(alg), k, sum, THREADS);
+  }
+  size_t grown = tg_store_bytes(lim);
+  size_t held = tg_key_count(lim);
+  pthread_barrier_destroy(&start);
+  free(g);
+  tg_limiter_destroy(lim);
+  assert_int_equal(errors, 0);
+  assert_int_equal(wrong, 0);
+  assert_int_equal(held, E_KEYS);
+  assert_true(grown > fresh); /* the arena did grow under the threads */
+}
+
+static void e_long_keys_grow_their_arena(void **state) {
+  (void)state;
+  arenas_grow(TG_FIXED_WINDOW, true);
+}
+
+static void e_sliding_logs_grow_their_arena(void **state) {
+  (void)state;
+  arenas_grow(TG_SLIDING_WINDOW, false);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_fixed_window_exact),
@@ -350,6 +447,8 @@ int main(void) {
       cmocka_unit_test(d_cleaner_sliding_window),
       cmocka_unit_test(d_cleaner_token_bucket),
       cmocka_unit_test(d_cleaner_leaky_bucket),
+      cmocka_unit_test(e_long_keys_grow_their_arena),
+      cmocka_unit_test(e_sliding_logs_grow_their_arena),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1007,36 +1007,67 @@ static void horizon_is_table_wide(void **state) {
 
 /* ---- memory ---- */
 
-/* tg_store_bytes: the whole reservation. For windows and buckets the table
- * proper (ctrl word + 48-byte slot, at 7/8 load) is at most 64 bytes per
- * key; the long-key arena adds 256 bytes per long_keys (default: capacity),
- * reserved but backed only once used. */
-static void store_bytes_per_key(void **state) {
+/* tg_store_bytes: what the table has reserved. A new table is its header
+ * and slots (ctrl word + 48-byte slot, at 7/8 load): at most 64 bytes per
+ * unit of capacity, whatever long_keys and sliding_max_entries allow. The
+ * long-key chunks (256 B) and log blocks are mapped in extents as keys
+ * need them (tg__table): after n keys that use them, at most twice their
+ * bytes more, plus a first extent of 64 KiB. And every key keeps its own
+ * chunk or block: each is decided again after later extents were added. */
+static void store_bytes_follow_keys(void **state) {
   (void)state;
-  const uint64_t cap = 65536;
+  const uint64_t cap = 65536, n = 3000;
+  const tg_quota q = {.limit = 2, .period_ms = 60000, .burst = 2};
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
     tg_algorithm alg = all_algs[a];
     ON(alg);
-    if (alg == TG_SLIDING_WINDOW)
-      continue;
-    opts o = {.alg = alg, .capacity = cap, .long_keys = 1};
-    tg_limiter *lim = make(&o);
-    size_t one = tg_store_bytes(lim);
-    tg_limiter_destroy(lim);
-    o.long_keys = 0; /* the default: = capacity */
-    lim = make(&o);
-    size_t dflt = tg_store_bytes(lim);
-    tg_limiter_destroy(lim);
-    size_t table = one - TG_KEY_MAX; /* minus the one chunk */
+    bool sliding = alg == TG_SLIDING_WINDOW;
+    tg_config cfg;
+    tg_config_init(&cfg);
+    cfg.algorithm = alg;
+    cfg.capacity = cap;
+    cfg.clean_period_ms = 0;
+    cfg.sliding_max_entries = 8; /* a 192-byte block */
+    tg_limiter *lim = NULL;
+    assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+    size_t fresh = tg_store_bytes(lim);
     if (a == 0)
-      printf("store_bytes: capacity %" PRIu64 ": %zu bytes with long_keys 1"
-             " (%.2f per key), %zu with the default long_keys (%.2f per"
-             " key)\n",
-             cap, one, (double)one / (double)cap, dflt,
-             (double)dflt / (double)cap);
-    /* 64 bytes per key, plus the header and alignment */
-    assert_true(table <= 64 * cap + 1024);
-    assert_int_equal(dflt, table + cap * TG_KEY_MAX);
+      printf("store_bytes: capacity %" PRIu64 ": %zu bytes new (%.2f per"
+             " unit)",
+             cap, fresh, (double)fresh / (double)cap);
+    assert_true(fresh <= 64 * cap + 1024);
+    /* a table of the same shape with room for no long key and a one-entry
+     * log reserves the same: nothing is set aside for either up front */
+    tg_config small = cfg;
+    small.long_keys = 1;
+    small.sliding_max_entries = 1;
+    tg_limiter *lim1 = NULL;
+    assert_int_equal(tg_limiter_new(&lim1, &small), TG_OK);
+    assert_int_equal(tg_store_bytes(lim1), fresh);
+    tg_limiter_destroy(lim1);
+    /* n long keys: n chunks, and n blocks for a sliding window */
+    char key[48];
+    for (int round = 0; round < 2; round++)
+      for (uint64_t i = 0; i < n; i++) {
+        snprintf(key, sizeof key, "a-long-key-of-forty-bytes-%013" PRIu64, i);
+        tg_result r = hit(lim, 1000, key, 40, &q, 1);
+        assert_true(r.allowed);
+        assert_int_equal(r.remaining, round == 0 ? 1 : 0);
+      }
+    assert_int_equal(tg_key_count(lim), n);
+    uint64_t unit = TG_KEY_MAX + (sliding ? 192 : 0);
+    size_t grown = tg_store_bytes(lim);
+    if (a == 0)
+      printf(", %zu after %" PRIu64 " long keys\n", grown, n);
+    assert_true(grown >= fresh + n * unit);
+    assert_true(grown <= fresh + 2 * n * unit + (sliding ? 2u : 1u) * 65536u);
+    /* every key again: each kept its count (denied now) */
+    for (uint64_t i = 0; i < n; i++) {
+      snprintf(key, sizeof key, "a-long-key-of-forty-bytes-%013" PRIu64, i);
+      tg_result r = hit(lim, 1000, key, 40, &q, 1);
+      assert_false(r.allowed);
+    }
+    tg_limiter_destroy(lim);
   }
   current = NULL;
 }
@@ -1255,7 +1286,7 @@ int main(void) {
                                 report_current),
       cmocka_unit_test_teardown(horizon_evaluates_at_expiry, report_current),
       cmocka_unit_test_teardown(horizon_is_table_wide, report_current),
-      cmocka_unit_test_teardown(store_bytes_per_key, report_current),
+      cmocka_unit_test_teardown(store_bytes_follow_keys, report_current),
       cmocka_unit_test_teardown(denied_bucket_decisions_write_nothing,
                                 report_current),
   };

@@ -137,7 +137,8 @@ static uint64_t *log_lock_of(const seg *s, const char *key) {
   uint64_t bi = s->t.slots[slot_of(s, key)].st.w[0];
   assert_true(bi >= 1 && bi <= s->t.g.nlogs);
   tg__log_block *b =
-      (tg__log_block *)(void *)(s->t.logs + (bi - 1) * s->t.g.log_block_bytes);
+      (tg__log_block *)(void *)(s->t.base + s->t.g.log_off +
+                                (bi - 1) * s->t.g.log_block_bytes);
   return &b->lock;
 }
 

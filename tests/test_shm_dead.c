@@ -124,7 +124,7 @@ static tg__log_block *only_block(const seg *s) {
     if ((s->t.slots[i].ctrl & 3u) == 1u) {
       uint64_t bi = s->t.slots[i].st.w[0];
       if (bi >= 1 && bi <= s->t.h->nlogs)
-        return (tg__log_block *)(void *)(s->t.logs +
+        return (tg__log_block *)(void *)(s->t.base + s->t.g.log_off +
                                          (bi - 1) * s->t.h->log_block_bytes);
     }
   return NULL;

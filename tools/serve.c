@@ -133,13 +133,12 @@ static void usage(FILE *f) {
       f,
       "the store:\n"
       "  --capacity N            keys per algorithm (default 65536). Each of\n"
-      "                          the 5 tables reserves 55 bytes a key, plus "
-      "256\n"
-      "                          of address space for keys over 24 bytes; the\n"
-      "                          sliding_window one also 80 + 16 x\n"
-      "                          sliding-max-entries of address space a key.\n"
-      "                          Address space is backed only as used. At the\n"
-      "                          defaults: 1.1 GiB, printed at start\n"
+      "                          the 5 tables reserves 55 bytes a key (17.1\n"
+      "                          MiB in all at the default), plus, as keys\n"
+      "                          come, 256 bytes for each over 24 bytes and,\n"
+      "                          sliding_window, 64 + 16 x sliding-max-entries\n"
+      "                          for each key's log (--shm: all up front, as\n"
+      "                          address space). Backed only as used\n"
       "  --sliding-max-entries N most entries one sliding_window key keeps\n"
       "                          (default 1024; later ones merge into the\n"
       "                          newest: answers stay on the safe side)\n"
@@ -567,10 +566,13 @@ static void print_memory(const serve_opts *o, const cmd_ctx *ctx) {
   uint64_t bytes = 0;
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
     bytes += tg_store_bytes(ctx->lim[a]);
-  printf("tollgate serve: store %s: 5 tables of %" PRIu64
-         " keys, %.1f MiB reserved (mostly address space, backed as keys "
-         "are used)\n",
-         ctx->store, o->capacity, (double)bytes / (1024.0 * 1024.0));
+  printf("tollgate serve: store %s: 5 tables of %" PRIu64 " keys, %.1f MiB "
+         "reserved %s\n",
+         ctx->store, o->capacity, (double)bytes / (1024.0 * 1024.0),
+         o->store == STORE_MEMORY
+             ? "(the slots; long keys and sliding logs add to it as keys "
+               "use them)"
+             : "(mostly address space, backed as keys are used)");
 }
 
 int cmd_serve(int argc, char **argv) {

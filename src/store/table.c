@@ -129,7 +129,8 @@ static uint64_t chunk_alloc_locked(tg__table *t, int *rc) {
     h->chunk_free = 0; /* a free chunk never backed: not one we freed */
   }
   if (h->chunk_bump < t->g.nchunks) {
-    if (!chunk_words(t, h->chunk_bump)) {
+    if (!tg__table_extent(t, false, h->chunk_bump) ||
+        !chunk_words(t, h->chunk_bump)) {
       *rc = TG_ENOMEM;
       return 0;
     }
@@ -163,7 +164,7 @@ static uint64_t block_alloc_locked(tg__table *t, int *rc) {
     h->log_free = 0;
   }
   if (h->log_bump < t->g.nlogs) {
-    if (!block(t, h->log_bump)) {
+    if (!tg__table_extent(t, true, h->log_bump) || !block(t, h->log_bump)) {
       *rc = TG_ENOMEM;
       return 0;
     }

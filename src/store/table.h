@@ -9,6 +9,9 @@
  *   [header][slots: nslots x 48 B][long-key chunks: nkeys x 256 B]
  *   [sliding-log blocks: nlogs x block]
  *
+ * (The memory store's table keeps only the header and slots in its region
+ * and maps the two arenas apart, as they fill: see tg__table.)
+ *
  * A slot holds its ctrl word, the key's 16-byte state and the key (inline
  * up to 24 bytes, else the index of a 256-byte chunk): a decision on an
  * existing key touches that slot and nothing else of the table. The ctrl
@@ -202,16 +205,53 @@ typedef struct tg__geom {
   bool evict;                  /* this process's choice, see the params */
 } tg__geom;
 
+/* Extents per arena: enough for TG_CAPACITY_MAX units from a first extent
+ * of one unit. */
+#define TG__EXTENTS 48
+
 /* A process's view of a table region. */
 typedef struct tg__table {
   tg__geom g; /* never re-read from the region: indices are bounded by it */
   tg__table_hdr *h;
   unsigned char *base;
   tg__slot *slots;
-  uint64_t *chunks; /* nchunks x 32 words */
-  unsigned char *logs;
-  tg__backing *bk; /* NULL: every page is backed when touched */
+  /* Where each arena's units are (long-key chunks: cext, TG_KEY_MAX bytes
+   * each; log blocks: lext, log_block_bytes each). Extent k of an arena
+   * holds units [(2^k - 1) << shift, (2^(k+1) - 1) << shift), cut at the
+   * arena's end, so that unit i is found with one bit scan (tg__arena_at).
+   * In a region (a segment, the caller's memory) the extents are
+   * consecutive slices of it, at chunk_off and log_off. The memory store's
+   * table grows instead: its region holds the header and slots only, and
+   * each extent is mapped apart when its first unit is handed out, so that
+   * what it reserves follows the keys it holds (at most twice what they
+   * use, plus the first extent). An extent never moves or goes before the
+   * table does: a pointer to a unit stays valid. NULL: not mapped yet. */
+  unsigned char *cext[TG__EXTENTS];
+  unsigned char *lext[TG__EXTENTS];
+  unsigned cshift, lshift;
+  bool grow;          /* extents mapped apart, as they fill */
+  uint64_t ext_bytes; /* grow: bytes mapped for extents (atomic) */
+  tg__backing *bk;    /* NULL: every page is backed when touched */
 } tg__table;
+
+/* Unit i of an arena whose extents are ext (first extent 2^sh units of
+ * `unit` bytes each), or NULL when its extent is not mapped (an index
+ * never handed out). i must be below the arena's length. */
+static inline unsigned char *tg__arena_at(unsigned char *const *ext,
+                                          unsigned sh, uint64_t i,
+                                          uint64_t unit) {
+  uint64_t q = (i >> sh) + 1;
+  unsigned k = 63u - (unsigned)__builtin_clzll(q);
+  unsigned char *e = __atomic_load_n(&ext[k], __ATOMIC_ACQUIRE);
+  if (!e)
+    return NULL;
+  return e + (i - (((UINT64_C(1) << k) - 1) << sh)) * unit;
+}
+
+/* Makes sure the extent holding unit i of the log arena (logs) or the
+ * chunk arena exists, mapping it if the table grows: false when it cannot
+ * be mapped (TG_ENOMEM). Table lock held. */
+bool tg__table_extent(tg__table *t, bool logs, uint64_t i);
 
 /* Bytes a region for p needs, or 0 if p is out of range. */
 size_t tg__table_bytes(const tg__table_params *p);
@@ -223,6 +263,15 @@ size_t tg__table_core_bytes(const tg__table_params *p);
 /* Lays out a fresh table in mem (zeroed, tg__table_bytes(p) bytes, 64-byte
  * aligned) and fills *t. */
 int tg__table_init(tg__table *t, void *mem, const tg__table_params *p);
+
+/* The same for a table that grows (the memory store): mem holds only the
+ * header and slots (zeroed, tg__table_core_bytes(p) bytes, 64-byte
+ * aligned), and the arenas are mapped apart as they fill (see tg__table).
+ * tg__table_unmap_extents gives them back. */
+int tg__table_init_grow(tg__table *t, void *mem, const tg__table_params *p);
+
+/* Unmaps a growing table's extents (the table goes with them). */
+void tg__table_unmap_extents(tg__table *t);
 
 /* Checks a table header (a copy, or the region itself) against the size of
  * the region that holds it and the parameters the caller wants: TG_OK;

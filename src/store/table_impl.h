@@ -85,7 +85,7 @@ static __attribute__((unused)) uint64_t *chunk_words(const tg__table *t,
   if (ci >= t->g.nchunks ||
       !tg__backed(t->bk, t->g.chunk_off + ci * TG_KEY_MAX, TG_KEY_MAX))
     return NULL;
-  return t->chunks + ci * CHUNK_WORDS;
+  return (uint64_t *)(void *)tg__arena_at(t->cext, t->cshift, ci, TG_KEY_MAX);
 }
 
 /* The words holding slot i's key, or NULL if a chunk index is corrupt. */
@@ -126,7 +126,12 @@ static inline bool key_equal(const tg__table *t, uint64_t i, const kref *k,
       *unseen = ci;
       return false;
     }
-    w = t->chunks + ci * CHUNK_WORDS;
+    /* NULL: an index read from a slot that changed under us, whose
+     * extent this thread cannot see yet; the ctrl check rejects it */
+    w = (const uint64_t *)(const void *)tg__arena_at(t->cext, t->cshift, ci,
+                                                     TG_KEY_MAX);
+    if (!w)
+      return false;
   }
   for (size_t j = 0; j < k->nw; j++)
     if (tg__load_relaxed(&w[j]) != k->w[j])
@@ -224,7 +229,8 @@ static __attribute__((unused)) tg__log_block *block(const tg__table *t,
   uint64_t off = t->g.log_off + idx * t->g.log_block_bytes;
   if (!tg__backed(t->bk, off, sizeof(tg__log_block)))
     return NULL;
-  return (tg__log_block *)(void *)(t->base + off);
+  return (tg__log_block *)(void *)tg__arena_at(t->lext, t->lshift, idx,
+                                               t->g.log_block_bytes);
 }
 
 /* Backs the first `count` entries of block b's ring. */

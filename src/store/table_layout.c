@@ -10,6 +10,7 @@
 #include "../siphash.h"
 
 #include <stddef.h>
+#include <sys/mman.h>
 
 /* ---- layout ---- */
 
@@ -55,6 +56,80 @@ size_t tg__table_core_bytes(const tg__table_params *p) {
   return plan(p, &l) ? (size_t)l.chunk_off : 0;
 }
 
+/* ---- arena extents ---- */
+
+/* Units in an arena's first extent: as many as fill 64 KiB (one at least),
+ * a power of two. */
+static unsigned ext_shift(uint64_t unit) {
+  unsigned sh = 0;
+  while (sh < 16 && unit << (sh + 1) <= UINT64_C(65536))
+    sh++;
+  return sh;
+}
+
+/* First unit of extent k. */
+static uint64_t ext_first(unsigned k, unsigned sh) {
+  return ((UINT64_C(1) << k) - 1) << sh;
+}
+
+/* Units extent k holds, of an arena of n. */
+static uint64_t ext_units(unsigned k, unsigned sh, uint64_t n) {
+  uint64_t first = ext_first(k, sh), full = UINT64_C(1) << k << sh;
+  return first >= n ? 0 : n - first < full ? n - first : full;
+}
+
+/* The extents of an arena of n units laid out from `start` on. */
+static void slice(unsigned char **ext, unsigned sh, unsigned char *start,
+                  uint64_t n, uint64_t unit) {
+  for (unsigned k = 0; k < TG__EXTENTS; k++)
+    ext[k] = ext_first(k, sh) < n ? start + ext_first(k, sh) * unit : NULL;
+}
+
+bool tg__table_extent(tg__table *t, bool logs, uint64_t i) {
+  unsigned char **ext = logs ? t->lext : t->cext;
+  unsigned sh = logs ? t->lshift : t->cshift;
+  uint64_t n = logs ? t->g.nlogs : t->g.nchunks;
+  uint64_t unit = logs ? t->g.log_block_bytes : TG_KEY_MAX;
+  if (i >= n)
+    return false;
+  unsigned k = 63u - (unsigned)__builtin_clzll((i >> sh) + 1);
+  if (__atomic_load_n(&ext[k], __ATOMIC_ACQUIRE))
+    return true;
+  if (!t->grow)
+    return false;
+  size_t len = (size_t)(ext_units(k, sh, n) * unit);
+  /* backed by the kernel a page at a time, as its units are touched */
+  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                 // cppcheck-suppress invalidFunctionArg
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED)
+    return false;
+  /* published after the mapping exists: a reader that finds the pointer
+   * finds zeroed memory behind it */
+  __atomic_store_n(&ext[k], (unsigned char *)m, __ATOMIC_RELEASE);
+  __atomic_fetch_add(&t->ext_bytes, (uint64_t)len, __ATOMIC_RELAXED);
+  return true;
+}
+
+void tg__table_unmap_extents(tg__table *t) {
+  if (!t->grow)
+    return;
+  for (int a = 0; a < 2; a++) {
+    unsigned char **ext = a ? t->lext : t->cext;
+    unsigned sh = a ? t->lshift : t->cshift;
+    uint64_t n = a ? t->g.nlogs : t->g.nchunks;
+    uint64_t unit = a ? t->g.log_block_bytes : TG_KEY_MAX;
+    for (unsigned k = 0; k < TG__EXTENTS; k++)
+      if (ext[k]) {
+        munmap(ext[k], (size_t)(ext_units(k, sh, n) * unit));
+        ext[k] = NULL;
+      }
+  }
+  t->ext_bytes = 0;
+}
+
+/* ---- a process's view ---- */
+
 static void attach_view(tg__table *t, void *mem, const tg__table_params *p) {
   t->base = mem;
   t->h = mem;
@@ -73,8 +148,13 @@ static void attach_view(tg__table *t, void *mem, const tg__table_params *p) {
   t->g.lock_timeout_ms = p->lock_timeout_ms;
   t->g.evict = p->evict;
   t->slots = (tg__slot *)(void *)(t->base + t->h->slot_off);
-  t->chunks = (uint64_t *)(void *)(t->base + t->g.chunk_off);
-  t->logs = t->base + t->g.log_off;
+  t->cshift = ext_shift(TG_KEY_MAX);
+  t->lshift = ext_shift(t->g.log_block_bytes);
+  slice(t->cext, t->cshift, t->base + t->g.chunk_off, t->g.nchunks, TG_KEY_MAX);
+  slice(t->lext, t->lshift, t->base + t->g.log_off, t->g.nlogs,
+        t->g.log_block_bytes);
+  t->grow = false;
+  t->ext_bytes = 0;
   t->bk = NULL;
 }
 
@@ -106,6 +186,18 @@ int tg__table_init(tg__table *t, void *mem, const tg__table_params *p) {
    * recognisable by its missing magic */
   tg__store_release(&h->magic, TG__TABLE_MAGIC);
   attach_view(t, mem, p);
+  return TG_OK;
+}
+
+int tg__table_init_grow(tg__table *t, void *mem, const tg__table_params *p) {
+  int rc = tg__table_init(t, mem, p);
+  if (rc != TG_OK)
+    return rc;
+  /* the header keeps the contiguous layout's offsets (nothing reads them
+   * from a private region); the arenas are not behind the slots */
+  for (unsigned k = 0; k < TG__EXTENTS; k++)
+    t->cext[k] = t->lext[k] = NULL;
+  t->grow = true;
   return TG_OK;
 }
 

@@ -5,11 +5,14 @@
  * default, a named segment for the shared-memory store (shm.c), or memory
  * the caller provides (tg_config.region), which stays the caller's.
  *
- * The anonymous mapping is reserved with MAP_NORESERVE and the kernel backs
- * pages as they are first touched, so long-key chunks and sliding-log blocks
- * cost physical memory only once used (and are reused from free lists). A
- * segment's pages are backed by its store instead (the table's tg__backing,
- * which this store owns and releases).
+ * The embedded default's table grows: its mapping holds the header and
+ * slots, and the long-key chunks and sliding-log blocks are mapped in
+ * extents of doubling size as they are first handed out (see tg__table),
+ * so that neither the address space it reserves nor the memory it touches
+ * runs ahead of its keys. Every mapping is anonymous, MAP_NORESERVE, backed
+ * by the kernel a page at a time as it is touched; freed chunks and blocks
+ * are reused from free lists. A segment's pages are backed by its store
+ * instead (the table's tg__backing, which this store owns and releases).
  */
 #include "../error.h"
 #include "store.h"
@@ -51,11 +54,13 @@ static int mem_clean(tg__store *s, uint64_t now_us, uint64_t older_than_us,
 }
 
 static size_t mem_bytes(const tg__store *s) {
-  return ((const memory *)s)->bytes;
+  const memory *m = (const memory *)s;
+  return m->bytes + (size_t)__atomic_load_n(&m->t.ext_bytes, __ATOMIC_RELAXED);
 }
 
 static void mem_destroy(tg__store *s) {
   memory *m = (memory *)s;
+  tg__table_unmap_extents(&m->t);
   if (!m->borrowed)
     munmap(m->t.base, m->bytes);
   if (m->t.bk)
@@ -127,7 +132,8 @@ static void huge_slots(void *mem, size_t core) {
 }
 
 int tg__memory_store_new(tg__store **out, const tg__table_params *p) {
-  size_t bytes = tg__table_bytes(p);
+  /* the header and slots; the arenas are mapped as they fill */
+  size_t bytes = tg__table_core_bytes(p);
   if (bytes == 0)
     return TG_EINVAL;
   /* fd -1 is what an anonymous mapping asks for (cppcheck thinks not) */
@@ -136,9 +142,9 @@ int tg__memory_store_new(tg__store **out, const tg__table_params *p) {
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (mem == MAP_FAILED)
     return TG_ENOMEM;
-  huge_slots(mem, tg__table_core_bytes(p));
+  huge_slots(mem, bytes);
   tg__table t;
-  int rc = tg__table_init(&t, mem, p);
+  int rc = tg__table_init_grow(&t, mem, p);
   if (rc == TG_OK)
     rc = tg__table_store_wrap(out, &t, bytes);
   if (rc != TG_OK)

@@ -293,17 +293,25 @@ class Limits(unittest.TestCase):
             self.assertEqual(r.dbsize(), 4)
             r.close()
 
-    def test_sliding_max_entries_bounds_the_reservation(self):
+    def test_sliding_logs_are_reserved_as_keys_use_them(self):
         def store_bytes(*opts):
             with Server(TOLLGATE, "--capacity", "1024", *opts) as srv:
                 r = redis.Redis(port=srv.port, socket_timeout=30)
-                b = r.info("memory")["store_bytes"]
+                before = r.info("memory")["store_bytes"]
+                for i in range(4):
+                    r.execute_command("TG.HIT", "s%d" % i, "sliding_window",
+                                      5, HOUR)
+                after = r.info("memory")["store_bytes"]
                 r.close()
-                return b
-        big = store_bytes()
-        small = store_bytes("--sliding-max-entries", "16")
-        # 16 bytes an entry per key of the sliding table, reserved up front
-        self.assertGreaterEqual(big - small, 1024 * 16 * (1024 - 16))
+                return before, after
+        big0, big1 = store_bytes()
+        small0, small1 = store_bytes("--sliding-max-entries", "16")
+        # nothing is set aside for logs before a sliding key holds one
+        self.assertEqual(big0, small0)
+        # then 16 bytes an entry for each key that does (in extents: the
+        # four 1024-entry logs map six, the 16-entry ones a first 40 KiB)
+        self.assertGreaterEqual(big1 - big0, 4 * 16 * 1024)
+        self.assertLess(small1 - small0, 4 * 16 * 1024)
         p = run("--sliding-max-entries", "0")
         self.assertEqual(p.returncode, 2)
         p = run("--sliding-max-entries", str((1 << 24) + 1))
