@@ -953,6 +953,8 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
     if (w0 == 0 || w0 > t->g.nlogs)
       return TG_ECORRUPT;
     tg__log_block *b = block(t, w0 - 1);
+    if (!b)
+      return TG_ECORRUPT;
     if ((rc = lock_block(t, b, wt)) != TG_OK)
       return rc;
     if (tg__load_acquire(&p->w[1]) != g) {
