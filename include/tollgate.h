@@ -344,14 +344,18 @@ typedef struct tg_config {
    * on, advised onto transparent huge pages (TG_ENOMEM if the address space
    * cannot hold it). What keys need beyond their slot is reserved as they
    * come: a long key's 256 bytes (long_keys), and a sliding window key's
-   * log, 48 + 16 * sliding_max_entries bytes rounded up to 64. They are
-   * mapped in extents of doubling size (the first 64 KiB), so the table
-   * reserves at most twice what its keys use plus 64 KiB, and a key whose
-   * memory cannot be mapped is TG_ENOMEM (through on_failure). Nothing is
-   * given back before tg_limiter_destroy: a key reclaimed leaves its chunk
-   * or log to the next one. Memory backs it all only as it is touched. A
-   * shared segment, or a region the caller provides, holds all of it from
-   * the start (tg_store_bytes). */
+   * log, which starts in a 64-byte block (one entry) and moves to one
+   * twice as large whenever it fills (5, 13, 29, ... entries), up to 48 +
+   * 16 * sliding_max_entries bytes rounded up to 64: a key's log costs
+   * about 16 bytes an entry it holds, plus a block's slack. They are
+   * mapped in extents of doubling size (each size's first 64 KiB), so the
+   * table reserves at most about twice what its keys use plus 64 KiB per
+   * size, and a key whose memory cannot be mapped is TG_ENOMEM (through
+   * on_failure). Nothing is given back before tg_limiter_destroy: a key
+   * reclaimed, or a log that moved up, leaves its chunk or block to the
+   * next one. Memory backs it all only as it is touched. A shared segment,
+   * or a region the caller provides, holds all of it from the start, a
+   * whole log per key (tg_store_bytes). */
   uint64_t capacity;
   /* Memory store: most keys longer than 24 bytes held at once (keys up to
    * 24 bytes live in their slot); 0 (the default) means "as many as

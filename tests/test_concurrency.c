@@ -20,7 +20,12 @@
  *      orders (fixed window) or sliding keys (their logs), so that the
  *      arenas grow by extents while other threads look keys up in them:
  *      every key admits exactly its limit.
+ *   f. T threads on one sliding key after another, each call at its own
+ *      microsecond, so that each log moves up through the block sizes
+ *      (64 B on) while the others wait on its lock: exactly the limit
+ *      admitted, and all of it still in the log.
  */
+#include <inttypes.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -434,6 +439,81 @@ static void e_sliding_logs_grow_their_arena(void **state) {
   arenas_grow(TG_SLIDING_WINDOW, false);
 }
 
+/* ---- f: logs grow under contention ---- */
+
+#define F_KEYS 100u
+#define F_HITS 60u   /* per thread and key */
+#define F_LIMIT 150u /* < THREADS * F_HITS: every key is refused some */
+
+typedef struct climber {
+  tg_limiter *lim;
+  const tg_quota *q;
+  uint64_t *clock; /* shared: every call takes the next microsecond */
+  pthread_barrier_t *step;
+  unsigned allowed[F_KEYS], errors; /* out */
+} climber;
+
+static void *climber_run(void *arg) {
+  climber *cl = arg;
+  char key[16];
+  for (unsigned k = 0; k < F_KEYS; k++) {
+    int len = snprintf(key, sizeof key, "climb%u", k);
+    pthread_barrier_wait(cl->step); /* all threads on the key at once */
+    for (unsigned i = 0; i < F_HITS; i++) {
+      uint64_t now = T0 + __atomic_fetch_add(cl->clock, 1, __ATOMIC_RELAXED);
+      tg_result r;
+      if (tg_hit_at(cl->lim, now, key, (size_t)len, cl->q, 1, &r) != TG_OK)
+        cl->errors++;
+      else if (r.allowed)
+        cl->allowed[k]++;
+    }
+  }
+  return NULL;
+}
+
+static void f_sliding_logs_grow_under_contention(void **state) {
+  (void)state;
+  tg_limiter *lim = make(TG_SLIDING_WINDOW, 0, 0, NULL, NULL);
+  const tg_quota q = {.limit = F_LIMIT, .period_ms = 60000, .burst = 0};
+  uint64_t clock = 0;
+  pthread_barrier_t step;
+  pthread_barrier_init(&step, NULL, THREADS);
+  climber *cl = calloc(THREADS, sizeof *cl);
+  assert_non_null(cl);
+  pthread_t th[THREADS];
+  for (int i = 0; i < THREADS; i++) {
+    cl[i].lim = lim;
+    cl[i].q = &q;
+    cl[i].clock = &clock;
+    cl[i].step = &step;
+    assert_int_equal(pthread_create(&th[i], NULL, climber_run, &cl[i]), 0);
+  }
+  for (int i = 0; i < THREADS; i++)
+    pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&step);
+  unsigned errors = 0, wrong = 0, wrong_sum = 0;
+  char key[16];
+  for (unsigned k = 0; k < F_KEYS; k++) {
+    unsigned sum = 0;
+    for (int i = 0; i < THREADS; i++)
+      sum += cl[i].allowed[k];
+    int len = snprintf(key, sizeof key, "climb%u", k);
+    uint64_t v = 0;
+    int rc = tg_get_at(lim, T0 + clock, key, (size_t)len, &q, &v);
+    if (sum != F_LIMIT && wrong++ < 5)
+      print_error("key %u admitted %u, limit %u\n", k, sum, F_LIMIT);
+    if ((rc != TG_OK || v != F_LIMIT) && wrong_sum++ < 5)
+      print_error("key %u: its log holds %" PRIu64 " (rc %d)\n", k, v, rc);
+  }
+  for (int i = 0; i < THREADS; i++)
+    errors += cl[i].errors;
+  free(cl);
+  tg_limiter_destroy(lim);
+  assert_int_equal(errors, 0);
+  assert_int_equal(wrong, 0);
+  assert_int_equal(wrong_sum, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_fixed_window_exact),
@@ -449,6 +529,7 @@ int main(void) {
       cmocka_unit_test(d_cleaner_leaky_bucket),
       cmocka_unit_test(e_long_keys_grow_their_arena),
       cmocka_unit_test(e_sliding_logs_grow_their_arena),
+      cmocka_unit_test(f_sliding_logs_grow_under_contention),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1027,7 +1027,7 @@ static void store_bytes_follow_keys(void **state) {
     cfg.algorithm = alg;
     cfg.capacity = cap;
     cfg.clean_period_ms = 0;
-    cfg.sliding_max_entries = 8; /* a 192-byte block */
+    cfg.sliding_max_entries = 8;
     tg_limiter *lim = NULL;
     assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
     size_t fresh = tg_store_bytes(lim);
@@ -1055,7 +1055,8 @@ static void store_bytes_follow_keys(void **state) {
         assert_int_equal(r.remaining, round == 0 ? 1 : 0);
       }
     assert_int_equal(tg_key_count(lim), n);
-    uint64_t unit = TG_KEY_MAX + (sliding ? 192 : 0);
+    /* a one-entry log (both rounds at one instant) takes a 64-byte block */
+    uint64_t unit = TG_KEY_MAX + (sliding ? 64 : 0);
     size_t grown = tg_store_bytes(lim);
     if (a == 0)
       printf(", %zu after %" PRIu64 " long keys\n", grown, n);
@@ -1073,6 +1074,117 @@ static void store_bytes_follow_keys(void **state) {
 }
 
 /* ---- what a decision writes ---- */
+
+/* The memory store's sliding logs start in a 64-byte block and move to one
+ * twice as large each time they fill (table.h, TG__LOG_CLASSES), up to a
+ * whole sliding_max_entries log: driven on the table itself, keys of every
+ * log length answer as the model does (limit exactly, the log's sum), a
+ * one-entry key costs a 64-byte block, the table validates (every block
+ * owned once, free lists sound, nothing leaked) after the logs grew and
+ * after the cleaner reclaimed them, and when the keys come back (from the
+ * free lists: no extent is added). */
+static void sliding_logs_grow_by_class(void **state) {
+  (void)state;
+  const tg__table_params p = {.algorithm = TG_SLIDING_WINDOW,
+                              .capacity = 256,
+                              .long_keys = 16,
+                              .log_entries = 100};
+  size_t core = tg__table_core_bytes(&p);
+  void *mem = mmap(NULL, core, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  assert_true(mem != MAP_FAILED);
+  tg__table t;
+  assert_int_equal(tg__table_init_grow(&t, mem, &p), TG_OK);
+  /* 64, 128, 256, 512, 1024 B (1, 5, 13, 29, 61 entries), then class 0 */
+  assert_int_equal(t.nclass, 6);
+  assert_int_equal(t.lcap[1], 1);
+  assert_int_equal(t.lcap[5], 61);
+  assert_int_equal(t.lcap[0], 100);
+  const tg_quota uq = {.limit = 150, .period_ms = 1000};
+  tg__quota q;
+  assert_int_equal(tg__quota_prepare(&q, &uq, TG_SLIDING_WINDOW), TG_OK);
+  /* a key of one entry takes a block of class 1 (64 bytes), and nothing
+   * of any other class is handed out */
+  tg__call one = {.op = TG__OP_HIT,
+                  .alg = TG_SLIDING_WINDOW,
+                  .key = "one",
+                  .key_len = 3,
+                  .q = q,
+                  .arg = 1,
+                  .now_us = T0};
+  tg__outcome oo;
+  assert_int_equal(tg__table_exec(&t, &one, &oo), TG_OK);
+  assert_int_equal(t.lbump[1], 1);
+  for (unsigned c = 2; c < t.nclass; c++)
+    assert_int_equal(t.lbump[c], 0);
+  assert_int_equal(t.h->log_bump, 0);
+  char key[16];
+  /* key k gets k + 1 hits at distinct microseconds: logs of every class;
+   * past 100 entries the newest merge, and still no more than the limit */
+  for (uint64_t k = 0; k < 160; k++) {
+    size_t len = (size_t)snprintf(key, sizeof key, "log%" PRIu64, k);
+    for (uint64_t h = 0; h <= k; h++) {
+      tg__call c = {.op = TG__OP_HIT,
+                    .alg = TG_SLIDING_WINDOW,
+                    .key = key,
+                    .key_len = len,
+                    .q = q,
+                    .arg = 1,
+                    .now_us = T0 + h};
+      tg__outcome o;
+      assert_int_equal(tg__table_exec(&t, &c, &o), TG_OK);
+      assert_int_equal(o.r.allowed, h < 150);
+      assert_int_equal(o.r.remaining, h < 150 ? 149 - h : 0);
+    }
+    tg__call g = {.op = TG__OP_GET,
+                  .alg = TG_SLIDING_WINDOW,
+                  .key = key,
+                  .key_len = len,
+                  .q = q,
+                  .now_us = T0 + k};
+    tg__outcome o;
+    assert_int_equal(tg__table_exec(&t, &g, &o), TG_OK);
+    assert_int_equal(o.value, k < 150 ? k + 1 : 150);
+  }
+  tg__table_check r;
+  assert_int_equal(tg__table_validate(&t, &r), TG_OK);
+  if (r.errors)
+    print_error("validate: %s\n", r.first_error);
+  assert_int_equal(r.errors, 0);
+  assert_int_equal(r.leaked, 0);
+  assert_int_equal(r.live_slots, 161);
+  /* all decayed a period later: the cleaner frees every block */
+  size_t removed = 0;
+  assert_int_equal(tg__table_clean(&t, T0 + MS(5000), 0, NULL, NULL, &removed),
+                   TG_OK);
+  assert_int_equal(removed, 161);
+  assert_int_equal(tg__table_validate(&t, &r), TG_OK);
+  assert_int_equal(r.errors, 0);
+  assert_int_equal(r.leaked, 0);
+  /* the same keys again: blocks come from the free lists, nothing new */
+  uint64_t mapped = t.ext_bytes;
+  for (uint64_t k = 0; k < 160; k++) {
+    size_t len = (size_t)snprintf(key, sizeof key, "log%" PRIu64, k);
+    for (uint64_t h = 0; h <= k % 20; h++) {
+      tg__call c = {.op = TG__OP_HIT,
+                    .alg = TG_SLIDING_WINDOW,
+                    .key = key,
+                    .key_len = len,
+                    .q = q,
+                    .arg = 1,
+                    .now_us = T0 + MS(10000) + h};
+      tg__outcome o;
+      assert_int_equal(tg__table_exec(&t, &c, &o), TG_OK);
+      assert_true(o.r.allowed);
+    }
+  }
+  assert_int_equal(t.ext_bytes, mapped);
+  assert_int_equal(tg__table_validate(&t, &r), TG_OK);
+  assert_int_equal(r.errors, 0);
+  assert_int_equal(r.leaked, 0);
+  tg__table_unmap_extents(&t);
+  munmap(mem, core);
+}
 
 /* README and table.c: a bucket's denied decision writes nothing at all, and
  * neither does a peek, a get or an expires_at on a bucket, nor any of them
@@ -1287,6 +1399,7 @@ int main(void) {
       cmocka_unit_test_teardown(horizon_evaluates_at_expiry, report_current),
       cmocka_unit_test_teardown(horizon_is_table_wide, report_current),
       cmocka_unit_test_teardown(store_bytes_follow_keys, report_current),
+      cmocka_unit_test(sliding_logs_grow_by_class),
       cmocka_unit_test_teardown(denied_bucket_decisions_write_nothing,
                                 report_current),
   };

@@ -67,8 +67,8 @@ static void encode(tg_algorithm alg, const tg__state *st, uint32_t g,
 /* When the log stops mattering, us: its newest entry plus the period, or,
  * for a log emptied by pruning, its last entry's; 0 for a log that never
  * kept one (or was reset). Block lock held. */
-static uint64_t log_expiry(const tg__table *t, tg__log_block *b) {
-  tg__log lg = log_view(t, b);
+static uint64_t log_expiry(const tg__table *t, tg__log_block *b, uint64_t idx) {
+  tg__log lg = log_view(t, b, idx);
   uint64_t last = lg.n ? tg__log_at(&lg, lg.n - 1)->t_us : b->last_us;
   return last ? last + b->period_us : 0;
 }
@@ -78,9 +78,10 @@ static uint64_t log_expiry(const tg__table *t, tg__log_block *b) {
  * Otherwise the lock's miss and then each entry line's would be waited
  * for in turn. Only lines the block owns; a prefetch never faults, so a
  * line of a segment not backed yet is simply not fetched. */
-static void block_prefetch(const tg__table *t, const tg__log_block *b) {
+static void block_prefetch(const tg__table *t, const tg__log_block *b,
+                           uint64_t idx) {
   const char *p = (const char *)b;
-  size_t lines = t->g.log_block_bytes / 64; /* >= 1: a multiple of 64 */
+  size_t lines = t->lbytes[block_class(idx)] / 64; /* >= 1: a multiple of 64 */
   if (lines > 4)
     lines = 4;
   for (size_t k = 0; k < lines; k++)
@@ -114,7 +115,8 @@ static int try_block(const tg__table *t, tg__log_block *b) {
 
 /* Returns chunk index + 1, or 0 with *rc = TG_EFULL (none left) or
  * TG_ENOMEM (the next one cannot be backed). */
-static uint64_t chunk_alloc_locked(tg__table *t, int *rc) {
+static uint64_t chunk_alloc_locked(tg__table *t, unsigned cls, int *rc) {
+  (void)cls;
   tg__table_hdr *h = t->h;
   if (h->chunk_free > t->g.nchunks)
     h->chunk_free = 0;
@@ -129,7 +131,7 @@ static uint64_t chunk_alloc_locked(tg__table *t, int *rc) {
     h->chunk_free = 0; /* a free chunk never backed: not one we freed */
   }
   if (h->chunk_bump < t->g.nchunks) {
-    if (!tg__table_extent(t, false, h->chunk_bump) ||
+    if (!tg__table_extent(t, -1, h->chunk_bump) ||
         !chunk_words(t, h->chunk_bump)) {
       *rc = TG_ENOMEM;
       return 0;
@@ -148,27 +150,40 @@ static void chunk_release_locked(tg__table *t, uint64_t idx) {
   t->h->chunk_free = idx + 1;
 }
 
-/* Returns block index + 1, or 0 with *rc as chunk_alloc_locked's. */
-static uint64_t block_alloc_locked(tg__table *t, int *rc) {
-  tg__table_hdr *h = t->h;
-  if (h->log_free > t->g.nlogs)
-    h->log_free = 0;
-  if (h->log_free) {
-    uint64_t idx = h->log_free - 1;
+/* Where class cls keeps its free list and bump count: class 0 in the
+ * header (a region's, shared), the others in this process's view (only a
+ * growing table, which is private, has them). */
+static uint64_t *class_free(tg__table *t, unsigned cls) {
+  return cls ? &t->lfree[cls] : &t->h->log_free;
+}
+static uint64_t *class_bump(tg__table *t, unsigned cls) {
+  return cls ? &t->lbump[cls] : &t->h->log_bump;
+}
+
+/* Returns a block of class cls, index + 1, or 0 with *rc as
+ * chunk_alloc_locked's. Free-list links are index + 1 of the same class. */
+static uint64_t block_alloc_locked(tg__table *t, unsigned cls, int *rc) {
+  uint64_t *fr = class_free(t, cls), *bump = class_bump(t, cls);
+  if (*fr && !(block_ok(t, *fr - 1) && block_class(*fr - 1) == cls))
+    *fr = 0;
+  if (*fr) {
+    uint64_t idx = *fr - 1;
     const tg__log_block *b = block(t, idx);
     if (b) {
       uint64_t nx = b->next_free;
-      h->log_free = nx <= t->g.nlogs ? nx : 0;
+      *fr = nx && block_ok(t, nx - 1) && block_class(nx - 1) == cls ? nx : 0;
       return idx + 1;
     }
-    h->log_free = 0;
+    *fr = 0;
   }
-  if (h->log_bump < t->g.nlogs) {
-    if (!tg__table_extent(t, true, h->log_bump) || !block(t, h->log_bump)) {
+  if (*bump < t->g.nlogs) {
+    uint64_t idx = block_idx(cls, *bump);
+    if (!tg__table_extent(t, (int)cls, *bump) || !block(t, idx)) {
       *rc = TG_ENOMEM;
       return 0;
     }
-    return ++h->log_bump;
+    ++*bump;
+    return idx + 1;
   }
   *rc = TG_EFULL;
   return 0;
@@ -178,8 +193,9 @@ static void block_release_locked(tg__table *t, uint64_t idx) {
   tg__log_block *b = block(t, idx);
   if (!b)
     return;
-  b->next_free = t->h->log_free;
-  t->h->log_free = idx + 1;
+  uint64_t *fr = class_free(t, block_class(idx));
+  b->next_free = *fr;
+  *fr = idx + 1;
 }
 
 /* ---- reclaim ---- */
@@ -260,7 +276,7 @@ static void finish_reclaim_locked(tg__table *t, uint64_t i, uint64_t c) {
     chunk_release_locked(t, tg__load_relaxed(&t->slots[i].key[0]));
   if (t->g.algorithm == TG_SLIDING_WINDOW) {
     uint64_t bi = tg__load_relaxed(&t->slots[i].st.w[0]);
-    if (bi >= 1 && bi <= t->g.nlogs)
+    if (bi >= 1 && block_ok(t, bi - 1))
       block_release_locked(t, bi - 1);
   }
   if (tg__load_relaxed(&h->live) > 0)
@@ -332,11 +348,11 @@ static bool reclaim_locked(tg__table *t, uint64_t i, uint64_t c, uint64_t w0,
     tg__log_block *b = w0 >= 1 ? block(t, w0 - 1) : NULL;
     if (!b || try_block(t, b) != TG_OK)
       return false; /* a corrupt index (only a reset drops it), or in use */
-    if (!log_backed(t, b)) {
-      unlock_block(t, b);
+    if (!log_backed(t, b) || tg__load_relaxed(&p->w[0]) != w0) {
+      unlock_block(t, b); /* or the log grew out of this block */
       return false;
     }
-    uint64_t expiry = log_expiry(t, b);
+    uint64_t expiry = log_expiry(t, b, w0 - 1);
     bool ok = evict || decayed(now_us, expiry, older_than_us);
     if (ok && !evict)
       raise_horizon(t, expiry);
@@ -384,8 +400,12 @@ static bool inspect(tg__table *t, uint64_t i, uint64_t c, tg__clean_item *it,
       unlock_block(t, b);
       return false;
     }
-    tg__log lg = log_view(t, b);
-    *expiry = log_expiry(t, b);
+    if (tg__load_relaxed(&t->slots[i].st.w[0]) != w0) {
+      unlock_block(t, b); /* the log grew out of this block */
+      return false;
+    }
+    tg__log lg = log_view(t, b, w0 - 1);
+    *expiry = log_expiry(t, b, w0 - 1);
     unlock_block(t, b);
     it->value = lg.sum;
   } else {
@@ -450,16 +470,23 @@ static void reclaim_some_locked(tg__table *t, uint64_t now_us, enum need need,
 /* Takes a chunk (long key) or a log block, reclaiming (or evicting) a few
  * scans at a time when none is free. On failure *rc says why (TG_EFULL,
  * TG_ENOMEM). Table lock held. */
-static uint64_t alloc_or_reclaim_locked(tg__table *t,
-                                        uint64_t (*alloc)(tg__table *, int *),
-                                        enum need need, uint64_t now_us,
-                                        int *rc) {
-  uint64_t x = alloc(t, rc);
+static uint64_t alloc_or_reclaim_locked(
+    tg__table *t, uint64_t (*alloc)(tg__table *, unsigned, int *), unsigned cls,
+    enum need need, uint64_t now_us, int *rc) {
+  uint64_t x = alloc(t, cls, rc);
   for (int pass = 0; !x && pass < 4; pass++) {
     reclaim_some_locked(t, now_us, need, t->g.evict);
-    x = alloc(t, rc);
+    x = alloc(t, cls, rc);
   }
   return x;
+}
+
+/* The smallest class of block that holds n entries (0: a whole log). */
+static unsigned log_class_for(const tg__table *t, uint32_t n) {
+  for (unsigned c = 1; c < t->nclass; c++)
+    if (t->lcap[c] >= n)
+      return c;
+  return 0;
 }
 
 /* A log block for a new key, locked (index + 1; 0 with *rc on failure). A
@@ -467,11 +494,13 @@ static uint64_t alloc_or_reclaim_locked(tg__table *t,
  * old key just before its reclaim (it lets go at once, seeing the key
  * gone), or by a process stopped right there. Such a block is set aside and
  * another taken, never waited for. Table lock held. */
-static uint64_t take_block_locked(tg__table *t, uint64_t now_us, int *rc) {
+static uint64_t take_block_locked(tg__table *t, unsigned cls, uint64_t now_us,
+                                  int *rc) {
   uint64_t aside[4], bi = 0;
   unsigned na = 0;
   while (na < 4) {
-    bi = alloc_or_reclaim_locked(t, block_alloc_locked, NEED_BLOCK, now_us, rc);
+    bi = alloc_or_reclaim_locked(t, block_alloc_locked, cls, NEED_BLOCK, now_us,
+                                 rc);
     if (!bi)
       break;
     tg__log_block *b = block(t, bi - 1);
@@ -519,10 +548,11 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
   /* arenas before the slot: a reclaim may turn TOMBs into EMPTYs, and the
    * slot must be the first free one on the key's probe path */
   if (k->len > TG__INLINE_KEY &&
-      !(chunk = alloc_or_reclaim_locked(t, chunk_alloc_locked, NEED_CHUNK,
+      !(chunk = alloc_or_reclaim_locked(t, chunk_alloc_locked, 0, NEED_CHUNK,
                                         c->now_us, &rc)))
     goto out;
-  if (sliding && !(bi = take_block_locked(t, c->now_us, &rc)))
+  if (sliding && !(bi = take_block_locked(t, log_class_for(t, init_log->n),
+                                          c->now_us, &rc)))
     goto fail;
   if (sliding && !entries_backed(t, block(t, bi - 1), init_log->n)) {
     rc = TG_ENOMEM;
@@ -552,7 +582,7 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
   uint64_t w0, w1;
   if (sliding) {
     tg__log_block *b = block(t, bi - 1); /* locked by take_block_locked */
-    tg__log lg = log_view(t, b);
+    tg__log lg = log_view(t, b, bi - 1);
     lg.head = 0;
     lg.n = 0;
     lg.sum = init_log->sum;
@@ -588,6 +618,71 @@ fail:
 out:
   unlock_table(t);
   return rc;
+}
+
+/* Whether a HIT or TAKE on log lg (block idx) at c->now_us could need an
+ * entry its ring lacks: the ring is full, its oldest entry is still live
+ * (pruning frees none) and now is past its newest (a call of the same
+ * microsecond merges). A log in a block smaller than a whole log
+ * (class > 0) then moves up a class first, so that the cap at which
+ * entries merge stays sliding_max_entries. */
+static bool log_needs_room(uint64_t idx, const tg__log *lg, const tg__call *c) {
+  if (block_class(idx) == 0 || lg->n < lg->cap ||
+      (c->op != TG__OP_HIT && c->op != TG__OP_TAKE))
+    return false;
+  const tg__entry *first = tg__log_at(lg, 0), *last = tg__log_at(lg, lg->n - 1);
+  bool frees =
+      first->t_us <= c->now_us && c->now_us - first->t_us >= c->q.period_us;
+  return !frees && c->now_us > last->t_us;
+}
+
+/* Moves the log of slot pair p (generation g, block *w0 - 1, locked, as
+ * *bp) into a block of the next class: the new block comes back locked in
+ * *bp and its index + 1 in *w0; the old one is emptied, let go and freed.
+ * A thread that was waiting for the old block's lock finds the pair
+ * changed once it has it, and follows (every path checks the pair again
+ * under the block lock). Only a growing table's logs move, and only while
+ * their holder has the old block's lock, so no reclaim, reset or other
+ * move can change the pair meanwhile. The table lock is taken with a block
+ * lock held, the order every path allows (a holder of the table lock never
+ * waits for a log). */
+static int grow_log(tg__table *t, tg__pair *p, uint32_t g, uint64_t *w0,
+                    tg__log_block **bp, uint64_t now_us, tg__wait *wt) {
+  uint64_t from = *w0 - 1;
+  unsigned cls = block_class(from);
+  unsigned to = cls + 1 < t->nclass ? cls + 1 : 0;
+  int rc = lock_table(t, wt);
+  if (rc != TG_OK)
+    return rc;
+  uint64_t bi = take_block_locked(t, to, now_us, &rc);
+  unlock_table(t);
+  if (!bi)
+    return rc;
+  tg__log_block *old = *bp, *b = block(t, bi - 1); /* locked, see above */
+  tg__log src = log_view(t, old, from), dst = log_view(t, b, bi - 1);
+  dst.head = 0;
+  dst.n = 0;
+  dst.sum = src.sum;
+  for (uint32_t j = 0; j < src.n && dst.n < dst.cap; j++)
+    *tg__log_at(&dst, dst.n++) = *tg__log_at(&src, j);
+  b->period_us = old->period_us;
+  b->last_us = old->last_us;
+  log_store(b, &dst);
+  uint64_t e0 = *w0, e1 = g;
+  bool moved = tg__cas128(p, &e0, &e1, bi, g);
+  tg__log_block *gone = moved ? old : b;
+  uint64_t gone_idx = moved ? from : bi - 1;
+  log_clear(gone);
+  unlock_block(t, gone);
+  if (lock_table(t, wt) == TG_OK) {
+    block_release_locked(t, gone_idx);
+    unlock_table(t);
+  } /* else the block is lost to the table: a leak, never a double use */
+  if (!moved)
+    return TG_ECORRUPT; /* the pair changed under its log's lock */
+  *w0 = bi;
+  *bp = b;
+  return TG_OK;
 }
 
 /* Finishes a reclaim of the key left half done (see settle_slot_locked); in
@@ -706,7 +801,7 @@ exec_log(tg__table *t, const kref *k, const tg__call *c, tg__outcome *o) {
     tg__log_block *b = w0 >= 1 ? block(t, w0 - 1) : NULL;
     if (!b)
       return TG_ECORRUPT;
-    block_prefetch(t, b);
+    block_prefetch(t, b, w0 - 1);
     if ((rc = lock_block(t, b, wt)) != TG_OK)
       return rc;
     if (tg__load_acquire(&p->w[1]) != g) {
@@ -715,11 +810,22 @@ exec_log(tg__table *t, const kref *k, const tg__call *c, tg__outcome *o) {
         return rc;
       continue;
     }
+    if (tg__load_relaxed(&p->w[0]) != w0) {
+      unlock_block(t, b); /* the log grew into another block: follow it */
+      continue;
+    }
     if (!log_backed(t, b)) {
       unlock_block(t, b);
       return TG_ENOMEM;
     }
-    tg__log lg = log_view(t, b);
+    tg__log lg = log_view(t, b, w0 - 1);
+    if (log_needs_room(w0 - 1, &lg, c)) {
+      if ((rc = grow_log(t, p, g, &w0, &b, c->now_us, wt)) != TG_OK) {
+        unlock_block(t, b);
+        return rc;
+      }
+      lg = log_view(t, b, w0 - 1);
+    }
     if (t->g.shared &&
         !tg__log_sound_where_read(&lg, c->q.period_us, c->now_us)) {
       unlock_block(t, b);
@@ -950,9 +1056,7 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
     }
     if (c->op == TG__OP_UNDO && g != (uint32_t)tok->gen)
       return TG_OK;
-    if (w0 == 0 || w0 > t->g.nlogs)
-      return TG_ECORRUPT;
-    tg__log_block *b = block(t, w0 - 1);
+    tg__log_block *b = w0 >= 1 ? block(t, w0 - 1) : NULL;
     if (!b)
       return TG_ECORRUPT;
     if ((rc = lock_block(t, b, wt)) != TG_OK)
@@ -963,11 +1067,22 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
         return rc;
       continue;
     }
+    if (tg__load_relaxed(&p->w[0]) != w0) {
+      unlock_block(t, b); /* the log grew into another block: follow it */
+      continue;
+    }
     if (c->op != TG__OP_CHECK && !log_backed(t, b)) {
       unlock_block(t, b);
       return TG_ENOMEM;
     }
-    tg__log lg = log_view(t, b);
+    tg__log lg = log_view(t, b, w0 - 1);
+    if (log_needs_room(w0 - 1, &lg, c)) {
+      if ((rc = grow_log(t, p, g, &w0, &b, c->now_us, wt)) != TG_OK) {
+        unlock_block(t, b);
+        return rc;
+      }
+      lg = log_view(t, b, w0 - 1);
+    }
     if (t->g.shared &&
         !tg__log_sound_where_read(&lg, c->q.period_us, c->now_us)) {
       unlock_block(t, b);
@@ -1329,7 +1444,8 @@ int tg__table_reset(tg__table *t, const void *key, size_t key_len) {
         return drop_corrupt(t, i, ctl, w0, w1, &wt);
       if ((rc = lock_block(t, b, &wt)) != TG_OK)
         return rc;
-      bool same = tg__load_acquire(&p->w[1]) == g;
+      bool same = tg__load_acquire(&p->w[1]) == g &&
+                  tg__load_relaxed(&p->w[0]) == w0; /* not grown meanwhile */
       if (same)
         log_clear(b);
       unlock_block(t, b);

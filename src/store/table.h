@@ -208,6 +208,14 @@ typedef struct tg__geom {
 /* Extents per arena: enough for TG_CAPACITY_MAX units from a first extent
  * of one unit. */
 #define TG__EXTENTS 48
+/* Sizes of log block: class 0 holds a whole log (log_entries entries, as
+ * every block of a region); a growing table's classes 1.. hold 64 B, 128 B,
+ * ... (1, 5, 13, ... entries), each below log_entries. A log starts in the
+ * smallest and moves up a class whenever it fills (grow_log in table.c). */
+#define TG__LOG_CLASSES 24
+/* A log block's index carries its class above this bit (class 0: the index
+ * alone, the only encoding a region's table holds). */
+#define TG__CLASS_SHIFT 48
 
 /* A process's view of a table region. */
 typedef struct tg__table {
@@ -227,8 +235,14 @@ typedef struct tg__table {
    * use, plus the first extent). An extent never moves or goes before the
    * table does: a pointer to a unit stays valid. NULL: not mapped yet. */
   unsigned char *cext[TG__EXTENTS];
-  unsigned char *lext[TG__EXTENTS];
-  unsigned cshift, lshift;
+  unsigned char *lext[TG__LOG_CLASSES][TG__EXTENTS]; /* per class */
+  unsigned cshift, lshift[TG__LOG_CLASSES];
+  unsigned nclass; /* log block classes: 1, or a growing sliding table's */
+  uint32_t lcap[TG__LOG_CLASSES];   /* entries a block of the class holds */
+  uint64_t lbytes[TG__LOG_CLASSES]; /* its size, a multiple of 64 */
+  /* classes 1..: free list heads and bump counts (table lock; class 0's
+   * are the header's log_free and log_bump) */
+  uint64_t lfree[TG__LOG_CLASSES], lbump[TG__LOG_CLASSES];
   bool grow;          /* extents mapped apart, as they fill */
   uint64_t ext_bytes; /* grow: bytes mapped for extents (atomic) */
   tg__backing *bk;    /* NULL: every page is backed when touched */
@@ -248,10 +262,10 @@ static inline unsigned char *tg__arena_at(unsigned char *const *ext,
   return e + (i - (((UINT64_C(1) << k) - 1) << sh)) * unit;
 }
 
-/* Makes sure the extent holding unit i of the log arena (logs) or the
- * chunk arena exists, mapping it if the table grows: false when it cannot
- * be mapped (TG_ENOMEM). Table lock held. */
-bool tg__table_extent(tg__table *t, bool logs, uint64_t i);
+/* Makes sure the extent holding unit i of the chunk arena (arena -1) or of
+ * log class `arena` exists, mapping it if the table grows: false when it
+ * cannot be mapped (TG_ENOMEM). Table lock held. */
+bool tg__table_extent(tg__table *t, int arena, uint64_t i);
 
 /* Bytes a region for p needs, or 0 if p is out of range. */
 size_t tg__table_bytes(const tg__table_params *p);

@@ -218,19 +218,38 @@ static __attribute__((unused)) void read_pair(tg_algorithm alg, tg__pair *p,
 
 /* ---- log blocks and their locks ---- */
 
+/* A block index: its class (TG__CLASS_SHIFT) and its place in the class's
+ * arena. */
+static inline unsigned block_class(uint64_t idx) {
+  return (unsigned)(idx >> TG__CLASS_SHIFT);
+}
+static inline uint64_t block_place(uint64_t idx) {
+  return idx & ((UINT64_C(1) << TG__CLASS_SHIFT) - 1);
+}
+static inline uint64_t block_idx(unsigned cls, uint64_t place) {
+  return (uint64_t)cls << TG__CLASS_SHIFT | place;
+}
+static inline bool block_ok(const tg__table *t, uint64_t idx) {
+  return block_class(idx) < t->nclass && block_place(idx) < t->g.nlogs;
+}
+
 /* Block idx, its header backed; NULL when idx is out of range or that
  * memory cannot be backed (a block in use always is: that index is
  * corrupt). Its entries are backed as the log grows (entries_backed), so
- * that a log's memory follows its entries, as in anonymous memory. */
+ * that a log's memory follows its entries, as in anonymous memory. Only
+ * class 0 lives in a region (and is backed); the other classes are a
+ * growing table's. */
 static __attribute__((unused)) tg__log_block *block(const tg__table *t,
                                                     uint64_t idx) {
-  if (idx >= t->g.nlogs)
+  unsigned cls = block_class(idx);
+  uint64_t i = block_place(idx);
+  if (cls >= t->nclass || i >= t->g.nlogs)
     return NULL;
-  uint64_t off = t->g.log_off + idx * t->g.log_block_bytes;
-  if (!tg__backed(t->bk, off, sizeof(tg__log_block)))
+  if (cls == 0 && !tg__backed(t->bk, t->g.log_off + i * t->g.log_block_bytes,
+                              sizeof(tg__log_block)))
     return NULL;
-  return (tg__log_block *)(void *)tg__arena_at(t->lext, t->lshift, idx,
-                                               t->g.log_block_bytes);
+  return (tg__log_block *)(void *)tg__arena_at(t->lext[cls], t->lshift[cls], i,
+                                               t->lbytes[cls]);
 }
 
 /* Backs the first `count` entries of block b's ring. */
@@ -242,10 +261,12 @@ static inline bool entries_backed(const tg__table *t, const tg__log_block *b,
   return tg__backed(t->bk, off + sizeof *b, count * sizeof(tg__entry));
 }
 
-/* A block's log as the steps see it, head and n clamped to the ring (a
- * corrupt segment must not send them out of it). Block lock held. */
-static inline tg__log log_view(const tg__table *t, tg__log_block *b) {
-  tg__log lg = {b->e, b->head, b->n, t->g.log_entries, b->sum};
+/* Block idx's log (b = block(t, idx)) as the steps see it, head and n
+ * clamped to the ring (a corrupt segment must not send them out of it).
+ * Block lock held. */
+static inline tg__log log_view(const tg__table *t, tg__log_block *b,
+                               uint64_t idx) {
+  tg__log lg = {b->e, b->head, b->n, t->lcap[block_class(idx)], b->sum};
   if (lg.head >= lg.cap)
     lg.head = 0;
   if (lg.n > lg.cap)
@@ -287,7 +308,7 @@ static __attribute__((unused)) void repair_log(const tg__table *t,
     log_clear(b);
     return;
   }
-  tg__log lg = log_view(t, b);
+  tg__log lg = log_view(t, b, 0); /* a region's: class 0 */
   tg__log_repair(&lg);
   log_store(b, &lg);
 }
@@ -301,7 +322,7 @@ static __attribute__((unused)) bool log_backed(const tg__table *t,
                                                tg__log_block *b) {
   if (!t->bk)
     return true;
-  tg__log lg = log_view(t, b);
+  tg__log lg = log_view(t, b, 0); /* a region's: class 0 */
   uint64_t used = (uint64_t)lg.head + lg.n + 1;
   return entries_backed(t, b, used < lg.cap ? used : lg.cap);
 }

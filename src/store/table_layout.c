@@ -10,6 +10,7 @@
 #include "../siphash.h"
 
 #include <stddef.h>
+#include <string.h>
 #include <sys/mman.h>
 
 /* ---- layout ---- */
@@ -85,11 +86,14 @@ static void slice(unsigned char **ext, unsigned sh, unsigned char *start,
     ext[k] = ext_first(k, sh) < n ? start + ext_first(k, sh) * unit : NULL;
 }
 
-bool tg__table_extent(tg__table *t, bool logs, uint64_t i) {
-  unsigned char **ext = logs ? t->lext : t->cext;
-  unsigned sh = logs ? t->lshift : t->cshift;
+bool tg__table_extent(tg__table *t, int arena, uint64_t i) {
+  bool logs = arena >= 0;
+  if (logs && (unsigned)arena >= t->nclass)
+    return false;
+  unsigned char **ext = logs ? t->lext[arena] : t->cext;
+  unsigned sh = logs ? t->lshift[arena] : t->cshift;
   uint64_t n = logs ? t->g.nlogs : t->g.nchunks;
-  uint64_t unit = logs ? t->g.log_block_bytes : TG_KEY_MAX;
+  uint64_t unit = logs ? t->lbytes[arena] : TG_KEY_MAX;
   if (i >= n)
     return false;
   unsigned k = 63u - (unsigned)__builtin_clzll((i >> sh) + 1);
@@ -114,11 +118,11 @@ bool tg__table_extent(tg__table *t, bool logs, uint64_t i) {
 void tg__table_unmap_extents(tg__table *t) {
   if (!t->grow)
     return;
-  for (int a = 0; a < 2; a++) {
-    unsigned char **ext = a ? t->lext : t->cext;
-    unsigned sh = a ? t->lshift : t->cshift;
-    uint64_t n = a ? t->g.nlogs : t->g.nchunks;
-    uint64_t unit = a ? t->g.log_block_bytes : TG_KEY_MAX;
+  for (int a = -1; a < (int)t->nclass; a++) {
+    unsigned char **ext = a >= 0 ? t->lext[a] : t->cext;
+    unsigned sh = a >= 0 ? t->lshift[a] : t->cshift;
+    uint64_t n = a >= 0 ? t->g.nlogs : t->g.nchunks;
+    uint64_t unit = a >= 0 ? t->lbytes[a] : TG_KEY_MAX;
     for (unsigned k = 0; k < TG__EXTENTS; k++)
       if (ext[k]) {
         munmap(ext[k], (size_t)(ext_units(k, sh, n) * unit));
@@ -149,9 +153,18 @@ static void attach_view(tg__table *t, void *mem, const tg__table_params *p) {
   t->g.evict = p->evict;
   t->slots = (tg__slot *)(void *)(t->base + t->h->slot_off);
   t->cshift = ext_shift(TG_KEY_MAX);
-  t->lshift = ext_shift(t->g.log_block_bytes);
   slice(t->cext, t->cshift, t->base + t->g.chunk_off, t->g.nchunks, TG_KEY_MAX);
-  slice(t->lext, t->lshift, t->base + t->g.log_off, t->g.nlogs,
+  memset(t->lext, 0, sizeof t->lext);
+  memset(t->lshift, 0, sizeof t->lshift);
+  memset(t->lcap, 0, sizeof t->lcap);
+  memset(t->lbytes, 0, sizeof t->lbytes);
+  memset(t->lfree, 0, sizeof t->lfree);
+  memset(t->lbump, 0, sizeof t->lbump);
+  t->nclass = 1;
+  t->lcap[0] = t->g.log_entries;
+  t->lbytes[0] = t->g.log_block_bytes;
+  t->lshift[0] = ext_shift(t->g.log_block_bytes);
+  slice(t->lext[0], t->lshift[0], t->base + t->g.log_off, t->g.nlogs,
         t->g.log_block_bytes);
   t->grow = false;
   t->ext_bytes = 0;
@@ -195,9 +208,21 @@ int tg__table_init_grow(tg__table *t, void *mem, const tg__table_params *p) {
     return rc;
   /* the header keeps the contiguous layout's offsets (nothing reads them
    * from a private region); the arenas are not behind the slots */
-  for (unsigned k = 0; k < TG__EXTENTS; k++)
-    t->cext[k] = t->lext[k] = NULL;
+  memset(t->cext, 0, sizeof t->cext);
+  memset(t->lext, 0, sizeof t->lext);
   t->grow = true;
+  /* a sliding log starts in a 64-byte block and doubles as it fills, up to
+   * class 0's whole log: a key's memory follows its entries */
+  if (t->g.algorithm == TG_SLIDING_WINDOW)
+    for (uint64_t bytes = 64; t->nclass < TG__LOG_CLASSES; bytes *= 2) {
+      uint64_t cap = (bytes - sizeof(tg__log_block)) / sizeof(tg__entry);
+      if (cap >= t->g.log_entries)
+        break;
+      t->lcap[t->nclass] = (uint32_t)cap;
+      t->lbytes[t->nclass] = bytes;
+      t->lshift[t->nclass] = ext_shift(bytes);
+      t->nclass++;
+    }
   return TG_OK;
 }
 

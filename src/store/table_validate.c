@@ -34,7 +34,8 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
   memset(r, 0, sizeof *r);
   /* which chunks and blocks LIVE keys use, and which the free lists hold */
   unsigned char *chunk_use = calloc(t->g.nchunks + 1, 1);
-  unsigned char *block_use = calloc(t->g.nlogs + 1, 1);
+  /* blocks of every class: class c's place i at c * nlogs + i */
+  unsigned char *block_use = calloc(t->nclass * t->g.nlogs + 1, 1);
   uint64_t *hashes = calloc(t->g.nslots + 1, sizeof *hashes);
   if (!chunk_use || !block_use || !hashes) {
     free(chunk_use);
@@ -91,7 +92,7 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
         check_fail(r, "log block out of range", i);
         continue;
       }
-      if (block_use[w0 - 1]++)
+      if (block_use[block_class(w0 - 1) * t->g.nlogs + block_place(w0 - 1)]++)
         check_fail(r, "log block used twice", i);
       bool died;
       if (tg__lock_try(&b->lock, t->g.shared, &died) != TG_OK) {
@@ -107,7 +108,7 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
         unlock_block(t, b);
         continue;
       }
-      tg__log lg = {b->e, b->head, b->n, t->g.log_entries, b->sum};
+      tg__log lg = {b->e, b->head, b->n, t->lcap[block_class(w0 - 1)], b->sum};
       if (!tg__log_plausible(&lg))
         check_fail(r, "log not a sorted ring with its sum", i);
       unlock_block(t, b);
@@ -144,21 +145,28 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
       check_fail(r, "chunk both free and used", f);
     f = tg__load_relaxed(&w[0]);
   }
-  steps = 0;
-  for (uint64_t f = h->log_free; f; steps++) {
-    const tg__log_block *b = f <= t->g.nlogs ? block(t, f - 1) : NULL;
-    if (!b || steps > t->g.nlogs) {
-      check_fail(r, "log free list corrupt", f);
-      break;
+  for (unsigned cls = 0; cls < t->nclass; cls++) {
+    steps = 0;
+    for (uint64_t f = cls ? t->lfree[cls] : h->log_free; f; steps++) {
+      const tg__log_block *b = block_ok(t, f - 1) && block_class(f - 1) == cls
+                                   ? block(t, f - 1)
+                                   : NULL;
+      if (!b || steps > t->g.nlogs) {
+        check_fail(r, "log free list corrupt", f);
+        break;
+      }
+      if (block_use[cls * t->g.nlogs + block_place(f - 1)]++)
+        check_fail(r, "log block both free and used", f);
+      f = b->next_free;
     }
-    if (block_use[f - 1]++)
-      check_fail(r, "log block both free and used", f);
-    f = b->next_free;
   }
   for (uint64_t i = 0; i < h->chunk_bump && i < t->g.nchunks; i++)
     r->leaked += chunk_use[i] == 0;
-  for (uint64_t i = 0; i < h->log_bump && i < t->g.nlogs; i++)
-    r->leaked += block_use[i] == 0;
+  for (unsigned cls = 0; cls < t->nclass; cls++) {
+    uint64_t bump = cls ? t->lbump[cls] : h->log_bump;
+    for (uint64_t i = 0; i < bump && i < t->g.nlogs; i++)
+      r->leaked += block_use[cls * t->g.nlogs + i] == 0;
+  }
   r->live_counter = tg__load_relaxed(&h->live);
   if (r->live_slots > t->g.capacity)
     check_fail(r, "more LIVE keys than capacity", r->live_slots);

@@ -297,21 +297,27 @@ class Limits(unittest.TestCase):
         def store_bytes(*opts):
             with Server(TOLLGATE, "--capacity", "1024", *opts) as srv:
                 r = redis.Redis(port=srv.port, socket_timeout=30)
-                before = r.info("memory")["store_bytes"]
+                sizes = [r.info("memory")["store_bytes"]]
                 for i in range(4):
                     r.execute_command("TG.HIT", "s%d" % i, "sliding_window",
-                                      5, HOUR)
-                after = r.info("memory")["store_bytes"]
+                                      1000, HOUR)
+                sizes.append(r.info("memory")["store_bytes"])
+                for _ in range(200):  # one log of many entries
+                    r.execute_command("TG.HIT", "s0", "sliding_window",
+                                      1000, HOUR)
+                sizes.append(r.info("memory")["store_bytes"])
                 r.close()
-                return before, after
-        big0, big1 = store_bytes()
-        small0, small1 = store_bytes("--sliding-max-entries", "16")
+                return sizes
+        big = store_bytes()
+        small = store_bytes("--sliding-max-entries", "16")
         # nothing is set aside for logs before a sliding key holds one
-        self.assertEqual(big0, small0)
-        # then 16 bytes an entry for each key that does (in extents: the
-        # four 1024-entry logs map six, the 16-entry ones a first 40 KiB)
-        self.assertGreaterEqual(big1 - big0, 4 * 16 * 1024)
-        self.assertLess(small1 - small0, 4 * 16 * 1024)
+        self.assertEqual(big[0], small[0])
+        # a log of one entry is a 64-byte block, whatever the cap
+        self.assertGreater(big[1], big[0])
+        self.assertEqual(big[1] - big[0], small[1] - small[0])
+        # a log that grows takes larger blocks, up to the cap's
+        self.assertGreater(big[2], big[1])
+        self.assertGreater(big[2] - big[1], small[2] - small[1])
         p = run("--sliding-max-entries", "0")
         self.assertEqual(p.returncode, 2)
         p = run("--sliding-max-entries", str((1 << 24) + 1))
