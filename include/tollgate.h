@@ -349,8 +349,9 @@ typedef struct tg_config {
    * 16 * sliding_max_entries bytes rounded up to 64: a key's log costs
    * about 16 bytes an entry it holds, plus a block's slack. They are
    * mapped in extents of doubling size (each size's first 64 KiB), so the
-   * table reserves at most about twice what its keys use plus 64 KiB per
-   * size, and a key whose memory cannot be mapped is TG_ENOMEM (through
+   * table reserves at most about twice what the most keys it has held
+   * needed, plus 64 KiB per size of chunk or block in use, and a key whose
+   * memory cannot be mapped is TG_ENOMEM (through
    * on_failure). Nothing is given back before tg_limiter_destroy: a key
    * reclaimed, or a log that moved up, leaves its chunk or block to the
    * next one. Memory backs it all only as it is touched. A shared segment,

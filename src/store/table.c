@@ -626,7 +626,8 @@ out:
  * microsecond merges). A log in a block smaller than a whole log
  * (class > 0) then moves up a class first, so that the cap at which
  * entries merge stays sliding_max_entries. */
-static bool log_needs_room(uint64_t idx, const tg__log *lg, const tg__call *c) {
+static inline bool log_needs_room(uint64_t idx, const tg__log *lg,
+                                  const tg__call *c) {
   if (block_class(idx) == 0 || lg->n < lg->cap ||
       (c->op != TG__OP_HIT && c->op != TG__OP_TAKE))
     return false;
@@ -646,8 +647,9 @@ static bool log_needs_room(uint64_t idx, const tg__log *lg, const tg__call *c) {
  * move can change the pair meanwhile. The table lock is taken with a block
  * lock held, the order every path allows (a holder of the table lock never
  * waits for a log). */
-static int grow_log(tg__table *t, tg__pair *p, uint32_t g, uint64_t *w0,
-                    tg__log_block **bp, uint64_t now_us, tg__wait *wt) {
+__attribute__((noinline, cold)) static int
+grow_log(tg__table *t, tg__pair *p, uint32_t g, uint64_t *w0,
+         tg__log_block **bp, uint64_t now_us, tg__wait *wt) {
   uint64_t from = *w0 - 1;
   unsigned cls = block_class(from);
   unsigned to = cls + 1 < t->nclass ? cls + 1 : 0;

@@ -237,7 +237,9 @@ typedef struct tg__table {
   unsigned char *cext[TG__EXTENTS];
   unsigned char *lext[TG__LOG_CLASSES][TG__EXTENTS]; /* per class */
   unsigned cshift, lshift[TG__LOG_CLASSES];
-  unsigned nclass; /* log block classes: 1, or a growing sliding table's */
+  unsigned nclass;     /* log block classes: 1, or a growing sliding table's */
+  unsigned char *log0; /* a region's class 0 blocks, one after another
+                          (NULL in a growing table: lext[0]) */
   uint32_t lcap[TG__LOG_CLASSES];   /* entries a block of the class holds */
   uint64_t lbytes[TG__LOG_CLASSES]; /* its size, a multiple of 64 */
   /* classes 1..: free list heads and bump counts (table lock; class 0's

@@ -241,12 +241,18 @@ static inline bool block_ok(const tg__table *t, uint64_t idx) {
  * growing table's. */
 static __attribute__((unused)) tg__log_block *block(const tg__table *t,
                                                     uint64_t idx) {
+  if (idx < t->g.nlogs) { /* class 0, a whole log */
+    if (!t->log0)
+      return (tg__log_block *)(void *)tg__arena_at(t->lext[0], t->lshift[0],
+                                                   idx, t->g.log_block_bytes);
+    uint64_t off = idx * t->g.log_block_bytes;
+    if (!tg__backed(t->bk, t->g.log_off + off, sizeof(tg__log_block)))
+      return NULL;
+    return (tg__log_block *)(void *)(t->log0 + off);
+  }
   unsigned cls = block_class(idx);
   uint64_t i = block_place(idx);
-  if (cls >= t->nclass || i >= t->g.nlogs)
-    return NULL;
-  if (cls == 0 && !tg__backed(t->bk, t->g.log_off + i * t->g.log_block_bytes,
-                              sizeof(tg__log_block)))
+  if (cls == 0 || cls >= t->nclass || i >= t->g.nlogs)
     return NULL;
   return (tg__log_block *)(void *)tg__arena_at(t->lext[cls], t->lshift[cls], i,
                                                t->lbytes[cls]);

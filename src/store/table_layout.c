@@ -161,6 +161,7 @@ static void attach_view(tg__table *t, void *mem, const tg__table_params *p) {
   memset(t->lfree, 0, sizeof t->lfree);
   memset(t->lbump, 0, sizeof t->lbump);
   t->nclass = 1;
+  t->log0 = t->base + t->g.log_off;
   t->lcap[0] = t->g.log_entries;
   t->lbytes[0] = t->g.log_block_bytes;
   t->lshift[0] = ext_shift(t->g.log_block_bytes);
@@ -210,6 +211,7 @@ int tg__table_init_grow(tg__table *t, void *mem, const tg__table_params *p) {
    * from a private region); the arenas are not behind the slots */
   memset(t->cext, 0, sizeof t->cext);
   memset(t->lext, 0, sizeof t->lext);
+  t->log0 = NULL;
   t->grow = true;
   /* a sliding log starts in a 64-byte block and doubles as it fills, up to
    * class 0's whole log: a key's memory follows its entries */
