@@ -646,7 +646,9 @@ static inline bool log_needs_room(uint64_t idx, const tg__log *lg,
  * their holder has the old block's lock, so no reclaim, reset or other
  * move can change the pair meanwhile. The table lock is taken with a block
  * lock held, the order every path allows (a holder of the table lock never
- * waits for a log). */
+ * waits for a log: the new block is try-locked), and held over the copy
+ * (at most a whole log's entries) so that one section both takes the new
+ * block and frees the old. */
 __attribute__((noinline, cold)) static int
 grow_log(tg__table *t, tg__pair *p, uint32_t g, uint64_t *w0,
          tg__log_block **bp, uint64_t now_us, tg__wait *wt) {
@@ -657,9 +659,10 @@ grow_log(tg__table *t, tg__pair *p, uint32_t g, uint64_t *w0,
   if (rc != TG_OK)
     return rc;
   uint64_t bi = take_block_locked(t, to, now_us, &rc);
-  unlock_table(t);
-  if (!bi)
+  if (!bi) {
+    unlock_table(t);
     return rc;
+  }
   tg__log_block *old = *bp, *b = block(t, bi - 1); /* locked, see above */
   tg__log src = log_view(t, old, from), dst = log_view(t, b, bi - 1);
   dst.head = 0;
@@ -676,10 +679,8 @@ grow_log(tg__table *t, tg__pair *p, uint32_t g, uint64_t *w0,
   uint64_t gone_idx = moved ? from : bi - 1;
   log_clear(gone);
   unlock_block(t, gone);
-  if (lock_table(t, wt) == TG_OK) {
-    block_release_locked(t, gone_idx);
-    unlock_table(t);
-  } /* else the block is lost to the table: a leak, never a double use */
+  block_release_locked(t, gone_idx);
+  unlock_table(t);
   if (!moved)
     return TG_ECORRUPT; /* the pair changed under its log's lock */
   *w0 = bi;
