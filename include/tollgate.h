@@ -345,9 +345,13 @@ typedef struct tg_config {
    * cannot hold it). What keys need beyond their slot is reserved as they
    * come: a long key's 256 bytes (long_keys), and a sliding window key's
    * log, which starts in a 64-byte block (one entry) and moves to one
-   * twice as large whenever it fills (5, 13, 29, ... entries), up to 48 +
-   * 16 * sliding_max_entries bytes rounded up to 64: a key's log costs
-   * about 16 bytes an entry it holds, plus a block's slack. They are
+   * twice as large whenever an admitted call finds it full (5, 13, 29,
+   * ... entries), up to 48 + 16 * sliding_max_entries bytes rounded up to
+   * 64: a key's log costs about 16 bytes an entry it holds, plus a block's
+   * slack. A log that cannot move up (no memory for a larger block) keeps
+   * its block and merges its newest entries early, as at
+   * sliding_max_entries: answers stay on the safe side, and a later call
+   * tries again. They are
    * mapped in extents of doubling size (each size's first 64 KiB), so the
    * table reserves at most about twice what the most keys it has held
    * needed, plus 64 KiB per size of chunk or block in use, and a key whose

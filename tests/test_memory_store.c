@@ -1076,10 +1076,11 @@ static void store_bytes_follow_keys(void **state) {
 /* ---- what a decision writes ---- */
 
 /* The memory store's sliding logs start in a 64-byte block and move to one
- * twice as large each time they fill (table.h, TG__LOG_CLASSES), up to a
- * whole sliding_max_entries log: driven on the table itself, keys of every
- * log length answer as the model does (limit exactly, the log's sum), a
- * one-entry key costs a 64-byte block, the table validates (every block
+ * twice as large each time a call that appends finds them full (table.h,
+ * TG__LOG_CLASSES), up to a whole sliding_max_entries log. Driven on the
+ * table itself: keys of every log length answer as the model does (limit
+ * exactly, the log's sum), a one-entry key costs a 64-byte block and a
+ * denied or free call does not move it, the table validates (every block
  * owned once, free lists sound, nothing leaked) after the logs grew and
  * after the cleaner reclaimed them, and when the keys come back (from the
  * free lists: no extent is added). */
@@ -1115,6 +1116,19 @@ static void sliding_logs_grow_by_class(void **state) {
   tg__outcome oo;
   assert_int_equal(tg__table_exec(&t, &one, &oo), TG_OK);
   assert_int_equal(t.lbump[1], 1);
+  /* a call that is denied, or costs nothing, appends nothing: the full
+   * one-entry ring does not move up for it */
+  const tg_quota uq1 = {.limit = 1, .period_ms = 1000};
+  tg__quota q1;
+  assert_int_equal(tg__quota_prepare(&q1, &uq1, TG_SLIDING_WINDOW), TG_OK);
+  tg__call one1 = one;
+  one1.q = q1;
+  one1.now_us = T0 + 10;
+  assert_int_equal(tg__table_exec(&t, &one1, &oo), TG_OK);
+  assert_false(oo.r.allowed);
+  one1.arg = 0;
+  one1.now_us = T0 + 20;
+  assert_int_equal(tg__table_exec(&t, &one1, &oo), TG_OK);
   for (unsigned c = 2; c < t.nclass; c++)
     assert_int_equal(t.lbump[c], 0);
   assert_int_equal(t.h->log_bump, 0);

@@ -620,21 +620,22 @@ out:
   return rc;
 }
 
-/* Whether a HIT or TAKE on log lg (block idx) at c->now_us could need an
- * entry its ring lacks: the ring is full, its oldest entry is still live
- * (pruning frees none) and now is past its newest (a call of the same
- * microsecond merges). A log in a block smaller than a whole log
- * (class > 0) then moves up a class first, so that the cap at which
- * entries merge stays sliding_max_entries. */
+/* Whether a HIT or TAKE on log lg (block idx) at c->now_us will append an
+ * entry its ring lacks room for: the ring is full, its oldest entry is
+ * still live (so, the log being sorted, pruning frees none), now is past
+ * its newest (a call of the same microsecond merges), and the call is
+ * allowed with a cost (a denied call records nothing). A log in a block
+ * smaller than a whole log (class > 0) then moves up a class first, so
+ * that entries merge only at sliding_max_entries. */
 static inline bool log_needs_room(uint64_t idx, const tg__log *lg,
                                   const tg__call *c) {
   if (block_class(idx) == 0 || lg->n < lg->cap ||
-      (c->op != TG__OP_HIT && c->op != TG__OP_TAKE))
+      (c->op != TG__OP_HIT && c->op != TG__OP_TAKE) || c->arg == 0)
     return false;
   const tg__entry *first = tg__log_at(lg, 0), *last = tg__log_at(lg, lg->n - 1);
   bool frees =
       first->t_us <= c->now_us && c->now_us - first->t_us >= c->q.period_us;
-  return !frees && c->now_us > last->t_us;
+  return !frees && c->now_us > last->t_us && tg__log_allows(c, lg->sum);
 }
 
 /* Moves the log of slot pair p (generation g, block *w0 - 1, locked, as
@@ -823,10 +824,14 @@ exec_log(tg__table *t, const kref *k, const tg__call *c, tg__outcome *o) {
     }
     tg__log lg = log_view(t, b, w0 - 1);
     if (log_needs_room(w0 - 1, &lg, c)) {
-      if ((rc = grow_log(t, p, g, &w0, &b, c->now_us, wt)) != TG_OK) {
+      rc = grow_log(t, p, g, &w0, &b, c->now_us, wt);
+      if (rc == TG_ECORRUPT) {
         unlock_block(t, b);
         return rc;
       }
+      /* else, when no larger block could be had (TG_ENOMEM, TG_EBUSY), the
+       * step runs in this one and merges its newest entries early: answers
+       * stay on the safe side, and a later call tries the move again */
       lg = log_view(t, b, w0 - 1);
     }
     if (t->g.shared &&
@@ -1080,10 +1085,14 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
     }
     tg__log lg = log_view(t, b, w0 - 1);
     if (log_needs_room(w0 - 1, &lg, c)) {
-      if ((rc = grow_log(t, p, g, &w0, &b, c->now_us, wt)) != TG_OK) {
+      rc = grow_log(t, p, g, &w0, &b, c->now_us, wt);
+      if (rc == TG_ECORRUPT) {
         unlock_block(t, b);
         return rc;
       }
+      /* else, when no larger block could be had (TG_ENOMEM, TG_EBUSY), the
+       * step runs in this one and merges its newest entries early: answers
+       * stay on the safe side, and a later call tries the move again */
       lg = log_view(t, b, w0 - 1);
     }
     if (t->g.shared &&
