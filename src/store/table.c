@@ -164,14 +164,14 @@ static uint64_t *class_bump(tg__table *t, unsigned cls) {
  * chunk_alloc_locked's. Free-list links are index + 1 of the same class. */
 static uint64_t block_alloc_locked(tg__table *t, unsigned cls, int *rc) {
   uint64_t *fr = class_free(t, cls), *bump = class_bump(t, cls);
-  if (*fr && !(block_ok(t, *fr - 1) && block_class(*fr - 1) == cls))
+  if (*fr && !block_in_class(t, *fr - 1, cls))
     *fr = 0;
   if (*fr) {
     uint64_t idx = *fr - 1;
     const tg__log_block *b = block(t, idx);
     if (b) {
       uint64_t nx = b->next_free;
-      *fr = nx && block_ok(t, nx - 1) && block_class(nx - 1) == cls ? nx : 0;
+      *fr = nx && block_in_class(t, nx - 1, cls) ? nx : 0;
       return idx + 1;
     }
     *fr = 0;
@@ -689,6 +689,23 @@ grow_log(tg__table *t, tg__pair *p, uint32_t g, uint64_t *w0,
   return TG_OK;
 }
 
+/* A step is about to append to a full log in a block smaller than a whole
+ * log (log_needs_room): moves it up a class and views the new block in
+ * *lg. When no larger block can be had (TG_ENOMEM, TG_EBUSY) the step
+ * runs in this one and merges its newest entries early: answers stay on
+ * the safe side, and a later call tries the move again. TG_ECORRUPT (the
+ * pair changed under its log's lock) is the only failure; the block in
+ * *bp is locked either way. */
+static int make_room(tg__table *t, tg__pair *p, uint32_t g, uint64_t *w0,
+                     tg__log_block **bp, tg__log *lg, uint64_t now_us,
+                     tg__wait *wt) {
+  int rc = grow_log(t, p, g, w0, bp, now_us, wt);
+  if (rc == TG_ECORRUPT)
+    return rc;
+  *lg = log_view(t, *bp, *w0 - 1);
+  return TG_OK;
+}
+
 /* Finishes a reclaim of the key left half done (see settle_slot_locked); in
  * this process, simply waits for the reclaimer holding the lock. */
 static int settle(tg__table *t, const kref *k, tg__wait *wt) {
@@ -823,16 +840,10 @@ exec_log(tg__table *t, const kref *k, const tg__call *c, tg__outcome *o) {
       return TG_ENOMEM;
     }
     tg__log lg = log_view(t, b, w0 - 1);
-    if (log_needs_room(w0 - 1, &lg, c)) {
-      rc = grow_log(t, p, g, &w0, &b, c->now_us, wt);
-      if (rc == TG_ECORRUPT) {
-        unlock_block(t, b);
-        return rc;
-      }
-      /* else, when no larger block could be had (TG_ENOMEM, TG_EBUSY), the
-       * step runs in this one and merges its newest entries early: answers
-       * stay on the safe side, and a later call tries the move again */
-      lg = log_view(t, b, w0 - 1);
+    if (log_needs_room(w0 - 1, &lg, c) &&
+        make_room(t, p, g, &w0, &b, &lg, c->now_us, wt) != TG_OK) {
+      unlock_block(t, b);
+      return TG_ECORRUPT;
     }
     if (t->g.shared &&
         !tg__log_sound_where_read(&lg, c->q.period_us, c->now_us)) {
@@ -1084,16 +1095,10 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
       return TG_ENOMEM;
     }
     tg__log lg = log_view(t, b, w0 - 1);
-    if (log_needs_room(w0 - 1, &lg, c)) {
-      rc = grow_log(t, p, g, &w0, &b, c->now_us, wt);
-      if (rc == TG_ECORRUPT) {
-        unlock_block(t, b);
-        return rc;
-      }
-      /* else, when no larger block could be had (TG_ENOMEM, TG_EBUSY), the
-       * step runs in this one and merges its newest entries early: answers
-       * stay on the safe side, and a later call tries the move again */
-      lg = log_view(t, b, w0 - 1);
+    if (log_needs_room(w0 - 1, &lg, c) &&
+        make_room(t, p, g, &w0, &b, &lg, c->now_us, wt) != TG_OK) {
+      unlock_block(t, b);
+      return TG_ECORRUPT;
     }
     if (t->g.shared &&
         !tg__log_sound_where_read(&lg, c->q.period_us, c->now_us)) {

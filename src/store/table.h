@@ -250,14 +250,19 @@ typedef struct tg__table {
   tg__backing *bk;    /* NULL: every page is backed when touched */
 } tg__table;
 
+/* The extent that holds unit i, in an arena whose first extent has 2^sh
+ * units. */
+static inline unsigned tg__extent_of(uint64_t i, unsigned sh) {
+  return 63u - (unsigned)__builtin_clzll((i >> sh) + 1);
+}
+
 /* Unit i of an arena whose extents are ext (first extent 2^sh units of
  * `unit` bytes each), or NULL when its extent is not mapped (an index
  * never handed out). i must be below the arena's length. */
 static inline unsigned char *tg__arena_at(unsigned char *const *ext,
                                           unsigned sh, uint64_t i,
                                           uint64_t unit) {
-  uint64_t q = (i >> sh) + 1;
-  unsigned k = 63u - (unsigned)__builtin_clzll(q);
+  unsigned k = tg__extent_of(i, sh);
   unsigned char *e = __atomic_load_n(&ext[k], __ATOMIC_ACQUIRE);
   if (!e)
     return NULL;

@@ -232,6 +232,11 @@ static inline uint64_t block_idx(unsigned cls, uint64_t place) {
 static inline bool block_ok(const tg__table *t, uint64_t idx) {
   return block_class(idx) < t->nclass && block_place(idx) < t->g.nlogs;
 }
+/* idx is a block of class cls (a free list holds one class only). */
+static inline bool block_in_class(const tg__table *t, uint64_t idx,
+                                  unsigned cls) {
+  return block_ok(t, idx) && block_class(idx) == cls;
+}
 
 /* Block idx, its header backed; NULL when idx is out of range or that
  * memory cannot be backed (a block in use always is: that index is

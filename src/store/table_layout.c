@@ -86,22 +86,32 @@ static void slice(unsigned char **ext, unsigned sh, unsigned char *start,
     ext[k] = ext_first(k, sh) < n ? start + ext_first(k, sh) * unit : NULL;
 }
 
-bool tg__table_extent(tg__table *t, int arena, uint64_t i) {
-  bool logs = arena >= 0;
-  if (logs && (unsigned)arena >= t->nclass)
+/* One arena's geometry: the chunks' (a = -1) or log class a's. */
+typedef struct arena {
+  unsigned char **ext;
+  unsigned sh;
+  uint64_t n, unit;
+} arena;
+
+static arena arena_of(tg__table *t, int a) {
+  if (a < 0)
+    return (arena){t->cext, t->cshift, t->g.nchunks, TG_KEY_MAX};
+  return (arena){t->lext[a], t->lshift[a], t->g.nlogs, t->lbytes[a]};
+}
+
+bool tg__table_extent(tg__table *t, int a, uint64_t i) {
+  if (a >= 0 && (unsigned)a >= t->nclass)
     return false;
-  unsigned char **ext = logs ? t->lext[arena] : t->cext;
-  unsigned sh = logs ? t->lshift[arena] : t->cshift;
-  uint64_t n = logs ? t->g.nlogs : t->g.nchunks;
-  uint64_t unit = logs ? t->lbytes[arena] : TG_KEY_MAX;
-  if (i >= n)
+  arena ar = arena_of(t, a);
+  unsigned char **ext = ar.ext;
+  if (i >= ar.n)
     return false;
-  unsigned k = 63u - (unsigned)__builtin_clzll((i >> sh) + 1);
+  unsigned k = tg__extent_of(i, ar.sh);
   if (__atomic_load_n(&ext[k], __ATOMIC_ACQUIRE))
     return true;
   if (!t->grow)
     return false;
-  size_t len = (size_t)(ext_units(k, sh, n) * unit);
+  size_t len = (size_t)(ext_units(k, ar.sh, ar.n) * ar.unit);
   /* backed by the kernel a page at a time, as its units are touched */
   void *m = mmap(NULL, len, PROT_READ | PROT_WRITE,
                  // cppcheck-suppress invalidFunctionArg
@@ -119,14 +129,11 @@ void tg__table_unmap_extents(tg__table *t) {
   if (!t->grow)
     return;
   for (int a = -1; a < (int)t->nclass; a++) {
-    unsigned char **ext = a >= 0 ? t->lext[a] : t->cext;
-    unsigned sh = a >= 0 ? t->lshift[a] : t->cshift;
-    uint64_t n = a >= 0 ? t->g.nlogs : t->g.nchunks;
-    uint64_t unit = a >= 0 ? t->lbytes[a] : TG_KEY_MAX;
+    arena ar = arena_of(t, a);
     for (unsigned k = 0; k < TG__EXTENTS; k++)
-      if (ext[k]) {
-        munmap(ext[k], (size_t)(ext_units(k, sh, n) * unit));
-        ext[k] = NULL;
+      if (ar.ext[k]) {
+        munmap(ar.ext[k], (size_t)(ext_units(k, ar.sh, ar.n) * ar.unit));
+        ar.ext[k] = NULL;
       }
   }
   t->ext_bytes = 0;

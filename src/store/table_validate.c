@@ -148,9 +148,8 @@ int tg__table_validate(const tg__table *t, tg__table_check *r) {
   for (unsigned cls = 0; cls < t->nclass; cls++) {
     steps = 0;
     for (uint64_t f = cls ? t->lfree[cls] : h->log_free; f; steps++) {
-      const tg__log_block *b = block_ok(t, f - 1) && block_class(f - 1) == cls
-                                   ? block(t, f - 1)
-                                   : NULL;
+      const tg__log_block *b =
+          block_in_class(t, f - 1, cls) ? block(t, f - 1) : NULL;
       if (!b || steps > t->g.nlogs) {
         check_fail(r, "log free list corrupt", f);
         break;
