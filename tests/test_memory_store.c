@@ -1075,6 +1075,33 @@ static void store_bytes_follow_keys(void **state) {
 
 /* ---- what a decision writes ---- */
 
+/* One call of op on a sliding table, which must succeed. */
+static tg__outcome log_call(tg__table *t, tg__op op, const char *key,
+                            const tg__quota *q, uint64_t arg, uint64_t now) {
+  tg__call c = {.op = op,
+                .alg = TG_SLIDING_WINDOW,
+                .key = key,
+                .key_len = strlen(key),
+                .q = *q,
+                .arg = arg,
+                .now_us = now};
+  tg__outcome o;
+  assert_int_equal(tg__table_exec(t, &c, &o), TG_OK);
+  return o;
+}
+
+/* The table validates with no broken invariant and nothing leaked; returns
+ * its LIVE slots. */
+static uint64_t table_sound(const tg__table *t) {
+  tg__table_check r;
+  assert_int_equal(tg__table_validate(t, &r), TG_OK);
+  if (r.errors)
+    print_error("validate: %s\n", r.first_error);
+  assert_int_equal(r.errors, 0);
+  assert_int_equal(r.leaked, 0);
+  return r.live_slots;
+}
+
 /* The memory store's sliding logs start in a 64-byte block and move to one
  * twice as large each time a call that appends finds them full (table.h,
  * TG__LOG_CLASSES), up to a whole sliding_max_entries log. Driven on the
@@ -1106,29 +1133,15 @@ static void sliding_logs_grow_by_class(void **state) {
   assert_int_equal(tg__quota_prepare(&q, &uq, TG_SLIDING_WINDOW), TG_OK);
   /* a key of one entry takes a block of class 1 (64 bytes), and nothing
    * of any other class is handed out */
-  tg__call one = {.op = TG__OP_HIT,
-                  .alg = TG_SLIDING_WINDOW,
-                  .key = "one",
-                  .key_len = 3,
-                  .q = q,
-                  .arg = 1,
-                  .now_us = T0};
-  tg__outcome oo;
-  assert_int_equal(tg__table_exec(&t, &one, &oo), TG_OK);
+  (void)log_call(&t, TG__OP_HIT, "one", &q, 1, T0);
   assert_int_equal(t.lbump[1], 1);
   /* a call that is denied, or costs nothing, appends nothing: the full
    * one-entry ring does not move up for it */
   const tg_quota uq1 = {.limit = 1, .period_ms = 1000};
   tg__quota q1;
   assert_int_equal(tg__quota_prepare(&q1, &uq1, TG_SLIDING_WINDOW), TG_OK);
-  tg__call one1 = one;
-  one1.q = q1;
-  one1.now_us = T0 + 10;
-  assert_int_equal(tg__table_exec(&t, &one1, &oo), TG_OK);
-  assert_false(oo.r.allowed);
-  one1.arg = 0;
-  one1.now_us = T0 + 20;
-  assert_int_equal(tg__table_exec(&t, &one1, &oo), TG_OK);
+  assert_false(log_call(&t, TG__OP_HIT, "one", &q1, 1, T0 + 10).r.allowed);
+  (void)log_call(&t, TG__OP_HIT, "one", &q1, 0, T0 + 20);
   for (unsigned c = 2; c < t.nclass; c++)
     assert_int_equal(t.lbump[c], 0);
   assert_int_equal(t.h->log_bump, 0);
@@ -1136,66 +1149,32 @@ static void sliding_logs_grow_by_class(void **state) {
   /* key k gets k + 1 hits at distinct microseconds: logs of every class;
    * past 100 entries the newest merge, and still no more than the limit */
   for (uint64_t k = 0; k < 160; k++) {
-    size_t len = (size_t)snprintf(key, sizeof key, "log%" PRIu64, k);
+    snprintf(key, sizeof key, "log%" PRIu64, k);
     for (uint64_t h = 0; h <= k; h++) {
-      tg__call c = {.op = TG__OP_HIT,
-                    .alg = TG_SLIDING_WINDOW,
-                    .key = key,
-                    .key_len = len,
-                    .q = q,
-                    .arg = 1,
-                    .now_us = T0 + h};
-      tg__outcome o;
-      assert_int_equal(tg__table_exec(&t, &c, &o), TG_OK);
+      tg__outcome o = log_call(&t, TG__OP_HIT, key, &q, 1, T0 + h);
       assert_int_equal(o.r.allowed, h < 150);
       assert_int_equal(o.r.remaining, h < 150 ? 149 - h : 0);
     }
-    tg__call g = {.op = TG__OP_GET,
-                  .alg = TG_SLIDING_WINDOW,
-                  .key = key,
-                  .key_len = len,
-                  .q = q,
-                  .now_us = T0 + k};
-    tg__outcome o;
-    assert_int_equal(tg__table_exec(&t, &g, &o), TG_OK);
-    assert_int_equal(o.value, k < 150 ? k + 1 : 150);
+    assert_int_equal(log_call(&t, TG__OP_GET, key, &q, 0, T0 + k).value,
+                     k < 150 ? k + 1 : 150);
   }
-  tg__table_check r;
-  assert_int_equal(tg__table_validate(&t, &r), TG_OK);
-  if (r.errors)
-    print_error("validate: %s\n", r.first_error);
-  assert_int_equal(r.errors, 0);
-  assert_int_equal(r.leaked, 0);
-  assert_int_equal(r.live_slots, 161);
+  assert_int_equal(table_sound(&t), 161);
   /* all decayed a period later: the cleaner frees every block */
   size_t removed = 0;
   assert_int_equal(tg__table_clean(&t, T0 + MS(5000), 0, NULL, NULL, &removed),
                    TG_OK);
   assert_int_equal(removed, 161);
-  assert_int_equal(tg__table_validate(&t, &r), TG_OK);
-  assert_int_equal(r.errors, 0);
-  assert_int_equal(r.leaked, 0);
+  (void)table_sound(&t);
   /* the same keys again: blocks come from the free lists, nothing new */
   uint64_t mapped = t.ext_bytes;
   for (uint64_t k = 0; k < 160; k++) {
-    size_t len = (size_t)snprintf(key, sizeof key, "log%" PRIu64, k);
-    for (uint64_t h = 0; h <= k % 20; h++) {
-      tg__call c = {.op = TG__OP_HIT,
-                    .alg = TG_SLIDING_WINDOW,
-                    .key = key,
-                    .key_len = len,
-                    .q = q,
-                    .arg = 1,
-                    .now_us = T0 + MS(10000) + h};
-      tg__outcome o;
-      assert_int_equal(tg__table_exec(&t, &c, &o), TG_OK);
-      assert_true(o.r.allowed);
-    }
+    snprintf(key, sizeof key, "log%" PRIu64, k);
+    for (uint64_t h = 0; h <= k % 20; h++)
+      assert_true(
+          log_call(&t, TG__OP_HIT, key, &q, 1, T0 + MS(10000) + h).r.allowed);
   }
   assert_int_equal(t.ext_bytes, mapped);
-  assert_int_equal(tg__table_validate(&t, &r), TG_OK);
-  assert_int_equal(r.errors, 0);
-  assert_int_equal(r.leaked, 0);
+  (void)table_sound(&t);
   tg__table_unmap_extents(&t);
   munmap(mem, core);
 }
