@@ -658,7 +658,12 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * (the cost is subtracted where it was added). For the buckets it is exact
  * unless calls on the same key with later times landed in between, which
  * can only make the bucket stricter; with the _at function those later
- * times must not exceed the policy's now for that to hold. Custom store:
+ * times must not exceed the policy's now for that to hold. One race is not
+ * covered: a tg_reset or tg_set of a rule's key between its consumption
+ * and its giving back (the policy's own call, between two of its rules)
+ * leaves the key's incarnation as it was, so the
+ * cost given back can come off what calls after the reset added: that
+ * key then admits at most that rule's cost more, once. Custom store:
  * every rule's key is locked (lock_and_get) in one fixed order (by key
  * bytes), all are decided, then each is stored (set_and_unlock) or
  * unlocked: nothing is ever given back (see "Custom stores" below).
