@@ -7,6 +7,12 @@
  * (connect, write, watch for replies and time them out). Entry points from
  * the caller (tg_uv_hit) only schedule a sync on the loop, so a callback
  * never runs inside tg_uv_hit.
+ *
+ * tg_uv submits single keys only, which never wait on the library's timer
+ * (tg_nb_timeout: a policy whose Cluster slot is split). An adapter that
+ * submits policies adds one uv_timer_t, started for tg_nb_timeout() ms
+ * after each sync when that is not -1, whose callback calls tg_nb_tick and
+ * syncs.
  */
 #include "nb_uv.h"
 

@@ -1587,6 +1587,18 @@ TG_EXTERN int tg_redis_available(void);
  * down, a connected one if any; with every link down they complete with
  * the code of the last one that went down.
  *
+ * The one timer: a policy (tg_nb_submit_rules) whose Cluster slot is being
+ * migrated, with its keys split between the two nodes, is told TRYAGAIN
+ * by the node that imports it. It did not run; it waits and is sent again
+ * as the blocking store does it (2, 4, 8, 16, 32 ms, then 50 ms, at most 39
+ * times, about 1.8 s; then TG_ESTORE, by the failure policy), counted in
+ * tg_nb_stats's ask. The library keeps no timer of its own: after anything
+ * that may have made one wait (tg_nb_input, tg_nb_tick), arm a timer for
+ * tg_nb_timeout() ms when it is not negative, and when it fires call
+ * tg_nb_tick, then service the links as after input. A loop that never
+ * does leaves such a policy pending until it next calls tg_nb_tick.
+ * Single-key requests never wait (a key cannot be split).
+ *
  * Memory: tg_nb_new allocates the tg_nb (about 150 KiB, most of it the
  * slot map: 16384 slots and up to 1024 node addresses), a store-less
  * limiter (with the fallback's table and the deny cache when configured,
@@ -1716,11 +1728,10 @@ TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
  * is answered TG_ESTORE, by the failure policy).
  * Every rule's client must outlive the request (its names and its
  * limiter are used until the answer). The deny cache is not consulted
- * (as tg_hit_rules does not). One difference from the blocking store: a
- * policy whose slot is being moved between Cluster nodes (ASK, then
- * TRYAGAIN while its keys are split) is not retried later (nothing here
- * keeps time): after the redirects allowed it is answered TG_ESTORE, by
- * the failure policy. */
+ * (as tg_hit_rules does not). A policy whose slot is being moved between
+ * Cluster nodes (ASK, then TRYAGAIN while its keys are split) waits and
+ * goes again as on the blocking store, through the caller's timer: see
+ * "The one timer" above. */
 TG_EXTERN int tg_nb_submit_rules(tg_nb *nb, tg_nb_req *req, tg_nb_rule *rules,
                                  size_t n, unsigned flags);
 TG_EXTERN int tg_nb_submit_rules_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req,
@@ -1732,6 +1743,16 @@ TG_EXTERN tg_nb_req *tg_nb_done(tg_nb *nb);
 
 /* Requests submitted and not yet returned by tg_nb_done. */
 TG_EXTERN size_t tg_nb_pending(const tg_nb *nb);
+
+/* Milliseconds (rounded up) until a policy told TRYAGAIN is due to be sent
+ * again (see "The one timer" above): 0 when one is due now, -1 when none
+ * waits (and for a NULL nb). Reads CLOCK_MONOTONIC. */
+TG_EXTERN long tg_nb_timeout(const tg_nb *nb);
+
+/* Sends again every waiting policy whose time has come (none early); then
+ * service the links (tg_nb_wants) as after tg_nb_input. TG_EINVAL for a
+ * NULL nb, else TG_OK (also when nothing was due). */
+TG_EXTERN int tg_nb_tick(tg_nb *nb);
 
 /* Links so far: 0 .. tg_nb_links() - 1 (only grows). */
 TG_EXTERN unsigned tg_nb_links(const tg_nb *nb);

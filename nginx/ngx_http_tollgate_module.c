@@ -89,6 +89,8 @@ typedef struct {
   ngx_uint_t nlinks, links_cap;
   ngx_event_t retry_ev; /* a link's state could not be allocated: its
                            node is down until this fires */
+  ngx_event_t tick_ev;  /* the client's timer (tg_nb_timeout): a policy
+                           waiting out a Cluster slot's migration */
   unsigned pumping : 1;
   unsigned pump_again : 1;
   ngx_queue_t pending; /* of tg_ngx_pending: submitted, not done */
@@ -1243,6 +1245,13 @@ static void redis_retry(ngx_event_t *ev) {
   redis_pump(z);
 }
 
+/* A policy told TRYAGAIN is due to go again. */
+static void redis_tick(ngx_event_t *ev) {
+  tg_ngx_zone *z = ev->data;
+  (void)tg_nb_tick(z->nb);
+  redis_pump(z);
+}
+
 /* Link id's state, made on first need (NULL: no memory). */
 static tg_ngx_link *redis_link(tg_ngx_zone *z, unsigned id) {
   if (id < z->nlinks && z->links[id])
@@ -1558,6 +1567,11 @@ static void redis_pump(tg_ngx_zone *z) {
       ngx_del_timer(c->read);
     }
   }
+  long due = tg_nb_timeout(z->nb);
+  if (due >= 0)
+    ngx_add_timer(&z->tick_ev, (ngx_msec_t)due);
+  else if (z->tick_ev.timer_set)
+    ngx_del_timer(&z->tick_ev);
   z->pumping = 0;
 }
 
@@ -1570,6 +1584,11 @@ static void redis_start(ngx_cycle_t *cycle, tg_ngx_zone *z) {
   z->retry_ev.data = z;
   z->retry_ev.log = cycle->log;
   z->retry_ev.cancelable = 1;
+  ngx_memzero(&z->tick_ev, sizeof(z->tick_ev));
+  z->tick_ev.handler = redis_tick;
+  z->tick_ev.data = z;
+  z->tick_ev.log = cycle->log;
+  z->tick_ev.cancelable = 1;
   tg_config cfg;
   tg_redis_config rc;
   redis_config(z, &cfg, &rc);
@@ -1598,6 +1617,8 @@ static void redis_stop(tg_ngx_zone *z) {
   }
   if (z->retry_ev.timer_set)
     ngx_del_timer(&z->retry_ev);
+  if (z->tick_ev.timer_set)
+    ngx_del_timer(&z->tick_ev);
   ngx_free(z->links);
   z->links = NULL;
   z->nlinks = z->links_cap = 0;

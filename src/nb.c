@@ -13,7 +13,10 @@
  * timeout it says tg_nb_closed (or tg_nb_down, to refuse the node's calls
  * until tg_nb_up). This file adds to the engine only what depends on
  * those words: which nodes are down, failing their calls at once, and
- * choosing where to ask for a Cluster's slot map.
+ * choosing where to ask for a Cluster's slot map; and the one thing that
+ * needs time: a policy told TRYAGAIN (its slot is being migrated) waits,
+ * for the caller's timer (tg_nb_timeout, tg_nb_tick), before it is sent
+ * again.
  */
 #include "tollgate.h"
 
@@ -22,6 +25,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* A request's private words: the engine's call, the quota's copy (the
  * policy's answer needs it) and when it was made (the deny cache's
@@ -45,6 +49,8 @@ struct nbpol {
   unsigned flags;
   tg_quota q[TG_RULES_MAX];
   uint64_t wait[TG_RULES_MAX]; /* each rule's max_wait_ms */
+  unsigned tries;              /* TRYAGAIN answers so far */
+  uint64_t due_ns;             /* when waiting: the monotonic time to resend */
 };
 
 _Static_assert(sizeof(nbpriv) <= sizeof(((tg_nb_req *)0)->private_),
@@ -58,6 +64,7 @@ struct tg_nb {
   char *username, *password;
   int down[TG__NODES_MAX];         /* 0, or the code a down node's calls get */
   nbpriv *local_head, *local_tail; /* answered without the engine */
+  nbpriv *waiting;                 /* policies told TRYAGAIN, to resend */
   nbpol *pols;                     /* policies pending */
   size_t pending;                  /* submitted, not yet returned */
   tg__slotmap map;                 /* last: the largest */
@@ -374,6 +381,8 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
     nb->pols->prev = pol;
   nb->pols = pol;
   nbpriv *p = priv(req);
+  pol->tries = 0;
+  pol->due_ns = 0;
   p->pol = pol;
   p->er.call = calls[0];
   p->er.owner = req;
@@ -449,6 +458,58 @@ static int reserved(tg_limiter *lim, const tg__call *c, const tg_quota *q,
   return rc;
 }
 
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
+}
+
+/* Whether the policy told TRYAGAIN may wait and go again: it then joins
+ * the waiting list, due after the blocking store's pause for that try. */
+static bool policy_waits(tg_nb *nb, nbpriv *p) {
+  nbpol *pol = p->pol;
+  if (++pol->tries >= TG__TRYAGAIN_WAITS)
+    return false;
+  pol->due_ns = mono_ns() +
+                (uint64_t)tg__tryagain_pause_ms(pol->tries) * UINT64_C(1000000);
+  p->next = nb->waiting;
+  nb->waiting = p;
+  return true;
+}
+
+long tg_nb_timeout(const tg_nb *nb) {
+  if (!nb || !nb->waiting)
+    return -1;
+  uint64_t now = mono_ns(), first = UINT64_MAX;
+  for (const nbpriv *p = nb->waiting; p; p = p->next)
+    first = p->pol->due_ns < first ? p->pol->due_ns : first;
+  return first <= now ? 0 : (long)tg__div_ceil(first - now, 1000000);
+}
+
+int tg_nb_tick(tg_nb *nb) {
+  if (!nb)
+    return TG_EINVAL;
+  if (!nb->waiting)
+    return TG_OK;
+  uint64_t now = mono_ns();
+  nbpriv **pp = &nb->waiting;
+  bool sent = false;
+  while (*pp) {
+    nbpriv *p = *pp;
+    if (p->pol->due_ns > now) {
+      pp = &p->next;
+      continue;
+    }
+    *pp = p->next;
+    p->next = NULL;
+    tg__eng_submit(&nb->eng, &p->er); /* from the start: the map's node */
+    sent = true;
+  }
+  if (sent)
+    settle(nb);
+  return TG_OK;
+}
+
 tg_nb_req *tg_nb_done(tg_nb *nb) {
   if (!nb)
     return NULL;
@@ -460,11 +521,17 @@ tg_nb_req *tg_nb_done(tg_nb *nb) {
     nb->pending--;
     return p->er.owner;
   }
-  tg__ereq *r = tg__eng_done(&nb->eng);
-  if (!r)
-    return NULL;
-  tg_nb_req *req = r->owner;
-  nbpriv *p = priv(req);
+  tg__ereq *r;
+  tg_nb_req *req;
+  nbpriv *p;
+  do {
+    if (!(r = tg__eng_done(&nb->eng)))
+      return NULL;
+    req = r->owner;
+    p = priv(req);
+  } while (r->status == TG__ETRYAGAIN && p->pol && policy_waits(nb, p));
+  if (r->status == TG__ETRYAGAIN)
+    r->status = TG_ESTORE; /* the slot stayed split for every try */
   if (p->pol)
     policy_done(nb, req, p, r->status);
   else if (r->call.op == TG__OP_RESERVE)

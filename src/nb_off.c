@@ -52,6 +52,16 @@ size_t tg_nb_pending(const tg_nb *nb) {
   return 0;
 }
 
+long tg_nb_timeout(const tg_nb *nb) {
+  (void)nb;
+  return -1;
+}
+
+int tg_nb_tick(tg_nb *nb) {
+  (void)nb;
+  return TG_EINVAL;
+}
+
 unsigned tg_nb_links(const tg_nb *nb) {
   (void)nb;
   return 0;

@@ -7,7 +7,9 @@
  * writes what tg_nb_output gives, feeds what it reads to tg_nb_input, in
  * pieces of random size when asked (replies then arrive in every possible
  * split), and applies its own timeout: a link with replies due that hears
- * nothing for timeout_ms is closed with TG_ETIMEDOUT.
+ * nothing for timeout_ms is closed with TG_ETIMEDOUT. Its one timer is the
+ * library's: it polls no longer than tg_nb_timeout says, and calls
+ * tg_nb_tick when that is due (a policy waiting out a slot's migration).
  *
  * Header-only (static functions) so each test executable includes it once.
  */
@@ -166,8 +168,16 @@ static void nbp_read(nbp *d, unsigned l) {
   }
 }
 
-/* One turn of the loop: connect, write, wait up to wait_ms, read. */
+/* One turn of the loop: the library's timer if due, connect, write, wait
+ * up to wait_ms (less when the timer is due sooner), read. */
 static void nbp_turn(nbp *d, int wait_ms) {
+  long due = tg_nb_timeout(d->nb);
+  if (due == 0) {
+    tg_nb_tick(d->nb);
+    due = tg_nb_timeout(d->nb);
+  }
+  if (due >= 0 && due < wait_ms)
+    wait_ms = (int)due;
   struct pollfd pfd[NBP_LINKS];
   unsigned who[NBP_LINKS];
   nfds_t np = 0;
@@ -200,8 +210,13 @@ static void nbp_turn(nbp *d, int wait_ms) {
     pfd[np].revents = 0;
     who[np++] = l;
   }
-  if (np == 0)
+  if (np == 0) {
+    if (due > 0) { /* nothing to poll, but a timer: wait for it */
+      struct timespec ts = {wait_ms / 1000, (long)(wait_ms % 1000) * 1000000L};
+      nanosleep(&ts, NULL);
+    }
     return;
+  }
   poll(pfd, np, wait_ms);
   uint64_t now = nbp_ms();
   for (nfds_t j = 0; j < np; j++) {

@@ -149,6 +149,8 @@ static void redis_config_init_sets_the_documented_defaults(void **state) {
     tg_nb *nb = (tg_nb *)&cfg;
     assert_int_equal(tg_nb_new(&nb, &cfg), TG_ENOTSUP);
     assert_null(nb);
+    assert_int_equal(tg_nb_timeout(NULL), -1);
+    assert_int_equal(tg_nb_tick(NULL), TG_EINVAL);
     rc.cluster_nodes = "127.0.0.1:7000";
     assert_int_equal(tg_limiter_new(&lim, &cfg), TG_ENOTSUP);
   }

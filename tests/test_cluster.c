@@ -731,6 +731,100 @@ static void nb_on_the_cluster(void **state) {
   tg_nb_destroy(nb);
 }
 
+/* A policy through the non-blocking API while its slot is half moved: one
+ * of its two keys is on the importing node, the other still on the
+ * migrating one, so Redis answers TRYAGAIN. The policy waits on the
+ * library's timer (tg_nb_timeout, tg_nb_tick, driven by nb_poll.h) and
+ * goes again; once the slot has moved it is decided, and counted once. A
+ * slot that stays split through every wait is answered TG_ESTORE by the
+ * failure policy, with nothing counted. */
+static void nb_policy_waits_out_a_split_slot(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_FIXED_WINDOW;
+  tg_redis_config rc;
+  tg_redis_config_init(&rc);
+  rc.cluster_nodes = seeds;
+  rc.key_prefix = prefix_of("split");
+  cfg.redis = &rc;
+  tg_nb *nb = NULL;
+  assert_int_equal(tg_nb_new(&nb, &cfg), TG_OK);
+  assert_int_equal(tg_nb_timeout(nb), -1); /* nothing waits */
+  assert_int_equal(tg_nb_tick(nb), TG_OK);
+  assert_int_equal(tg_nb_tick(NULL), TG_EINVAL);
+  nbp d;
+  nbp_init(&d, nb);
+  tg_quota q = {.limit = 10, .period_ms = 3600000};
+  tg_nb_rule ru[2] = {
+      {.nb = nb, .key = "s}a", .key_len = 3, .q = &q, .cost = 1},
+      {.nb = nb, .key = "s}b", .key_len = 3, .q = &q, .cost = 1}};
+  tg_nb_req req = {0};
+  assert_int_equal(tg_nb_submit_rules(nb, &req, ru, 2, 0), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 10000, NULL, NULL), 1);
+  assert_int_equal(req.status, TG_OK);
+  assert_true(req.result.allowed); /* both keys now exist, each at 1 */
+  char na[96], nbn[96];
+  size_t la = name_of(rc.key_prefix, "s}a", 3, "fw", na);
+  size_t lb = name_of(rc.key_prefix, "s}b", 3, "fw", nbn);
+  unsigned slot = keyslot(na, la);
+  assert_int_equal(keyslot(nbn, lb), slot);
+  int from = master_of(slot, live_port()), to = 0;
+  for (int i = 0; i < 3 && !to; i++)
+    if (ports[i] != from && !dead[i])
+      to = ports[i];
+  char from_id[64], to_id[64], slot_s[8];
+  node_id(from, from_id);
+  node_id(to, to_id);
+  snprintf(slot_s, sizeof slot_s, "%u", slot);
+  redisReply *r = on(to, "CLUSTER SETSLOT %s IMPORTING %s", slot_s, from_id);
+  freeReplyObject(r);
+  r = on(from, "CLUSTER SETSLOT %s MIGRATING %s", slot_s, to_id);
+  freeReplyObject(r);
+  r = on(from, "MIGRATE 127.0.0.1 %d %s 0 5000 KEYS %b", to, "", na, la);
+  assert_true(r && r->type != REDIS_REPLY_ERROR);
+  freeReplyObject(r);
+
+  /* split for good: every wait meets TRYAGAIN, then the failure policy */
+  tg_stats before, after;
+  tg_nb_stats(nb, &before, sizeof before);
+  uint64_t t0 = now_ms();
+  assert_int_equal(tg_nb_submit_rules(nb, &req, ru, 2, 0), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 20000, NULL, NULL), 1);
+  uint64_t took = now_ms() - t0;
+  assert_int_equal(req.status, TG_ESTORE);
+  assert_true(req.result.degraded);
+  tg_nb_stats(nb, &after, sizeof after);
+  /* 39 waits of 2 .. 50 ms (about 1.8 s), each after a TRYAGAIN */
+  assert_true(after.ask - before.ask >= 39);
+  assert_true(took >= 1700);
+  assert_int_equal(tg_nb_timeout(nb), -1);
+
+  /* split while the policy waits, then moved: it passes, counted once */
+  tg_nb_stats(nb, &before, sizeof before);
+  assert_int_equal(tg_nb_submit_rules(nb, &req, ru, 2, 0), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 60, NULL, NULL), 0); /* still waiting */
+  assert_int_equal(tg_nb_pending(nb), 1);
+  tg_nb_stats(nb, &after, sizeof after);
+  assert_true(after.ask > before.ask);
+  migrate_keys(from, to, slot); /* the other key */
+  for (int i = 0; i < 3; i++) {
+    if (dead[i])
+      continue;
+    r = on(ports[i], "CLUSTER SETSLOT %s NODE %s", slot_s, to_id);
+    assert_true(r && r->type != REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+  }
+  assert_int_equal(nbp_run(&d, 1, 10000, NULL, NULL), 1);
+  assert_int_equal(req.status, TG_OK);
+  assert_true(req.result.allowed);
+  assert_int_equal(req.denied_by, TG_RULE_NONE);
+  assert_int_equal(ru[0].result.count, 2); /* the failed try counted nothing */
+  assert_int_equal(ru[1].result.count, 2);
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+}
+
 /* ---- policies and reservations --------------------------------------------
  * tg_hit_rules and tg_reserve on the Cluster store, after the policy's slot
  * changed hands: the first call meets MOVED at the old master, reads again
@@ -998,6 +1092,7 @@ int main(void) {
       cmocka_unit_test(exact_across_processes),
       cmocka_unit_test(reshard_while_traffic_runs),
       cmocka_unit_test(nb_on_the_cluster),
+      cmocka_unit_test(nb_policy_waits_out_a_split_slot),
       cmocka_unit_test(policy_follows_a_moved_slot),
       cmocka_unit_test(master_killed_then_promoted), /* last: kills a node */
   };

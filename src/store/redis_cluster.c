@@ -56,7 +56,7 @@
 /* Tries of a policy or reservation that meets a MOVED (or CLUSTERDOWN),
  * and one that meets a migrating slot (ASK, TRYAGAIN), then TG_ESTORE. */
 #define MULTI_MOVED_MAX TG__REDIRECTS_MAX
-#define MULTI_WAIT_MAX 40
+#define MULTI_WAIT_MAX TG__TRYAGAIN_WAITS
 
 /* One node's health, shared by the pool (all atomic). */
 typedef struct health {
@@ -614,7 +614,7 @@ static int multi_run(const multi_job *j) {
     }
     if (rc == TG__ETRYAGAIN && ++waits < MULTI_WAIT_MAX) {
       tg__fetch_add(&s0->st.ask, 1);
-      int pause_ms = waits < 6 ? 1 << waits : 50;
+      unsigned pause_ms = tg__tryagain_pause_ms((unsigned)waits);
       struct timespec ts = {0, (long)pause_ms * 1000000L};
       nanosleep(&ts, NULL);
       continue;

@@ -113,6 +113,17 @@ const tg__outcome *tg__redis_rules_outcomes(const tg__redis_rules *x,
   (-101) /* ASK or TRYAGAIN: the slot is migrating;                            \
             nothing ran, try again shortly */
 
+/* How often a policy whose slot is being migrated (its keys split between
+ * two nodes: TRYAGAIN) is tried again before it is answered TG_ESTORE, and
+ * the pause before try w (from 1): 2^w ms up to 32, then 50 ms, about 1.8 s
+ * in all, which covers a MIGRATE of the slot's remaining keys. Both Cluster
+ * drivers use it: the blocking store sleeps, the non-blocking API asks its
+ * caller for a timer (tg_nb_timeout). */
+#define TG__TRYAGAIN_WAITS 40
+static inline unsigned tg__tryagain_pause_ms(unsigned w) {
+  return w < 6 ? 1u << w : 50u;
+}
+
 /* A one-server store (rc->cluster_nodes must be NULL) for one node of a
  * Cluster: the policies and reservations (several commands on one
  * connection) of the Cluster store go through it. Errors as

@@ -856,6 +856,13 @@ static void call_done(tg__eng *e, tg__elink *L, tg__ereq *r) {
     }
     if (e->cfg.cluster && starts(t, "CLUSTERDOWN"))
       e->want_refresh = true;
+    if (e->cfg.cluster && r->rules && starts(t, "TRYAGAIN")) {
+      /* a policy's keys are split between the two nodes of a migrating
+       * slot: nothing ran; the driver waits and submits it again */
+      count(e, &e->cfg.stats->ask);
+      complete(e, r, TG__ETRYAGAIN);
+      return;
+    }
   }
   if (r->del && top->type == REDIS_REPLY_INTEGER)
     complete(e, r, TG_OK);

@@ -20,7 +20,9 @@
  *   - follows what says a call did not run: NOSCRIPT and a vanished
  *     module (reload, resend), MOVED (the slot moved: update the map, resend
  *     there), ASK (resend once to the named node after ASKING), each call at
- *     most TG__REDIRECTS_MAX times;
+ *     most TG__REDIRECTS_MAX times; a policy told TRYAGAIN (its keys split
+ *     by a migration) is answered TG__ETRYAGAIN, for its driver to wait
+ *     and submit it again (nb.c does; the blocking pool sends no policy);
  *   - on a lost connection, tells calls apart by whether all of their bytes
  *     were written: a call written in full may have run and is answered
  *     with the loss's code, never resent; any other call did not reach the

@@ -216,6 +216,54 @@ location /pb { tollgate zone=pb; add_header X-Remaining $tollgate_remaining
             st, h, _ = self.hosts[1].request("/pb?k=" + k)
             self.assertEqual((st, h.get("x-remaining")), (200, "1"), k)
 
+    def test_1c_policy_waits_out_a_split_slot(self):
+        # the policy's two names (zones pa and pb, one key) split between
+        # the two nodes of a migrating slot: Redis answers TRYAGAIN, and
+        # the request waits on the client's timer until the slot has
+        # moved, then is decided by Redis (not by on_error)
+        ms = settled_masters()
+        k = "split%d" % os.getpid()
+        n = self.hosts[0]
+        self.assertEqual(n.request("/policy?k=" + k)[1]["x-status"],
+                         "PASSED")
+        slot = cli(PORTS[0], "CLUSTER", "KEYSLOT", k)
+        src = owner(k, ms)
+        dst = next(p for p in ms if p != src)
+        src_id = cli(src, "CLUSTER", "MYID")
+        dst_id = cli(dst, "CLUSTER", "MYID")
+        names = cli(src, "CLUSTER", "GETKEYSINSLOT", slot, "10").split()
+        self.assertEqual(len(names), 2, names)
+        cli(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        cli(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+
+        def migrate(name):
+            cli(src, "MIGRATE", "127.0.0.1", str(dst), "", "0", "5000",
+                "KEYS", name)
+        migrate(names[0])
+        res = {}
+
+        def run():
+            t = time.monotonic()
+            st, h, _ = n.request("/policy?k=" + k)
+            res["got"] = (st, h.get("x-status"), time.monotonic() - t)
+        th = threading.Thread(target=run)
+        th.start()
+        time.sleep(0.4)  # it meets TRYAGAIN and waits
+        self.assertTrue(th.is_alive(), res)
+        migrate(names[1])
+        for p in ms:
+            cli(p, "CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        th.join(10)
+        self.assertIn("got", res, "the waiting request never finished")
+        st, status, took = res["got"]
+        self.assertEqual((st, status), (200, "PASSED"))
+        self.assertGreaterEqual(took, 0.4)
+        # counted once: pa (3) has one left, taken through the new owner
+        for want in ("PASSED", "REJECTED"):
+            self.assertEqual(n.request("/policy?k=" + k)[1]["x-status"],
+                             want)
+        self.assertNotIn("[alert]", n.error_log())
+
     def test_2_master_killed_then_replica_promoted(self):
         keys = keys_per_master(1)
         victim = next(p for p in keys if p != PORTS[0])  # not the seed
