@@ -1591,12 +1591,14 @@ TG_EXTERN int tg_redis_available(void);
  * migrated, with its keys split between the two nodes, is told TRYAGAIN
  * by the node that imports it. It did not run; it waits and is sent again
  * as the blocking store does it (2, 4, 8, 16, 32 ms, then 50 ms, at most 39
- * times, about 1.8 s; then TG_ESTORE, by the failure policy), counted in
- * tg_nb_stats's ask. The library keeps no timer of its own: after anything
- * that may have made one wait (tg_nb_input, tg_nb_tick), arm a timer for
- * tg_nb_timeout() ms when it is not negative, and when it fires call
- * tg_nb_tick, then service the links as after input. A loop that never
- * does leaves such a policy pending until it next calls tg_nb_tick.
+ * times, about 1.8 s; then TG_ESTORE, by the failure policy); each
+ * TRYAGAIN is counted in tg_nb_stats's ask, as is the ASK that usually
+ * comes before it. The library keeps no timer of its own. A policy starts
+ * waiting when tg_nb_done meets its TRYAGAIN, so after draining tg_nb_done
+ * (and after tg_nb_tick) arm a timer for tg_nb_timeout() ms when that is
+ * not negative, and when it fires call tg_nb_tick, then service the links
+ * as after input. A loop that never does leaves such a policy pending
+ * until it next calls tg_nb_tick.
  * Single-key requests never wait (a key cannot be split).
  *
  * Memory: tg_nb_new allocates the tg_nb (about 150 KiB, most of it the

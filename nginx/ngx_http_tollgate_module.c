@@ -1567,11 +1567,13 @@ static void redis_pump(tg_ngx_zone *z) {
       ngx_del_timer(c->read);
     }
   }
+  /* set afresh: ngx_add_timer keeps a timer within 300 ms of the new
+   * time, which could hold a 2 ms wait behind a 50 ms one */
   long due = tg_nb_timeout(z->nb);
+  if (z->tick_ev.timer_set)
+    ngx_del_timer(&z->tick_ev);
   if (due >= 0)
     ngx_add_timer(&z->tick_ev, (ngx_msec_t)due);
-  else if (z->tick_ev.timer_set)
-    ngx_del_timer(&z->tick_ev);
   z->pumping = 0;
 }
 
@@ -1588,7 +1590,8 @@ static void redis_start(ngx_cycle_t *cycle, tg_ngx_zone *z) {
   z->tick_ev.handler = redis_tick;
   z->tick_ev.data = z;
   z->tick_ev.log = cycle->log;
-  z->tick_ev.cancelable = 1;
+  /* not cancelable: a request waits on it (a graceful shutdown waits for
+   * it, about 1.8 s at most), where the others only retry a link */
   tg_config cfg;
   tg_redis_config rc;
   redis_config(z, &cfg, &rc);
