@@ -14,6 +14,12 @@
 # into the tree it runs in, and the installed one belongs to the package.
 # configure runs again only when the copy is missing or this script, the
 # module's `config` or the library flags changed.
+#
+# The build directory is given to configure relative to the tree (../objs):
+# configure derives each object's path from it with sed rules for source
+# suffixes that also match inside a directory name (a checkout under
+# /tmp/tmp.S1x2... had ".S" rewritten to ".o", and make found no rule for
+# the mangled paths). A relative path keeps the checkout's name out of them.
 set -euo pipefail
 src=$1 build=$2 module=$3 include=$4 libs=$5 cc=$6 out=$7
 
@@ -33,7 +39,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
       --with-ld-opt="-Wl,-z,relro -Wl,-z,now -fPIC" \
       "${NGX_CONF_FLAGS[@]}" \
       --add-dynamic-module="$module" \
-      --builddir="$build/objs") >"$build/configure.log" 2>&1 ||
+      --builddir=../objs) >"$build/configure.log" 2>&1 ||
     { tail -30 "$build/configure.log" >&2; exit 1; }
   echo "$want" >"$stamp"
 fi
