@@ -47,7 +47,8 @@ def free_port():
 
 
 def _children(pid):
-    """Pids whose parent is pid (the workers of a master)."""
+    """Pids whose parent is pid (the workers of a master), but for one that
+    has died and is not reaped yet (a zombie is no worker)."""
     kids = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -57,7 +58,7 @@ def _children(pid):
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid:
+        if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
             kids.append(int(d))
     return kids
 

@@ -754,10 +754,15 @@ class Exactness(unittest.TestCase):
                 self.assertGreaterEqual(got.count(200) + errors, 300, loc)
                 # the master replaced the worker; the zone still works and
                 # is exact for a fresh key
+                # (the kill may land after the traffic: wait for the
+                # victim to be gone, not only for two workers)
                 deadline = time.monotonic() + 10
-                while len(n.worker_pids()) != 2 and time.monotonic() < deadline:
+                while ((victim in n.worker_pids()
+                        or len(n.worker_pids()) != 2)
+                       and time.monotonic() < deadline):
                     time.sleep(0.05)
                 self.assertNotIn(victim, n.worker_pids())
+                self.assertEqual(len(n.worker_pids()), 2)
                 got, pids, errors = hammer(
                     n, lambda t, i: "/%s?k=after" % loc, 6, 60)
                 self.assertEqual(errors, 0)
