@@ -737,16 +737,19 @@ class Exactness(unittest.TestCase):
             for loc in ("z", "s"):
                 victim = n.worker_pids()[0]
                 done = []
+                sent = [0]
+                lock = threading.Lock()
 
-                def killer():
-                    time.sleep(0.3)
-                    os.kill(victim, signal.SIGKILL)
-                    done.append(1)
-                k = threading.Thread(target=killer)
-                k.start()
-                got, _, errors = hammer(
-                    n, lambda t, i: "/%s?k=kill" % loc, 6, 100)
-                k.join()
+                def path(t, i, loc=loc, victim=victim, done=done, sent=sent):
+                    # the kill goes out from the traffic itself, at its
+                    # 200th request of 600: always mid-traffic
+                    with lock:
+                        sent[0] += 1
+                        if sent[0] == 200:
+                            os.kill(victim, signal.SIGKILL)
+                            done.append(1)
+                    return "/%s?k=kill" % loc
+                got, _, errors = hammer(n, path, 6, 100)
                 self.assertTrue(done)
                 # never more than the limit; requests cut by the kill may
                 # have been counted without an answer, nothing else is lost
