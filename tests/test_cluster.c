@@ -505,6 +505,55 @@ static void migrate_keys(int from, int to, unsigned slot) {
   }
 }
 
+/* A slot's move between two live masters, by hand, as redis-cli --cluster
+ * reshard makes it: move_pick names its source (the slot's master) and a
+ * destination; move_begin marks the slot importing there and migrating at
+ * the source; migrate_keys copies the keys; move_end gives the slot to the
+ * destination, telling it first, then the source, then the third master
+ * (a source told before the destination would send calls back and forth,
+ * MOVED both ways, until their redirects ran out). */
+typedef struct slot_move {
+  unsigned slot;
+  int from, to;
+  char slot_s[8], from_id[64], to_id[64];
+} slot_move;
+
+static void move_pick(slot_move *m, unsigned slot) {
+  m->slot = slot;
+  m->from = master_of(slot, live_port());
+  m->to = 0;
+  for (int i = 0; i < 3 && !m->to; i++)
+    if (ports[i] != m->from && !dead[i])
+      m->to = ports[i];
+  assert_true(m->from && m->to);
+  node_id(m->from, m->from_id);
+  node_id(m->to, m->to_id);
+  snprintf(m->slot_s, sizeof m->slot_s, "%u", slot);
+}
+
+static void move_begin(const slot_move *m) {
+  redisReply *r =
+      on(m->to, "CLUSTER SETSLOT %s IMPORTING %s", m->slot_s, m->from_id);
+  assert_true(r && r->type != REDIS_REPLY_ERROR);
+  freeReplyObject(r);
+  r = on(m->from, "CLUSTER SETSLOT %s MIGRATING %s", m->slot_s, m->to_id);
+  assert_true(r && r->type != REDIS_REPLY_ERROR);
+  freeReplyObject(r);
+}
+
+static void move_end(const slot_move *m) {
+  int order[3] = {m->to, m->from, 0};
+  for (int i = 0; i < 3; i++)
+    if (ports[i] != m->to && ports[i] != m->from && !dead[i])
+      order[2] = ports[i];
+  for (int i = 0; i < 3 && order[i]; i++) {
+    redisReply *r =
+        on(order[i], "CLUSTER SETSLOT %s NODE %s", m->slot_s, m->to_id);
+    assert_true(r && r->type != REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+  }
+}
+
 static bool wait_for(bool (*cond)(void *), void *ctx, int limit_ms) {
   uint64_t end = now_ms() + (uint64_t)limit_ms;
   while (!cond(ctx)) {
@@ -538,15 +587,8 @@ static void reshard_while_traffic_runs(void **state) {
   }
   char name[96];
   size_t nl = name_of(prefix, keys[0], strlen(keys[0]), "pk", name);
-  unsigned slot = keyslot(name, nl);
-  int from = master_of(slot, live_port()), to = 0;
-  for (int i = 0; i < 3 && !to; i++)
-    if (ports[i] != from && !dead[i])
-      to = ports[i];
-  assert_true(from && to);
-  char from_id[64], to_id[64];
-  node_id(from, from_id);
-  node_id(to, to_id);
+  slot_move mv;
+  move_pick(&mv, keyslot(name, nl));
   tg_limiter *lim =
       limiter(TG_FIXED_WINDOW_PER_KEY, prefix, TG_POLICY_ERROR, 3);
   atomic_int stop = 0;
@@ -573,27 +615,13 @@ static void reshard_while_traffic_runs(void **state) {
     pthread_create(&th[i], NULL, rtraffic, &t[i]);
   }
   /* the move, by hand: what redis-cli --cluster reshard does */
-  char slot_s[8];
-  snprintf(slot_s, sizeof slot_s, "%u", slot);
-  redisReply *r = on(to, "CLUSTER SETSLOT %s IMPORTING %s", slot_s, from_id);
-  assert_true(r && r->type != REDIS_REPLY_ERROR);
-  freeReplyObject(r);
-  r = on(from, "CLUSTER SETSLOT %s MIGRATING %s", slot_s, to_id);
-  assert_true(r && r->type != REDIS_REPLY_ERROR);
-  freeReplyObject(r);
-  migrate_keys(from, to, slot);
+  move_begin(&mv);
+  migrate_keys(mv.from, mv.to, mv.slot);
   /* the new keys met the half-moved slot (absent at the source) */
   assert_true(wait_for(some_ask, NULL, 20000));
-  migrate_keys(from, to, slot); /* what was created meanwhile at the source */
-  for (int i = 0; i < 3; i++) {
-    int p = i == 0 ? to : i == 1 ? from : 0;
-    for (int j = 0; j < 3 && i == 2; j++)
-      if (ports[j] != to && ports[j] != from && !dead[j])
-        p = ports[j];
-    r = on(p, "CLUSTER SETSLOT %s NODE %s", slot_s, to_id);
-    assert_true(r && r->type != REDIS_REPLY_ERROR);
-    freeReplyObject(r);
-  }
+  /* what was created meanwhile at the source */
+  migrate_keys(mv.from, mv.to, mv.slot);
+  move_end(&mv);
   /* the clients that still think "from" now hear MOVED */
   assert_true(wait_for(some_moved, NULL, 20000));
   long before = 0;
@@ -624,7 +652,8 @@ static void reshard_while_traffic_runs(void **state) {
             server_moved = errorstat_all("MOVED");
   print_message("slot %u moved from %d to %d: %lld ASK and %lld MOVED "
                 "followed, %" PRIu64 " slot maps fetched\n",
-                slot, from, to, server_ask, server_moved, st.slot_refreshes);
+                mv.slot, mv.from, mv.to, server_ask, server_moved,
+                st.slot_refreshes);
   assert_int_equal(errors, 0);
   assert_true(st.ask > 0 && st.moved > 0);
   /* every redirection the servers sent, the client followed */
@@ -643,7 +672,7 @@ static void reshard_while_traffic_runs(void **state) {
   }
   /* and the key lives where the slot now is */
   nl = name_of(prefix, keys[RK], strlen(keys[RK]), "pk", name);
-  redisReply *e = on(to, "EXISTS %b", name, nl);
+  redisReply *e = on(mv.to, "EXISTS %b", name, nl);
   assert_true(e && e->type == REDIS_REPLY_INTEGER && e->integer == 1);
   freeReplyObject(e);
   tg_limiter_destroy(lim);
@@ -652,18 +681,26 @@ static void reshard_while_traffic_runs(void **state) {
 /* ---- the non-blocking API on the cluster
  * -------------------------------------- */
 
-static void nb_on_the_cluster(void **state) {
-  (void)state;
+/* A non-blocking client of the cluster (from its seeds), names under
+ * prefix. */
+static tg_nb *nb_client(tg_algorithm alg, const char *prefix) {
   tg_config cfg;
   tg_config_init(&cfg);
-  cfg.algorithm = TG_FIXED_WINDOW_PER_KEY;
+  cfg.algorithm = alg;
   tg_redis_config rc;
   tg_redis_config_init(&rc);
   rc.cluster_nodes = seeds;
-  rc.key_prefix = prefix_of("nb");
+  rc.key_prefix = prefix;
   cfg.redis = &rc;
   tg_nb *nb = NULL;
   assert_int_equal(tg_nb_new(&nb, &cfg), TG_OK);
+  return nb;
+}
+
+static void nb_on_the_cluster(void **state) {
+  (void)state;
+  const char *prefix = prefix_of("nb");
+  tg_nb *nb = nb_client(TG_FIXED_WINDOW_PER_KEY, prefix);
   nbp d;
   nbp_init(&d, nb);
   d.split = 7;
@@ -690,34 +727,17 @@ static void nb_on_the_cluster(void **state) {
   assert_true(tg_nb_links(nb) >= 3);
   /* a slot changes hands: the API follows MOVED */
   char name[96];
-  size_t nl = name_of(rc.key_prefix, "mv", 2, "pk", name);
-  unsigned slot = keyslot(name, nl);
-  int from = master_of(slot, live_port()), to = 0;
-  for (int i = 0; i < 3 && !to; i++)
-    if (ports[i] != from && !dead[i])
-      to = ports[i];
+  size_t nl = name_of(prefix, "mv", 2, "pk", name);
+  slot_move mv;
+  move_pick(&mv, keyslot(name, nl));
   tg_nb_req one = {.key = "mv", .key_len = 2, .q = &q, .cost = 1};
   assert_int_equal(tg_nb_submit(nb, &one), TG_OK);
   assert_int_equal(nbp_run(&d, 1, 10000, NULL, NULL), 1);
   assert_int_equal(one.status, TG_OK);
-  char from_id[64], to_id[64];
-  node_id(from, from_id);
-  node_id(to, to_id);
-  char slot_s[8];
-  snprintf(slot_s, sizeof slot_s, "%u", slot);
   /* its one key moves along, then every master learns the new owner */
-  redisReply *r = on(to, "CLUSTER SETSLOT %s IMPORTING %s", slot_s, from_id);
-  freeReplyObject(r);
-  r = on(from, "CLUSTER SETSLOT %s MIGRATING %s", slot_s, to_id);
-  freeReplyObject(r);
-  migrate_keys(from, to, slot);
-  for (int i = 0; i < 3; i++) {
-    if (dead[i])
-      continue;
-    r = on(ports[i], "CLUSTER SETSLOT %s NODE %s", slot_s, to_id);
-    assert_true(r && r->type != REDIS_REPLY_ERROR);
-    freeReplyObject(r);
-  }
+  move_begin(&mv);
+  migrate_keys(mv.from, mv.to, mv.slot);
+  move_end(&mv);
   tg_stats before;
   tg_nb_stats(nb, &before, sizeof before);
   assert_int_equal(tg_nb_submit(nb, &one), TG_OK);
@@ -740,16 +760,8 @@ static void nb_on_the_cluster(void **state) {
  * failure policy, with nothing counted. */
 static void nb_policy_waits_out_a_split_slot(void **state) {
   (void)state;
-  tg_config cfg;
-  tg_config_init(&cfg);
-  cfg.algorithm = TG_FIXED_WINDOW;
-  tg_redis_config rc;
-  tg_redis_config_init(&rc);
-  rc.cluster_nodes = seeds;
-  rc.key_prefix = prefix_of("split");
-  cfg.redis = &rc;
-  tg_nb *nb = NULL;
-  assert_int_equal(tg_nb_new(&nb, &cfg), TG_OK);
+  const char *prefix = prefix_of("split");
+  tg_nb *nb = nb_client(TG_FIXED_WINDOW, prefix);
   assert_int_equal(tg_nb_timeout(nb), -1); /* nothing waits */
   assert_int_equal(tg_nb_tick(nb), TG_OK);
   assert_int_equal(tg_nb_tick(NULL), TG_EINVAL);
@@ -765,23 +777,14 @@ static void nb_policy_waits_out_a_split_slot(void **state) {
   assert_int_equal(req.status, TG_OK);
   assert_true(req.result.allowed); /* both keys now exist, each at 1 */
   char na[96], nbn[96];
-  size_t la = name_of(rc.key_prefix, "s}a", 3, "fw", na);
-  size_t lb = name_of(rc.key_prefix, "s}b", 3, "fw", nbn);
-  unsigned slot = keyslot(na, la);
-  assert_int_equal(keyslot(nbn, lb), slot);
-  int from = master_of(slot, live_port()), to = 0;
-  for (int i = 0; i < 3 && !to; i++)
-    if (ports[i] != from && !dead[i])
-      to = ports[i];
-  char from_id[64], to_id[64], slot_s[8];
-  node_id(from, from_id);
-  node_id(to, to_id);
-  snprintf(slot_s, sizeof slot_s, "%u", slot);
-  redisReply *r = on(to, "CLUSTER SETSLOT %s IMPORTING %s", slot_s, from_id);
-  freeReplyObject(r);
-  r = on(from, "CLUSTER SETSLOT %s MIGRATING %s", slot_s, to_id);
-  freeReplyObject(r);
-  r = on(from, "MIGRATE 127.0.0.1 %d %s 0 5000 KEYS %b", to, "", na, la);
+  size_t la = name_of(prefix, "s}a", 3, "fw", na);
+  size_t lb = name_of(prefix, "s}b", 3, "fw", nbn);
+  slot_move mv;
+  move_pick(&mv, keyslot(na, la));
+  assert_int_equal(keyslot(nbn, lb), mv.slot);
+  move_begin(&mv);
+  redisReply *r =
+      on(mv.from, "MIGRATE 127.0.0.1 %d %s 0 5000 KEYS %b", mv.to, "", na, la);
   assert_true(r && r->type != REDIS_REPLY_ERROR);
   freeReplyObject(r);
 
@@ -807,19 +810,8 @@ static void nb_policy_waits_out_a_split_slot(void **state) {
   assert_int_equal(tg_nb_pending(nb), 1);
   tg_nb_stats(nb, &after, sizeof after);
   assert_true(after.ask > before.ask);
-  migrate_keys(from, to, slot); /* the other key */
-  /* the new owner first, as redis-cli --cluster does: a source that points
-   * at a destination still importing would bounce the policy (MOVED) until
-   * its redirects run out */
-  int order[3] = {to, from, 0};
-  for (int i = 0; i < 3; i++)
-    if (ports[i] != to && ports[i] != from && !dead[i])
-      order[2] = ports[i];
-  for (int i = 0; i < 3 && order[i]; i++) {
-    r = on(order[i], "CLUSTER SETSLOT %s NODE %s", slot_s, to_id);
-    assert_true(r && r->type != REDIS_REPLY_ERROR);
-    freeReplyObject(r);
-  }
+  migrate_keys(mv.from, mv.to, mv.slot); /* the other key */
+  move_end(&mv);                         /* the new owner first: see move_end */
   assert_int_equal(nbp_run(&d, 1, 10000, NULL, NULL), 1);
   assert_int_equal(req.status, TG_OK);
   assert_true(req.result.allowed);
@@ -857,27 +849,11 @@ static void policy_follows_a_moved_slot(void **state) {
   /* the slot moves to another master, keys and all */
   char name[96];
   size_t nl = name_of(prefix, "p}user", 6, "fw", name);
-  unsigned slot = keyslot(name, nl);
-  int from = master_of(slot, live_port()), to = 0;
-  for (int i = 0; i < 3 && !to; i++)
-    if (ports[i] != from && !dead[i])
-      to = ports[i];
-  char from_id[64], to_id[64], slot_s[8];
-  node_id(from, from_id);
-  node_id(to, to_id);
-  snprintf(slot_s, sizeof slot_s, "%u", slot);
-  redisReply *rr = on(to, "CLUSTER SETSLOT %s IMPORTING %s", slot_s, from_id);
-  freeReplyObject(rr);
-  rr = on(from, "CLUSTER SETSLOT %s MIGRATING %s", slot_s, to_id);
-  freeReplyObject(rr);
-  migrate_keys(from, to, slot);
-  for (int i = 0; i < 3; i++) {
-    if (dead[i])
-      continue;
-    rr = on(ports[i], "CLUSTER SETSLOT %s NODE %s", slot_s, to_id);
-    assert_true(rr && rr->type != REDIS_REPLY_ERROR);
-    freeReplyObject(rr);
-  }
+  slot_move mv;
+  move_pick(&mv, keyslot(name, nl));
+  move_begin(&mv);
+  migrate_keys(mv.from, mv.to, mv.slot);
+  move_end(&mv);
   tg_stats before, after;
   assert_int_equal(tg_limiter_stats(fw, &before, sizeof before), TG_OK);
   /* the token bucket (3) runs out first: 2 more pass, then denials that
