@@ -21,11 +21,11 @@
 #include "tollgate.h"
 
 #include "limiter.h"
+#include "mono.h"
 #include "store/redis_engine.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* A request's private words: the engine's call, the quota's copy (the
  * policy's answer needs it) and when it was made (the deny cache's
@@ -382,7 +382,6 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
   nb->pols = pol;
   nbpriv *p = priv(req);
   pol->tries = 0;
-  pol->due_ns = 0;
   p->pol = pol;
   p->er.call = calls[0];
   p->er.owner = req;
@@ -458,19 +457,13 @@ static int reserved(tg_limiter *lim, const tg__call *c, const tg_quota *q,
   return rc;
 }
 
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
-}
-
 /* Whether the policy told TRYAGAIN may wait and go again: it then joins
  * the waiting list, due after the blocking store's pause for that try. */
 static bool policy_waits(tg_nb *nb, nbpriv *p) {
   nbpol *pol = p->pol;
   if (++pol->tries >= TG__TRYAGAIN_WAITS)
     return false;
-  pol->due_ns = mono_ns() +
+  pol->due_ns = tg__mono_ns() +
                 (uint64_t)tg__tryagain_pause_ms(pol->tries) * UINT64_C(1000000);
   p->next = nb->waiting;
   nb->waiting = p;
@@ -480,7 +473,7 @@ static bool policy_waits(tg_nb *nb, nbpriv *p) {
 long tg_nb_timeout(const tg_nb *nb) {
   if (!nb || !nb->waiting)
     return -1;
-  uint64_t now = mono_ns(), first = UINT64_MAX;
+  uint64_t now = tg__mono_ns(), first = UINT64_MAX;
   for (const nbpriv *p = nb->waiting; p; p = p->next)
     first = p->pol->due_ns < first ? p->pol->due_ns : first;
   return first <= now ? 0 : (long)tg__div_ceil(first - now, 1000000);
@@ -491,7 +484,7 @@ int tg_nb_tick(tg_nb *nb) {
     return TG_EINVAL;
   if (!nb->waiting)
     return TG_OK;
-  uint64_t now = mono_ns();
+  uint64_t now = tg__mono_ns();
   nbpriv **pp = &nb->waiting;
   bool sent = false;
   while (*pp) {

@@ -7,6 +7,8 @@
  */
 #include "lock.h"
 
+#include "../mono.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -29,14 +31,8 @@
 #define PID_LIMIT UINT64_C(4194304)
 #define NS_PER_MS UINT64_C(1000000)
 
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
-}
-
 bool tg__wait_over(tg__wait *w) {
-  uint64_t now = mono_ns();
+  uint64_t now = tg__mono_ns();
   if (!w->started) {
     w->started = true;
     w->deadline_ns = now + (uint64_t)w->timeout_ms * NS_PER_MS;
@@ -295,7 +291,7 @@ int tg__lock_take_slow(uint64_t *w, bool shared, tg__wait *wt, bool *died) {
       if (over)
         return TG_EBUSY;
       look = false;
-      uint64_t now = mono_ns(), ns = TG__LOCK_SLICE_MS * NS_PER_MS;
+      uint64_t now = tg__mono_ns(), ns = TG__LOCK_SLICE_MS * NS_PER_MS;
       if (now >= wt->deadline_ns)
         ns = 0; /* passed since: the next round looks and gives up */
       else if (wt->deadline_ns - now < ns)

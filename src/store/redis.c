@@ -42,6 +42,7 @@
 #include "store.h"
 
 #include "../atomic.h"
+#include "../mono.h"
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
@@ -95,12 +96,6 @@ typedef struct redis_store {
 
 /* One command (EVALSHA or TG.STEP), see redis_cmd.h. */
 typedef tg__redis_args args;
-
-static uint64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 static struct timeval tv_ms(uint32_t ms) {
   struct timeval tv = {(time_t)(ms / 1000u), (suseconds_t)(ms % 1000u) * 1000};
@@ -594,7 +589,7 @@ static int gate(redis_store *s, bool *probe) {
   if (until == 0)
     return TG_OK;
   int down = -(int)tg__load_relaxed(&s->down_rc);
-  if (mono_ms() < until)
+  if (tg__mono_ms() < until)
     return down;
   uint64_t idle = 0;
   if (!tg__cas64(&s->probing, &idle, 1))
@@ -602,7 +597,7 @@ static int gate(redis_store *s, bool *probe) {
   /* A probe that ended between the load above and the claim has set a new
    * backoff (settle() writes it before it lets go of `probing`): honour it. */
   until = tg__load_acquire(&s->down_until_ms);
-  if (until != 0 && mono_ms() < until) {
+  if (until != 0 && tg__mono_ms() < until) {
     tg__store_release(&s->probing, 0);
     return -(int)tg__load_relaxed(&s->down_rc);
   }
@@ -618,7 +613,7 @@ static int gate(redis_store *s, bool *probe) {
  * proves neither: the next call reconnects and finds out. */
 static void settle(redis_store *s, int rc, bool open_failed, bool probe) {
   if (open_failed || rc == TG_ETIMEDOUT) {
-    uint64_t until = mono_ms() + s->backoff_ms;
+    uint64_t until = tg__mono_ms() + s->backoff_ms;
     tg__store_relaxed(&s->down_rc, (uint64_t)-rc);
     tg__store_release(&s->down_until_ms, until ? until : 1);
   } else if (rc != TG_ECONNECT && tg__load_relaxed(&s->down_until_ms) != 0) {

@@ -34,6 +34,7 @@
 #include "redis_engine.h"
 
 #include "../atomic.h"
+#include "../mono.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -97,12 +98,6 @@ typedef struct cluster_store {
   tg__slotmap map; /* last: the largest */
 } cluster_store;
 
-static uint64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* ---- nodes' health (as redis.c's pool, per node) ---- */
 
 /* TG_OK (with *probe set when this call tries a down node), or the code
@@ -114,13 +109,13 @@ static int gate(cluster_store *s, uint32_t id, bool *probe) {
   if (until == 0)
     return TG_OK;
   int down = -(int)tg__load_relaxed(&h->down_rc);
-  if (mono_ms() < until)
+  if (tg__mono_ms() < until)
     return down;
   uint64_t idle = 0;
   if (!tg__cas64(&h->probing, &idle, 1))
     return down;
   until = tg__load_acquire(&h->down_until_ms);
-  if (until != 0 && mono_ms() < until) {
+  if (until != 0 && tg__mono_ms() < until) {
     tg__store_release(&h->probing, 0);
     return -(int)tg__load_relaxed(&h->down_rc);
   }
@@ -130,7 +125,7 @@ static int gate(cluster_store *s, uint32_t id, bool *probe) {
 
 static void node_down(cluster_store *s, uint32_t id, int rc) {
   health *h = &s->health[id];
-  uint64_t until = mono_ms() + s->backoff_ms;
+  uint64_t until = tg__mono_ms() + s->backoff_ms;
   tg__store_relaxed(&h->down_rc, (uint64_t)-rc);
   tg__store_release(&h->down_until_ms, until ? until : 1);
 }
@@ -143,7 +138,7 @@ static void node_up(cluster_store *s, uint32_t id) {
 
 static bool node_usable(cluster_store *s, uint32_t id) {
   uint64_t until = tg__load_acquire(&s->health[id].down_until_ms);
-  return until == 0 || mono_ms() >= until;
+  return until == 0 || tg__mono_ms() >= until;
 }
 
 /* ---- sockets ---- */
@@ -241,7 +236,7 @@ static pooled *acquire(cluster_store *s) {
  * wait for a map fail with the code of a down node. */
 static void refresh(cluster_store *s, pooled *k, bool force) {
   tg__eng *e = &k->eng;
-  uint64_t now = mono_ms();
+  uint64_t now = tg__mono_ms();
   if (!force && !tg__eng_parked(e)) {
     uint64_t after = tg__load_acquire(&s->refresh_after);
     uint64_t gap =
@@ -356,7 +351,7 @@ static void drive(cluster_store *s, pooled *k, size_t want,
       break;
     if (tg__eng_refresh_wanted(e))
       refresh(s, k, false);
-    uint64_t now = mono_ms();
+    uint64_t now = tg__mono_ms();
     nfds_t np = 0;
     int timeout = -1;
     for (uint32_t i = 0; i < n; i++) {
@@ -385,7 +380,7 @@ static void drive(cluster_store *s, pooled *k, size_t want,
           continue;
         }
         k->fd[i] = fd;
-        k->last_ms[i] = now = mono_ms();
+        k->last_ms[i] = now = tg__mono_ms();
         w = tg__eng_wants(e, i);
       }
       if ((w & TG__WANT_WRITE) && !pump_out(k, i, now)) {
@@ -422,7 +417,7 @@ static void drive(cluster_store *s, pooled *k, size_t want,
     }
     idle = 0;
     (void)poll(pfd, np, timeout); /* EINTR: look again; timeouts below */
-    now = mono_ms();
+    now = tg__mono_ms();
     for (nfds_t j = 0; j < np; j++) {
       uint32_t i = who[j];
       if (k->fd[i] < 0)
