@@ -540,9 +540,22 @@ static uint64_t op_fetch_add_own(void *ctx, unsigned tid, uint64_t n) {
   return 0;
 }
 
-/* SipHash the 24-byte key, then fetch-add the hash onto one counter: the
- * least a hashed, atomic rate limiter can do. */
+/* SipHash-2-4 the 24-byte key, then fetch-add the hash onto one counter:
+ * the least a hashed, atomic rate limiter can do, and the hot key's
+ * yardstick (the performance targets were set against SipHash-2-4, which
+ * the tables hashed with until they moved to SipHash-1-3). */
 static uint64_t op_fetch_add_sip(void *ctx, unsigned tid, uint64_t n) {
+  base_ctx *b = ctx;
+  (void)tid;
+  for (uint64_t i = 0; i < n; i++)
+    __atomic_fetch_add(&b->cnt[0], tg__siphash24(b->sip, b->key, KEY_LEN),
+                       __ATOMIC_ACQ_REL);
+  return 0;
+}
+
+/* The same with the tables' own hash (SipHash-1-3): what a decision costs
+ * beyond hashing its key the way the library does. */
+static uint64_t op_fetch_add_sip13(void *ctx, unsigned tid, uint64_t n) {
   base_ctx *b = ctx;
   (void)tid;
   for (uint64_t i = 0; i < n; i++)
@@ -559,7 +572,7 @@ static uint64_t op_sip_seq(void *ctx, unsigned tid, uint64_t n) {
   for (uint64_t i = 0; i < n; i++, pos++) {
     const char *key = b->keys + (size_t)b->seq[pos & b->seq_mask] * KEY_LEN;
     prefetch_key(b->keys, b->seq, b->seq_mask, pos);
-    uint64_t h = tg__siphash(b->sip, key, KEY_LEN);
+    uint64_t h = tg__siphash24(b->sip, key, KEY_LEN);
     uint64_t slot = (uint64_t)(((u128)h * opt.nkeys) >> 64);
     __atomic_fetch_add(&b->counters[slot], 1, __ATOMIC_ACQ_REL);
   }
@@ -624,10 +637,11 @@ static figure chase_baseline(size_t bytes, bool huge) {
 /* Baselines are measured once, when first needed, and printed as lines of
  * their own (subject to --filter). */
 enum {
-  B_FA1,     /* fetch-add, 1 thread */
-  B_FA2,     /* fetch-add, 2 threads, one counter */
-  B_FA2_OWN, /* fetch-add, 2 threads, a counter each */
-  B_FA_SIP,  /* SipHash + fetch-add, 1 thread */
+  B_FA1,      /* fetch-add, 1 thread */
+  B_FA2,      /* fetch-add, 2 threads, one counter */
+  B_FA2_OWN,  /* fetch-add, 2 threads, a counter each */
+  B_FA_SIP,   /* SipHash-2-4 + fetch-add, 1 thread */
+  B_FA_SIP13, /* SipHash-1-3 (the tables' hash) + fetch-add, 1 thread */
   B_COUNT
 };
 static figure base_fig[B_COUNT];
@@ -665,7 +679,12 @@ static const figure *baseline(int id) {
   case B_FA_SIP:
     *f = measure(op_fetch_add_sip, &bctx, 1);
     report("baseline_fetch_add_siphash", NULL, f, "baseline_fetch_add",
-           baseline(B_FA1)->med_ns, "");
+           baseline(B_FA1)->med_ns, "hash=siphash-2-4");
+    break;
+  case B_FA_SIP13:
+    *f = measure(op_fetch_add_sip13, &bctx, 1);
+    report("baseline_fetch_add_siphash13", NULL, f, "baseline_fetch_add",
+           baseline(B_FA1)->med_ns, "hash=siphash-1-3");
     break;
   }
   base_done[id] = true;
@@ -757,16 +776,20 @@ static const figure *hot(int a) {
   tg_algorithm alg = ALGS[a];
   const char *an = tg_algorithm_name(alg);
   const figure *sip = baseline(B_FA_SIP);
+  const figure *sip13 = baseline(B_FA_SIP13);
   work w;
   work_init(&w, new_limiter(alg, 0, 0, 0), Q_BIG);
   hot_fig[a] = measure(op_hot, &w, 1);
   hot_done[a] = true;
-  char ex[96], what[80];
+  char ex[160], what[80];
   double ratio = hot_fig[a].med_ns / sip->med_ns;
   snprintf(what, sizeof what, "hot_key %s: ratio to fetch_add+siphash <= 1.5",
            an);
-  snprintf(ex, sizeof ex, "%starget=ratio<=1.5 met=%s",
+  /* judged against the targets' SipHash-2-4; the ratio to the library's
+   * own hash beside it */
+  snprintf(ex, sizeof ex, "%sratio_to_sip13=%.2f target=ratio<=1.5 met=%s",
            alg == TG_SLIDING_WINDOW ? "log_max=1024 " : "",
+           hot_fig[a].med_ns / sip13->med_ns,
            want("hot_key", an, 1) ? judge(ratio <= 1.5, what, "x", ratio)
                                   : "-");
   report("hot_key", an, &hot_fig[a], "fetch_add+siphash", sip->med_ns, ex);

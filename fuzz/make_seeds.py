@@ -10,7 +10,9 @@ offsets below are those of its table (capacity 16, 4 long keys, 4 log
 entries, fixed SipHash key), where keys 0-7 land in these slots:
 
     key   0  1  2  3  4  5  6  7     (lengths 1 7 8 23 24 25 100 256)
-    slot  8 18 10  9 12  1  0  5     (keys 5-7 use chunks 0-2)
+    slot 14  0  5 17 15 11  6  3     (keys 5-7 use chunks 0-2)
+
+(their home slots under SipHash-1-3, the tables' hash since format 4)
 
 A slot is 48 bytes: the state pair (w0, w1) at 0, the ctrl word at 16,
 the key words from 24.
@@ -25,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "corpus", "table")
 
 # region layout (see fuzz_table.c; sliding tables add the log blocks), of
-# table format version 3: CTRL is slot 0's ctrl word
+# table format version 4: CTRL is slot 0's ctrl word
 SLOT, CTRL, CHUNK, LOG = 256, 272, 1216, 2240
 BLOCK = 128  # bytes per log block: lock 0, n 8, head 12, sum 16,
 #              period 24, next_free 32, last_us 40, entries 48
@@ -36,7 +38,7 @@ HDR = {"magic": 0, "version": 8, "hdr_bytes": 12, "algorithm": 16,
        "live": 136, "chunk_bump": 144, "chunk_free": 152, "log_bump": 160,
        "log_free": 168, "cursor": 176, "horizon": 184, "reach": 192,
        "lock": 200, "clean_lock": 208}
-KEY_SLOT = [8, 18, 10, 9, 12, 1, 0, 5]
+KEY_SLOT = [14, 0, 5, 17, 15, 11, 6, 3]
 FIXED, PER_KEY, SLIDING, TOKEN, LEAKY = range(5)
 HIT, INC, GET, SET, EXPIRES, RESET, CLEAN, POKE = range(8)
 

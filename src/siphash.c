@@ -39,7 +39,10 @@ static inline uint64_t load64_le(const unsigned char *p) {
     v2 = rotl(v2, 32);                                                         \
   } while (0)
 
-uint64_t tg__siphash(const uint64_t k[2], const void *data, size_t len) {
+/* SipHash-c-d: c rounds per message block, d to finish. */
+static inline __attribute__((always_inline)) uint64_t
+siphash_cd(const uint64_t k[2], const void *data, size_t len, unsigned c,
+           unsigned d) {
   const unsigned char *p = data;
   uint64_t v0 = k[0] ^ UINT64_C(0x736f6d6570736575);
   uint64_t v1 = k[1] ^ UINT64_C(0x646f72616e646f6d);
@@ -49,8 +52,8 @@ uint64_t tg__siphash(const uint64_t k[2], const void *data, size_t len) {
   for (; p != end; p += 8) {
     uint64_t m = load64_le(p);
     v3 ^= m;
-    SIPROUND;
-    SIPROUND;
+    for (unsigned r = 0; r < c; r++)
+      SIPROUND;
     v0 ^= m;
   }
   /* last block: the remaining 0..7 bytes, length mod 256 in the top byte */
@@ -75,15 +78,21 @@ uint64_t tg__siphash(const uint64_t k[2], const void *data, size_t len) {
     break;
   }
   v3 ^= b;
-  SIPROUND;
-  SIPROUND;
+  for (unsigned r = 0; r < c; r++)
+    SIPROUND;
   v0 ^= b;
   v2 ^= 0xff;
-  SIPROUND;
-  SIPROUND;
-  SIPROUND;
-  SIPROUND;
+  for (unsigned r = 0; r < d; r++)
+    SIPROUND;
   return v0 ^ v1 ^ v2 ^ v3;
+}
+
+uint64_t tg__siphash(const uint64_t k[2], const void *data, size_t len) {
+  return siphash_cd(k, data, len, 1, 3);
+}
+
+uint64_t tg__siphash24(const uint64_t k[2], const void *data, size_t len) {
+  return siphash_cd(k, data, len, 2, 4);
 }
 
 int tg__siphash_random_key(uint64_t k[2]) {

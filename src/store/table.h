@@ -56,10 +56,11 @@
 /* 2: tollgate's own locks instead of pthread mutexes, the PID namespace,
  * the reclaimed states' reach. 3: the ctrl word inside the 48-byte slot,
  * keys inline up to 24 bytes (was: a ctrl array beside 48-byte slots with
- * 32-byte keys). The magic and the version keep their
+ * 32-byte keys). 4: keys hashed with SipHash-1-3 (was SipHash-2-4), so
+ * a key's home slot moved. The magic and the version keep their
  * offsets in every version, so an old segment is recognised and refused
  * (TG_EMISMATCH), never misread. */
-#define TG__TABLE_VERSION 3u
+#define TG__TABLE_VERSION 4u
 /* Keys up to this many bytes live in the slot; longer ones in a chunk. */
 #define TG__INLINE_KEY 24u
 /* Most slots the table lets be LIVE, as a fraction of all slots: 7/8 keeps

@@ -74,11 +74,11 @@ trap 'rm -f /dev/shm/tgcli-$$*; tg_cleanup' EXIT
 printf 'not a table' >"/dev/shm${shm}-garbage"
 : >"/dev/shm${shm}-empty"
 head -c 4096 /dev/urandom >"/dev/shm${shm}-random"
-python3 -c 'import sys; open(sys.argv[1], "wb").write(b"TGTABLE1" + b"\x03\0\0\0" + b"\x07" * 600)' \
+python3 -c 'import sys; open(sys.argv[1], "wb").write(b"TGTABLE1" + b"\x04\0\0\0" + b"\x07" * 600)' \
   "/dev/shm${shm}-badheader"
-# a table of format version 2 (tollgate before the ctrl word moved into the
-# slot): recognised, and named by its version
-python3 -c 'import sys; open(sys.argv[1], "wb").write(b"TGTABLE1" + b"\x02\0\0\0" + b"\x07" * 600)' \
+# a table of format version 3 (tollgate before the tables hashed with
+# SipHash-1-3): recognised, and named by its version
+python3 -c 'import sys; open(sys.argv[1], "wb").write(b"TGTABLE1" + b"\x03\0\0\0" + b"\x07" * 600)' \
   "/dev/shm${shm}-oldversion"
 start_server --shm "$shm"
 exec 3<>"/dev/tcp/127.0.0.1/$PORT"
@@ -104,7 +104,7 @@ check "shm ls: other files skipped" \
 check "shm ls: a damaged table is listed as such" \
   has "$ls_out" "^${shm}-badheader  *?  .*corrupt header$"
 check "shm ls: a table of an older format is named by its version" \
-  has "$ls_out" "^${shm}-oldversion  .*format version 2$"
+  has "$ls_out" "^${shm}-oldversion  .*format version 3$"
 check "shm ls: only reads (the segment is unchanged)" eq "$after" "$before"
 check "shm rm: refuses what is not a tollgate table" \
   eq "$(status "$TOLLGATE" shm rm "${shm}-garbage")" "1"
