@@ -16,6 +16,8 @@
  *     client's counts equal the servers' own error statistics), and no
  *     decision is lost or counted twice;
  *   - the non-blocking API follows MOVED too, and is exact;
+ *   - a migration's end told to the source first (MOVED both ways): calls
+ *     pass, at the importing node after ASKING;
  *   - a master killed: its slots' decisions are degraded (the failure
  *     policy's answer) while the other masters' stay exact, until the
  *     replica is promoted; then the same limiter is exact again.
@@ -510,8 +512,8 @@ static void migrate_keys(int from, int to, unsigned slot) {
  * destination; move_begin marks the slot importing there and migrating at
  * the source; migrate_keys copies the keys; move_end gives the slot to the
  * destination, telling it first, then the source, then the third master
- * (a source told before the destination would send calls back and forth,
- * MOVED both ways, until their redirects ran out). */
+ * (the order that keeps every node's answer pointing one way;
+ * source_told_first takes the other). */
 typedef struct slot_move {
   unsigned slot;
   int from, to;
@@ -822,6 +824,106 @@ static void nb_policy_waits_out_a_split_slot(void **state) {
   tg_nb_destroy(nb);
 }
 
+/* A migration's end told to the source before the destination (not
+ * move_end's order, but one a tool or an operator may take): the source
+ * names the destination, which, still importing, names the source, so a
+ * call meets MOVED both ways. The engine then resends after ASKING, which
+ * the importing node serves: single calls through the blocking store and
+ * the non-blocking API, and a non-blocking policy whose keys all moved,
+ * pass at once, on the migrated state. A policy through the blocking store
+ * (which sends no ASKING) pauses between its MOVEDs and passes once the
+ * destination is told, a little later. */
+typedef struct told_later {
+  const slot_move *mv;
+  int after_ms;
+} told_later;
+
+static void *tell_destination(void *arg) {
+  const told_later *t = arg;
+  sleep_ms(t->after_ms);
+  move_end(t->mv); /* the destination, the source again, the third */
+  return NULL;
+}
+
+static void source_told_first(void **state) {
+  (void)state;
+  const char *prefix = prefix_of("first");
+  tg_limiter *fw = limiter(TG_FIXED_WINDOW, prefix, TG_POLICY_ERROR, 2);
+  tg_nb *nb = nb_client(TG_FIXED_WINDOW, prefix);
+  nbp d;
+  nbp_init(&d, nb);
+  tg_quota q = {.limit = 100, .period_ms = 3600000};
+  tg_result res;
+  assert_int_equal(tg_hit(fw, "f}k", 3, &q, 1, &res), TG_OK);
+  assert_int_equal(res.count, 1);
+  /* the policies' second key exists too: an importing node answers a
+   * command on several keys, some of them missing, with TRYAGAIN (which a
+   * policy waits out, see nb_policy_waits_out_a_split_slot) */
+  assert_int_equal(tg_hit(fw, "f}j", 3, &q, 1, &res), TG_OK);
+  char name[96];
+  size_t nl = name_of(prefix, "f}k", 3, "fw", name);
+  slot_move mv;
+  move_pick(&mv, keyslot(name, nl));
+  move_begin(&mv);
+  /* what the engine counts on: a node does not give a slot away while it
+   * holds keys of it, so once it has, they are at the destination */
+  redisReply *r =
+      on(mv.from, "CLUSTER SETSLOT %s NODE %s", mv.slot_s, mv.to_id);
+  assert_true(r && r->type == REDIS_REPLY_ERROR);
+  freeReplyObject(r);
+  migrate_keys(mv.from, mv.to, mv.slot);
+  assert_true(
+      ok_on(mv.from, "CLUSTER SETSLOT %s NODE %s", mv.slot_s, mv.to_id));
+  /* MOVED both ways: each names the other */
+  int pair[2] = {mv.from, mv.to};
+  for (int i = 0; i < 2; i++) {
+    char other[16];
+    snprintf(other, sizeof other, ":%d", pair[1 - i]);
+    r = on(pair[i], "GET %b", name, nl);
+    assert_true(r && r->type == REDIS_REPLY_ERROR);
+    assert_true(strncmp(r->str, "MOVED", 5) == 0);
+    assert_non_null(strstr(r->str, other));
+    freeReplyObject(r);
+  }
+  tg_stats before, after;
+  assert_int_equal(tg_limiter_stats(fw, &before, sizeof before), TG_OK);
+  assert_int_equal(tg_hit(fw, "f}k", 3, &q, 1, &res), TG_OK);
+  assert_false(res.degraded);
+  assert_int_equal(res.count, 2); /* the migrated key, at the destination */
+  assert_int_equal(tg_limiter_stats(fw, &after, sizeof after), TG_OK);
+  assert_true(after.moved >= before.moved + 2); /* there and back */
+  tg_nb_req one = {.key = "f}k", .key_len = 3, .q = &q, .cost = 1};
+  assert_int_equal(tg_nb_submit(nb, &one), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 10000, NULL, NULL), 1);
+  assert_int_equal(one.status, TG_OK);
+  assert_int_equal(one.result.count, 3);
+  tg_nb_rule ru[2] = {
+      {.nb = nb, .key = "f}k", .key_len = 3, .q = &q, .cost = 1},
+      {.nb = nb, .key = "f}j", .key_len = 3, .q = &q, .cost = 1}};
+  tg_nb_req pol = {0};
+  assert_int_equal(tg_nb_submit_rules(nb, &pol, ru, 2, 0), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 10000, NULL, NULL), 1);
+  assert_int_equal(pol.status, TG_OK);
+  assert_true(pol.result.allowed);
+  assert_int_equal(ru[0].result.count, 4);
+  assert_int_equal(ru[1].result.count, 2);
+  /* the blocking policy: told the destination 40 ms in, it passes */
+  tg_rule rr[2] = {{.lim = fw, .key = "f}k", .key_len = 3, .q = &q, .cost = 1},
+                   {.lim = fw, .key = "f}j", .key_len = 3, .q = &q, .cost = 1}};
+  told_later tl = {&mv, 40};
+  pthread_t th;
+  pthread_create(&th, NULL, tell_destination, &tl);
+  tg_rules_result out;
+  assert_int_equal(tg_hit_rules(rr, 2, 0, &out), TG_OK);
+  pthread_join(th, NULL);
+  assert_true(out.r.allowed);
+  assert_int_equal(rr[0].result.count, 5);
+  assert_int_equal(rr[1].result.count, 3);
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+  tg_limiter_destroy(fw);
+}
+
 /* ---- policies and reservations --------------------------------------------
  * tg_hit_rules and tg_reserve on the Cluster store, after the policy's slot
  * changed hands: the first call meets MOVED at the old master, reads again
@@ -1075,6 +1177,7 @@ int main(void) {
       cmocka_unit_test(nb_on_the_cluster),
       cmocka_unit_test(nb_policy_waits_out_a_split_slot),
       cmocka_unit_test(policy_follows_a_moved_slot),
+      cmocka_unit_test(source_told_first),
       cmocka_unit_test(master_killed_then_promoted), /* last: kills a node */
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

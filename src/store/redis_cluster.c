@@ -28,8 +28,9 @@
  * one-server store does (redis.c). So they go to a one-server store per
  * node of the slot's master, made on first need and kept; the slot map is
  * this store's, and a MOVED (or CLUSTERDOWN) there refreshes it and starts
- * over, an ASK or TRYAGAIN (a slot being migrated) waits a little and
- * starts over: nothing had run, so nothing is counted twice.
+ * over (from the second MOVED on, after a pause, as the nodes may disagree
+ * for a moment), an ASK or TRYAGAIN (a slot being migrated) waits a little
+ * and starts over: nothing had run, so nothing is counted twice.
  */
 #include "redis_engine.h"
 
@@ -604,6 +605,14 @@ static int multi_run(const multi_job *j) {
       rc = fixed[0]->ops->exec(fixed[0], &j->calls[0], j->o);
     if (rc == TG__EMOVED && ++moved < MULTI_MOVED_MAX) {
       tg__fetch_add(&s0->st.moved, 1);
+      if (moved > 1) {
+        /* moved again: the nodes may disagree for a moment (a migration's
+         * end told to the source first, see redis_engine.c), which this
+         * path, sending no ASKING, waits out as a TRYAGAIN */
+        unsigned pause_ms = tg__tryagain_pause_ms((unsigned)moved - 1);
+        struct timespec ts = {0, (long)pause_ms * 1000000L};
+        nanosleep(&ts, NULL);
+      }
       refresh_now(s0, true);
       continue;
     }

@@ -265,6 +265,7 @@ static void route(tg__eng *e, tg__ereq *r) {
 void tg__eng_submit(tg__eng *e, tg__ereq *r) {
   r->status = TG_OK;
   r->asking = r->asked = r->redirects = r->parked = 0;
+  r->moved_by = TG__NO_NODE;
   e->pending++;
   if (!e->cfg.cluster) {
     enqueue(e, r, 0, false);
@@ -845,11 +846,26 @@ static void call_done(tg__eng *e, tg__elink *L, tg__ereq *r) {
       if (rd.ask) {
         count(e, &e->cfg.stats->ask);
         r->asking = 1;
+      } else if (node == r->moved_by) {
+        /* MOVED back where a MOVED sent it from: the two nodes disagree
+         * about the slot. That is a migration's end told to the source
+         * first: it names the destination, which, importing until it is
+         * told, names the source. The keys are all at the destination
+         * then (a node refuses to give a slot away while it holds keys
+         * of it), and it serves a call sent after ASKING, as an ASK's;
+         * which of the two it is cannot be told from here, so each is
+         * asked in turn (the source answers MOVED again), within the
+         * call's redirects. The map is left for the refresh. */
+        count(e, &e->cfg.stats->moved);
+        e->want_refresh = true;
+        r->asking = 1;
+        r->moved_by = L->id;
       } else {
         count(e, &e->cfg.stats->moved);
         tg__slotmap_set(e->cfg.map, rd.slot, node);
         e->want_refresh = true;
         r->asking = 0;
+        r->moved_by = L->id;
       }
       resend(e, r, node);
       return;

@@ -20,9 +20,13 @@
  *   - follows what says a call did not run: NOSCRIPT and a vanished
  *     module (reload, resend), MOVED (the slot moved: update the map, resend
  *     there), ASK (resend once to the named node after ASKING), each call at
- *     most TG__REDIRECTS_MAX times; a policy told TRYAGAIN (its keys split
- *     by a migration) is answered TG__ETRYAGAIN, for its driver to wait
- *     and submit it again (nb.c does; the blocking pool sends no policy);
+ *     most TG__REDIRECTS_MAX times; a MOVED back to the node whose MOVED
+ *     sent the call away (a migration's end told the source before the
+ *     destination, which, still importing, names the source) is resent
+ *     there after ASKING, which the importing one of the two serves; a policy
+ * told TRYAGAIN (its keys split by a migration) is answered TG__ETRYAGAIN, for
+ * its driver to wait and submit it again (nb.c does; the blocking pool sends no
+ * policy);
  *   - on a lost connection, tells calls apart by whether all of their bytes
  *     were written: a call written in full may have run and is answered
  *     with the loss's code, never resent; any other call did not reach the
@@ -78,10 +82,12 @@ typedef struct tg__eitem {
 typedef struct tg__ereq {
   tg__eitem it; /* first member: the engine links calls through it */
   tg__call call;
-  uint32_t node;  /* the node it is queued on, or was sent to */
-  uint16_t slot;  /* its hash slot (Cluster) */
-  uint8_t asking; /* an ASK sent it here: ASKING goes first */
-  uint8_t asked;  /* ASKING's reply is due before the call's own */
+  uint32_t node;     /* the node it is queued on, or was sent to */
+  uint16_t slot;     /* its hash slot (Cluster) */
+  uint32_t moved_by; /* the node whose MOVED last sent it away, or
+                        TG__NO_NODE */
+  uint8_t asking;    /* an ASK sent it here: ASKING goes first */
+  uint8_t asked;     /* ASKING's reply is due before the call's own */
   uint8_t redirects;
   uint8_t parked; /* waiting for the slot map */
   uint8_t del;    /* not the call's command but DEL of its key (a reset):
