@@ -12,7 +12,8 @@ entries, fixed SipHash key), where keys 0-7 land in these slots:
     key   0  1  2  3  4  5  6  7     (lengths 1 7 8 23 24 25 100 256)
     slot 14  0  5 17 15 11  6  3     (keys 5-7 use chunks 0-2)
 
-(their home slots under SipHash-1-3, the tables' hash since format 4)
+(their slots under SipHash-1-3, the tables' hash since format 4: key 4's
+home is 14, taken by key 0, so it probes on to 15)
 
 A slot is 48 bytes: the state pair (w0, w1) at 0, the ctrl word at 16,
 the key words from 24.

@@ -1354,10 +1354,11 @@ TG_EXTERN size_t tg_region_bytes(const tg_config *cfg);
  * master of that slot, through a second pool of at most
  * pool_size connections per node, opened on first need. A MOVED or
  * CLUSTERDOWN reply there refreshes the map and starts over (at most 8
- * times; from the second MOVED on after a pause of 2 to 50 ms, about 110
- * ms in all, since two nodes may disagree about a slot for a moment, see
- * README "Resharding"), an ASK or TRYAGAIN (the slot is being migrated) waits 2 to 50 ms
- * and starts over (at most 40 times, about 1.8 s in all); then TG_ESTORE.
+ * times, from the second on after a pause of 2 to 50 ms, about 110 ms in
+ * all: two nodes may disagree about a slot for a moment, see README
+ * "Resharding"), an ASK or TRYAGAIN (the slot is being migrated) waits 2
+ * to 50 ms and starts over (at most 40 times, about 1.8 s in all); then
+ * TG_ESTORE.
  * Nothing had run, so nothing is counted twice; they are counted in
  * tg_stats's moved and ask (a TRYAGAIN as an ASK). A node that cannot be
  * reached answers as in "Failing fast" (per node) and asks for a new map,

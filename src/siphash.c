@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * siphash.c - SipHash-2-4 and its random key, see siphash.h.
+ * siphash.c - SipHash-1-3 (the tables' hash), SipHash-2-4 and the random
+ * key, see siphash.h.
  */
 #include "siphash.h"
 

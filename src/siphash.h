@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * siphash.h - SipHash-2-4 (Aumasson & Bernstein), written from the paper.
+ * siphash.h - SipHash-c-d (Aumasson & Bernstein), written from the paper:
+ * SipHash-1-3 for the tables, SipHash-2-4 for its published vectors.
  *
  * Keys come from attackers (IPs, API tokens), so every table hashes them with
  * SipHash under a random per-table 128-bit key: an attacker who cannot learn

@@ -835,13 +835,26 @@ static void nb_policy_waits_out_a_split_slot(void **state) {
  * destination is told, a little later. */
 typedef struct told_later {
   const slot_move *mv;
-  int after_ms;
+  tg_limiter *lim;
+  uint64_t moved; /* told once lim's stats count this many MOVED */
+  bool ok;        /* out: every node took it (checked by the test's thread) */
 } told_later;
 
+/* move_end's SETSLOTs from another thread (no cmocka assertion here), once
+ * the policy has met MOVED twice: its pauses have begun */
 static void *tell_destination(void *arg) {
-  const told_later *t = arg;
-  sleep_ms(t->after_ms);
-  move_end(t->mv); /* the destination, the source again, the third */
+  told_later *t = arg;
+  uint64_t end = now_ms() + 5000;
+  tg_stats st;
+  while (now_ms() < end && tg_limiter_stats(t->lim, &st, sizeof st) == TG_OK &&
+         st.moved < t->moved)
+    sleep_ms(1);
+  const slot_move *m = t->mv;
+  t->ok = true;
+  for (int i = 0; i < 3; i++)
+    if (!dead[i])
+      t->ok &=
+          ok_on(ports[i], "CLUSTER SETSLOT %s NODE %s", m->slot_s, m->to_id);
   return NULL;
 }
 
@@ -907,15 +920,23 @@ static void source_told_first(void **state) {
   assert_true(pol.result.allowed);
   assert_int_equal(ru[0].result.count, 4);
   assert_int_equal(ru[1].result.count, 2);
-  /* the blocking policy: told the destination 40 ms in, it passes */
+  /* the blocking policy: the destination told once the policy has met
+   * MOVED twice (the source again, the third master: in port order, which
+   * is not move_end's, but only the destination's changes anything now),
+   * during the pauses (some 100 ms still to go), it passes. Without the
+   * pauses it may pass too, if the thread is quick: this checks the
+   * promise (a policy rides out the disagreement), not how */
   tg_rule rr[2] = {{.lim = fw, .key = "f}k", .key_len = 3, .q = &q, .cost = 1},
                    {.lim = fw, .key = "f}j", .key_len = 3, .q = &q, .cost = 1}};
-  told_later tl = {&mv, 40};
+  assert_int_equal(tg_limiter_stats(fw, &before, sizeof before), TG_OK);
+  told_later tl = {&mv, fw, before.moved + 2, false};
   pthread_t th;
-  pthread_create(&th, NULL, tell_destination, &tl);
+  assert_int_equal(pthread_create(&th, NULL, tell_destination, &tl), 0);
   tg_rules_result out;
-  assert_int_equal(tg_hit_rules(rr, 2, 0, &out), TG_OK);
-  pthread_join(th, NULL);
+  int rc = tg_hit_rules(rr, 2, 0, &out);
+  pthread_join(th, NULL); /* before any assertion can leave */
+  assert_true(tl.ok);
+  assert_int_equal(rc, TG_OK);
   assert_true(out.r.allowed);
   assert_int_equal(rr[0].result.count, 5);
   assert_int_equal(rr[1].result.count, 3);

@@ -606,9 +606,10 @@ static int multi_run(const multi_job *j) {
     if (rc == TG__EMOVED && ++moved < MULTI_MOVED_MAX) {
       tg__fetch_add(&s0->st.moved, 1);
       if (moved > 1) {
-        /* moved again: the nodes may disagree for a moment (a migration's
-         * end told to the source first, see redis_engine.c), which this
-         * path, sending no ASKING, waits out as a TRYAGAIN */
+        /* moved again (or CLUSTERDOWN again): the nodes may disagree for a
+         * moment (a migration's end told to the source first, see
+         * redis_engine.c), which this path, sending no ASKING, waits out
+         * as a TRYAGAIN */
         unsigned pause_ms = tg__tryagain_pause_ms((unsigned)moved - 1);
         struct timespec ts = {0, (long)pause_ms * 1000000L};
         nanosleep(&ts, NULL);

@@ -846,6 +846,7 @@ static void call_done(tg__eng *e, tg__elink *L, tg__ereq *r) {
       if (rd.ask) {
         count(e, &e->cfg.stats->ask);
         r->asking = 1;
+        r->moved_by = TG__NO_NODE; /* a MOVED after it is not a way back */
       } else if (node == r->moved_by) {
         /* MOVED back where a MOVED sent it from: the two nodes disagree
          * about the slot. That is a migration's end told to the source
