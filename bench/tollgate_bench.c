@@ -1160,11 +1160,15 @@ static figure measure_insert(tg_algorithm alg, uint32_t log_max,
 
 /* 1M keys: insertion, then uniform and Zipf lookups, 1 and 2 threads. */
 static void suite_keyed(void) {
-  static const char *const names[] = {"insert", "uniform", "zipf",
-                                      "mutex_uniform", "rss_per_key"};
+  /* every figure this suite prints, so that a filter naming any one of
+   * them runs it */
+  static const char *const names[] = {
+      "insert",      "uniform",          "zipf", "mutex_uniform", "batch16",
+      "rss_per_key", "uniform_hit_clock"};
+  const int nnames = (int)(sizeof names / sizeof names[0]);
   bool any = false;
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < nnames; i++)
       for (unsigned t = 1; t <= 2; t++)
         any |= want(names[i], tg_algorithm_name(ALGS[a]), t);
   if (!any)
