@@ -157,10 +157,12 @@ static inline void tg__slot_prefetch(const tg__table *t, uint64_t i) {
  * alone, 0.52-0.56x with four slots, no better with six (BENCHMARKS.md). */
 #define TG__PROBE_AHEAD (4 * sizeof(tg__slot))
 static inline void tg__probe_prefetch(const tg__table *t, uint64_t i) {
-  const char *s = (const char *)&t->slots[i];
+  /* as integers: near the table's end these addresses pass the slots
+   * (a prefetch never faults; the probe itself wraps to slot 0) */
+  uintptr_t s = (uintptr_t)&t->slots[i];
   for (size_t o = 0; o < TG__PROBE_AHEAD; o += 64)
-    __builtin_prefetch(s + o);
-  __builtin_prefetch(s + TG__PROBE_AHEAD - 1);
+    __builtin_prefetch((const void *)(s + o));
+  __builtin_prefetch((const void *)(s + TG__PROBE_AHEAD - 1));
 }
 
 /* The lookup proper (see find). */
