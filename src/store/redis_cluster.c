@@ -568,6 +568,13 @@ typedef struct multi_job {
   size_t *failed;
 } multi_job;
 
+/* The blocking store's wait before try w of a call it tries again
+ * (tg__tryagain_pause_ms). */
+static void tryagain_pause(unsigned w) {
+  struct timespec ts = {0, (long)tg__tryagain_pause_ms(w) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
 /* Runs a job on the master of the first call's slot, as long as the
  * Cluster says it did not run there (see the top of the file). */
 static int multi_run(const multi_job *j) {
@@ -610,18 +617,14 @@ static int multi_run(const multi_job *j) {
          * moment (a migration's end told to the source first, see
          * redis_engine.c), which this path, sending no ASKING, waits out
          * as a TRYAGAIN */
-        unsigned pause_ms = tg__tryagain_pause_ms((unsigned)moved - 1);
-        struct timespec ts = {0, (long)pause_ms * 1000000L};
-        nanosleep(&ts, NULL);
+        tryagain_pause((unsigned)moved - 1);
       }
       refresh_now(s0, true);
       continue;
     }
     if (rc == TG__ETRYAGAIN && ++waits < MULTI_WAIT_MAX) {
       tg__fetch_add(&s0->st.ask, 1);
-      unsigned pause_ms = tg__tryagain_pause_ms((unsigned)waits);
-      struct timespec ts = {0, (long)pause_ms * 1000000L};
-      nanosleep(&ts, NULL);
+      tryagain_pause((unsigned)waits);
       continue;
     }
     if (rc == TG__EMOVED || rc == TG__ETRYAGAIN)

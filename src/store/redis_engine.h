@@ -23,10 +23,10 @@
  *     most TG__REDIRECTS_MAX times; a MOVED back to the node whose MOVED
  *     sent the call away (a migration's end told the source before the
  *     destination, which, still importing, names the source) is resent
- *     there after ASKING, which the importing one of the two serves; a policy
- * told TRYAGAIN (its keys split by a migration) is answered TG__ETRYAGAIN, for
- * its driver to wait and submit it again (nb.c does; the blocking pool sends no
- * policy);
+ *     there after ASKING, which the importing one of the two serves; a
+ *     policy told TRYAGAIN (its keys split by a migration) is answered
+ *     TG__ETRYAGAIN, for its driver to wait and submit it again (nb.c
+ *     does; the blocking pool sends no policy);
  *   - on a lost connection, tells calls apart by whether all of their bytes
  *     were written: a call written in full may have run and is answered
  *     with the loss's code, never resent; any other call did not reach the

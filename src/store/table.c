@@ -1426,7 +1426,7 @@ void tg__table_exec_batch(tg__table *t, const tg__call *calls, size_t n,
      * their slots arriving or arrived */
     for (size_t j = 0; j < m; j++) {
       kref_init(t, &ks[j], calls[base + j].key, calls[base + j].key_len);
-      tg__probe_prefetch(t, home(t, ks[j].hash));
+      tg__slots_prefetch(t, home(t, ks[j].hash), TG__BATCH_SLOTS_AHEAD);
     }
     if (logs)
       batch_prefetch_logs(t, ks, m);

@@ -139,31 +139,30 @@ static inline bool key_equal(const tg__table *t, uint64_t i, const kref *k,
   return true;
 }
 
-/* Starts fetching slot i (both cache lines of one that straddles two). */
-static inline void tg__slot_prefetch(const tg__table *t, uint64_t i) {
-  const char *s = (const char *)&t->slots[i];
-  __builtin_prefetch(s);
-  __builtin_prefetch(s + sizeof(tg__slot) - 1);
+/* Starts fetching slots i .. i+n-1: every line they cover, so a slot
+ * that straddles two lines costs one miss's wait, not two. Addresses as
+ * integers: near the table's end they pass the slots (a prefetch never
+ * faults; a probe itself wraps to slot 0). */
+static inline void tg__slots_prefetch(const tg__table *t, uint64_t i,
+                                      unsigned n) {
+  uintptr_t s = (uintptr_t)&t->slots[i];
+  size_t bytes = n * sizeof(tg__slot);
+  for (size_t o = 0; o < bytes; o += 64)
+    __builtin_prefetch((const void *)(s + o));
+  __builtin_prefetch((const void *)(s + bytes - 1));
 }
 
-/* Starts fetching slot i and the three slots after it (192 bytes, three or
- * four lines): where a probe goes when the key is not in its home slot. At
- * the table's load (83 % with 1M keys in a 1M-capacity table), linear
- * probing leaves 38 % of keys outside the home slot's own lines but 15 %
- * outside these four slots (a simulation of the layout). A batch has its
- * slots' misses overlap; a probe past its home slot would otherwise meet
- * its next lines one miss at a time. Measured with `tollgate_bench
- * --filter name=batch16`: 0.60-0.65x a single decision with the home slot
- * alone, 0.52-0.56x with four slots, no better with six (BENCHMARKS.md). */
-#define TG__PROBE_AHEAD (4 * sizeof(tg__slot))
-static inline void tg__probe_prefetch(const tg__table *t, uint64_t i) {
-  /* as integers: near the table's end these addresses pass the slots
-   * (a prefetch never faults; the probe itself wraps to slot 0) */
-  uintptr_t s = (uintptr_t)&t->slots[i];
-  for (size_t o = 0; o < TG__PROBE_AHEAD; o += 64)
-    __builtin_prefetch((const void *)(s + o));
-  __builtin_prefetch((const void *)(s + TG__PROBE_AHEAD - 1));
-}
+/* How many slots a batch prefetches from each key's home: where a probe
+ * goes when the key is not at home. At the table's load (83 % with 1M
+ * keys in a 1M-capacity table), linear probing leaves 38 % of keys outside
+ * the home slot's own lines but 15 % outside these four slots (192 bytes;
+ * a simulation of the layout). A batch has its slots' misses overlap; a
+ * probe past its home slot would otherwise meet its next lines one miss at
+ * a time. Measured with `tollgate_bench --filter name=batch16`: 0.60-0.65x
+ * a single decision with the home slot alone, 0.52-0.56x with four slots,
+ * no better with six (BENCHMARKS.md). A single lookup fetches its home
+ * slot alone: the extra lines cost every hot key 5-11 %. */
+#define TG__BATCH_SLOTS_AHEAD 4u
 
 /* The lookup proper (see find). */
 static inline bool find_leaf(const tg__table *t, const kref *k, uint64_t *idx,
@@ -171,7 +170,7 @@ static inline bool find_leaf(const tg__table *t, const kref *k, uint64_t *idx,
   uint64_t n = t->g.nslots, i = home(t, k->hash);
   /* the slot's address is known from the hash: fetch both lines it may
    * span at once, so a straddling slot costs one miss's wait, not two */
-  tg__slot_prefetch(t, i);
+  tg__slots_prefetch(t, i, 1);
   for (uint64_t probes = 0; probes < n; probes++) {
     uint64_t c = tg__load_acquire(ctrl_at(t, i));
     unsigned st = ctrl_status(c);
