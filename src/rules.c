@@ -518,11 +518,16 @@ hit_one(const uint64_t *now, tg_rule *ru, unsigned flags, tg_rules_result *out,
   bool passed = o.r.allowed;
   ru->status = TG_OK;
   ru->result = o.r;
-  summary_start(out, passed);
-  summary_add(out, 0, &ru->result);
+  /* the policy's answer is the rule's (what summary_start, _add and _end
+   * make of one rule: a store's answer has no shadow_denied, and no
+   * retry_after_ms when it allows) */
+  out->r = o.r;
+  out->r.degraded = false;
+  out->r.shadow_denied = false;
+  out->denied_by = passed ? TG_RULE_NONE : 0;
+  out->tightest = 0;
   tg__limiter_done(lim, TG_OK, &ru->result, all_shadow, ru->key, ru->key_len,
                    ru->q, ru->cost, true);
-  summary_end(out, passed);
   shadow_call(out, all_shadow);
   return true;
 }
