@@ -351,8 +351,20 @@ static ngx_int_t is_bucket(tg_algorithm alg) {
 
 static ngx_int_t tg_ngx_init_zone(ngx_shm_zone_t *shm_zone, void *data);
 
+/* A shared-memory zone's clock: nginx's cached time, as limit_req's (the
+ * time of the worker's event-loop turn, to the millisecond), which every
+ * decision, cleaning and give-back of the zone reads: no system call per
+ * request. Times only move the state forwards (tollgate.h), so two workers'
+ * turns a millisecond apart decide as two threads would. */
+static uint64_t tg_ngx_clock(void *unused) {
+  (void)unused;
+  ngx_time_t *tp = ngx_timeofday();
+  return (uint64_t)tp->sec * 1000000u + (uint64_t)tp->msec * 1000u;
+}
+
 static void zone_config(const tg_ngx_zone *z, tg_config *cfg) {
   tg_config_init(cfg);
+  cfg->clock = tg_ngx_clock;
   cfg->algorithm = z->algorithm;
   cfg->capacity = z->capacity;
   /* keys of more than 24 bytes take a 256-byte chunk each, counted in the
@@ -1759,15 +1771,22 @@ static tg_ngx_ctx *new_ctx(ngx_http_request_t *r, tg_ngx_loc_conf *lcf) {
   _Static_assert(sizeof(tg_ngx_ctx) % _Alignof(tg_rule) == 0 &&
                      sizeof(tg_rule) % _Alignof(tg_ngx_limit *) == 0,
                  "the rules and lines follow the context aligned");
+  _Static_assert(sizeof(ngx_pool_cleanup_t) % _Alignof(tg_ngx_ctx) == 0,
+                 "the context follows its cleanup aligned");
   ngx_uint_t n = lcf->limits->nelts;
   size_t size =
       sizeof(tg_ngx_ctx) + n * (sizeof(tg_rule) + sizeof(tg_ngx_limit *));
-  ngx_pool_cleanup_t *cln = ngx_pool_cleanup_add(r->pool, size);
+  /* the cleanup and the context in one allocation, linked as
+   * ngx_pool_cleanup_add links one (which would make two) */
+  ngx_pool_cleanup_t *cln = ngx_palloc(r->pool, sizeof(*cln) + size);
   if (cln == NULL)
     return NULL;
-  tg_ngx_ctx *ctx = cln->data;
+  tg_ngx_ctx *ctx = (tg_ngx_ctx *)(cln + 1);
   ngx_memzero(ctx, size);
   cln->handler = tg_ngx_ctx_cleanup;
+  cln->data = ctx;
+  cln->next = r->pool->cleanup;
+  r->pool->cleanup = cln;
   ngx_http_set_ctx(r, ctx, ngx_http_tollgate_module);
   ctx->headers = lcf->headers;
   ctx->rules = (tg_rule *)(ctx + 1);
@@ -1905,6 +1924,14 @@ static ngx_int_t delay(ngx_http_request_t *r, tg_ngx_ctx *ctx,
 
 static ngx_int_t decided(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
                          tg_ngx_ctx *ctx, int rc, uint64_t delay_ms);
+
+/* Whether the answer lets the request go on at once with nothing to log
+ * (most requests; decided() would set TG_NGX_PASSED and decline). */
+static ngx_inline ngx_int_t passes_now(const tg_ngx_ctx *ctx, int rc,
+                                       uint64_t delay_ms) {
+  return rc == 0 && ctx->rr.r.allowed && !ctx->rr.r.shadow_denied &&
+         delay_ms == 0 && ctx->state == TG_NGX_UNDECIDED;
+}
 
 /* A Redis zone's answer (the only line of its location), as a memory
  * zone's would be applied, with its delay when the line reserves; a dry
@@ -2104,6 +2131,10 @@ static ngx_int_t tg_ngx_handler(ngx_http_request_t *r) {
                ? reserve(r, lcf, ctx, &delay_ms)
                : tg_hit_rules(ctx->rules, ctx->n,
                               lcf->dry_run ? TG_RULES_SHADOW : 0, &ctx->rr);
+  if (passes_now(ctx, rc, delay_ms)) { /* decided()'s first case, inline */
+    ctx->state = TG_NGX_PASSED;
+    return NGX_DECLINED;
+  }
   return decided(r, lcf, ctx, rc, delay_ms);
 }
 
@@ -2111,6 +2142,10 @@ static ngx_int_t tg_ngx_handler(ngx_http_request_t *r) {
 static ngx_int_t decided(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
                          tg_ngx_ctx *ctx, int rc, uint64_t delay_ms) {
   const tg_result *res = &ctx->rr.r;
+  if (passes_now(ctx, rc, delay_ms)) {
+    ctx->state = TG_NGX_PASSED;
+    return NGX_DECLINED;
+  }
   size_t blame =
       ctx->rr.denied_by == TG_RULE_NONE ? ctx->delayed_by : ctx->rr.denied_by;
   ngx_str_t *zname = &ctx->limits[blame]->zone->name;
