@@ -21,6 +21,13 @@ its case for work that is not the limiter's (the names were the cases'
 own until 2026-11-28, which cost tollgate's hot cases about 90 of some
 9,600 instructions a request beside /limit_req).
 
+Each case has a server of its own, on its own loopback port, holding
+only its location and @ok. nginx finds a prefix location by walking a
+binary tree of the server's locations, about 47 instructions a level
+(callgrind): in one server of 13 locations (until 2026-11-29) /lreq was
+the tree's root and the tollgate cases one to three levels down, which
+charged them 47-141 instructions a request that were not the limiter's.
+
 Tollgate's locations write no header (`tollgate_headers off`), as limit_req
 writes none; one more case shows what the RateLimit fields cost on the hot
 token bucket. Rounds are interleaved: each round runs every case but
@@ -66,7 +73,10 @@ def path(alg, keys):
     return "/%s_%s" % (CODE[alg], keys[0])
 
 
-def config(redis_port=None):
+def config(ports, redis_port=None):
+    """The http block: one server per case, each on its own port (ports:
+    path -> port; the first path's server listens on PORT, the port ngx.py
+    chose and waits for), with the case's location and @ok."""
     zones = ["limit_req_zone $arg_k zone=lr:32m rate=1000000r/s;"]
     locs = ["location /none { try_files /nope @ok; }",
             "location /lreq { limit_req zone=lr burst=1000000 nodelay;"
@@ -94,9 +104,17 @@ def config(redis_port=None):
                      "store=redis://127.0.0.1:%d;" % redis_port)
         locs.append("location /rdis { tollgate zone=redis;"
                     " tollgate_headers off; try_files /nope @ok; }")
-    locs.append("location @ok { return 204; }")
-    return ("\n".join(zones) + "\nserver { listen 127.0.0.1:PORT; "
-            + "\n".join(locs) + " }")
+    servers = []
+    for i, loc in enumerate(locs):
+        where = loc.split()[1]
+        port = None
+        while i > 0 and (port is None or port in ports.values()):
+            port = ngx.free_port()
+        ports[where] = port
+        servers.append("server { listen 127.0.0.1:%s; %s\n"
+                       "  location @ok { return 204; } }"
+                       % ("PORT" if i == 0 else ports[where], loc))
+    return "\n".join(zones) + "\n" + "\n".join(servers)
 
 
 def wrk(port, path, many, seconds, script_dir):
@@ -138,6 +156,7 @@ def main():
     ap.add_argument("module")
     args = ap.parse_args()
     os.environ["TG_NGINX_MODULE"] = os.path.abspath(args.module)
+    global ngx
     import ngx
     cases = [("none", "/none", False), ("none", "/none", True),
              ("limit_req", "/lreq", False),
@@ -154,19 +173,21 @@ def main():
         cases.append(("tollgate token_bucket redis", "/rdis", False))
         cases.append(("tollgate token_bucket redis", "/rdis", True))
     print("load average before: %.2f %.2f %.2f" % os.getloadavg())
+    ports = {}
     try:
-        n = ngx.Nginx(config(redis.port if redis else None), workers=1,
-                      main="worker_cpu_affinity 01;")
+        n = ngx.Nginx(config(ports, redis.port if redis else None),
+                      workers=1, main="worker_cpu_affinity 01;")
     except Exception:
         if redis:
             redis.close()
         raise
+    ports = {k: v or n.port for k, v in ports.items()}
     results = {c: [] for c in cases}
     pairs = {c: [] for c in cases}  # each pair's ratio to limit_req
     try:
         with tempfile.TemporaryDirectory() as d:
             for c in cases:  # warm-up: the keys exist before the rounds
-                wrk(n.port, c[1], c[2], 1, d)
+                wrk(ports[c[1]], c[1], c[2], 1, d)
             others = [c for c in cases if c[0] != "limit_req"]
             for r in range(args.rounds):
                 # each round starts one case later, so a load that rises or
@@ -177,7 +198,8 @@ def main():
                     order = [base, c] if r % 2 == 0 else [c, base]
                     got = {}
                     for x in order:
-                        got[x] = wrk(n.port, x[1], x[2], args.seconds, d)
+                        got[x] = wrk(ports[x[1]], x[1], x[2], args.seconds,
+                                     d)
                         results[x].append(got[x])
                     pairs[c].append(got[c][0] / got[base][0])
                 print("round %d done, load %.2f" % (r + 1, os.getloadavg()[0]),
