@@ -351,20 +351,8 @@ static ngx_int_t is_bucket(tg_algorithm alg) {
 
 static ngx_int_t tg_ngx_init_zone(ngx_shm_zone_t *shm_zone, void *data);
 
-/* A shared-memory zone's clock: nginx's cached time, as limit_req's (the
- * time of the worker's event-loop turn, to the millisecond), which every
- * decision, cleaning and give-back of the zone reads: no system call per
- * request. Times only move the state forwards (tollgate.h), so two workers'
- * turns a millisecond apart decide as two threads would. */
-static uint64_t tg_ngx_clock(void *unused) {
-  (void)unused;
-  ngx_time_t *tp = ngx_timeofday();
-  return (uint64_t)tp->sec * 1000000u + (uint64_t)tp->msec * 1000u;
-}
-
 static void zone_config(const tg_ngx_zone *z, tg_config *cfg) {
   tg_config_init(cfg);
-  cfg->clock = tg_ngx_clock;
   cfg->algorithm = z->algorithm;
   cfg->capacity = z->capacity;
   /* keys of more than 24 bytes take a 256-byte chunk each, counted in the
