@@ -533,7 +533,7 @@ static void policy_differential(uint64_t seed, size_t rounds, bool waits) {
                 denied, invalid);
   assert_true(passed > calls / 20 && denied > calls / 20);
   if (waits)
-    assert_true(late > 2); /* some reservations were accepted late */
+    assert_true(late > 0); /* some reservations were accepted late */
   nbp_close_all(&d);
   for (size_t a = 0; a < NPC; a++) {
     tg_nb_destroy(nb[a]);
