@@ -55,6 +55,8 @@ typedef enum {
 typedef struct {
   ngx_str_t name;               /* also NUL-terminated, for the headers */
   ngx_http_complex_value_t key; /* the key, e.g. $binary_remote_addr */
+  ngx_int_t key_var; /* the key is one variable: its index (read directly,
+                        without the script engine's copy); else -1 */
   tg_algorithm algorithm;
   tg_quota q;           /* rate and burst as the zone line says (burst 0:
                            tollgate's default, = limit) */
@@ -541,6 +543,32 @@ static ngx_int_t parse_store(ngx_conf_t *cf, tg_ngx_zone *z, ngx_str_t *v) {
  *   [store=redis://HOST:PORT[/DB] | store=redis+unix:PATH |
  *    store=redis-cluster://HOST:PORT[,HOST:PORT...]] [password=P]
  *   [timeout=TIME] [on_error=allow|deny] */
+/* The index of the variable a key made of exactly one variable names
+ * ("$name" or "${name}"; not a regex capture such as "$1"), or -1 when the
+ * key is anything else. Such a key is read with ngx_http_get_flushed_variable
+ * (what the script engine does, without its length pass and copy). */
+static ngx_int_t one_variable(ngx_conf_t *cf, ngx_str_t *v) {
+  if (v->len < 2 || v->data[0] != '$')
+    return -1;
+  ngx_str_t name = {v->len - 1, v->data + 1};
+  if (name.data[0] == '{') {
+    if (name.len < 3 || name.data[name.len - 1] != '}')
+      return -1;
+    name.data++;
+    name.len -= 2;
+  }
+  if (name.data[0] >= '0' && name.data[0] <= '9')
+    return -1;
+  for (size_t i = 0; i < name.len; i++) {
+    u_char ch = name.data[i];
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+          (ch >= '0' && ch <= '9') || ch == '_'))
+      return -1;
+  }
+  ngx_int_t index = ngx_http_get_variable_index(cf, &name);
+  return index == NGX_ERROR ? -1 : index;
+}
+
 static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                                    void *conf) {
   tg_ngx_main_conf *mcf =
@@ -563,6 +591,7 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
   ccv.complex_value = &z->key;
   if (ngx_http_compile_complex_value(&ccv) != NGX_OK)
     return NGX_CONF_ERROR;
+  z->key_var = one_variable(cf, &value[1]);
 
   for (ngx_uint_t i = 2; i < cf->args->nelts; i++) {
     ngx_str_t *v = &value[i];
@@ -1808,7 +1837,16 @@ static ngx_int_t collect_rules(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
   for (ngx_uint_t i = 0; i < lcf->limits->nelts; i++) {
     tg_ngx_limit *l = &lines[i];
     ngx_str_t key;
-    if (ngx_http_complex_value(r, &l->zone->key, &key) != NGX_OK)
+    if (l->zone->key_var >= 0 && l->mode == TG_NGX_HIT) {
+      /* as the script engine reads it (an error or a variable not found:
+       * empty), not copied: the handler is done with it before it returns
+       * (a line that queues may give its slot back when the request ends:
+       * its key is the copy the script engine makes in the pool) */
+      ngx_http_variable_value_t *vv =
+          ngx_http_get_flushed_variable(r, (ngx_uint_t)l->zone->key_var);
+      key.len = vv && !vv->not_found ? vv->len : 0;
+      key.data = key.len ? vv->data : NULL;
+    } else if (ngx_http_complex_value(r, &l->zone->key, &key) != NGX_OK)
       return NGX_ERROR;
     if (key.len == 0)
       continue; /* as limit_req: an empty key is not limited */

@@ -399,6 +399,77 @@ location /free { try_files /index.html =404;
         self.assertIn('tollgate: rejecting request by zone "w"', log)
 
 
+class KeyForms(unittest.TestCase):
+    """A key of exactly one variable is read directly (not through the
+    script engine); every other key through it. Both must key alike."""
+
+    @classmethod
+    def setUpClass(cls):
+        zones = """
+tollgate_zone $arg_k zone=plain:1m algorithm=fixed_window_per_key rate=2/1d;
+tollgate_zone ${arg_k} zone=braced:1m algorithm=fixed_window_per_key rate=2/1d;
+tollgate_zone k:$arg_k zone=text:1m algorithm=fixed_window_per_key rate=2/1d;
+tollgate_zone $arg_k$arg_j zone=pair:1m algorithm=fixed_window_per_key rate=2/1d;
+tollgate_zone $1 zone=capture:1m algorithm=fixed_window_per_key rate=2/1d;
+tollgate_zone $http_x_key zone=header:1m algorithm=token_bucket rate=2r/d;
+tollgate_zone $binary_remote_addr zone=addr:1m algorithm=sliding_window rate=2/1d;
+tollgate_zone $arg_k zone=lq:1m algorithm=leaky_bucket rate=2r/d;
+"""
+        locs = """
+location /plain { tollgate zone=plain; try_files /index.html =404; }
+location /braced { tollgate zone=braced; try_files /index.html =404; }
+location /text { tollgate zone=text; try_files /index.html =404; }
+location /pair { tollgate zone=pair; try_files /index.html =404; }
+location ~ ^/capture/(\w+)$ { tollgate zone=capture;
+                                try_files /index.html =404; }
+location /header { tollgate zone=header; try_files /index.html =404; }
+location /addr { tollgate zone=addr; try_files /index.html =404; }
+location /lq { tollgate zone=lq; try_files /index.html =404; }
+location /queue { tollgate zone=lq burst=0; try_files /index.html =404; }
+"""
+        cls.n = server(locs, zones)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.n.stop()
+
+    def test_each_form_limits_per_key_and_skips_an_empty_one(self):
+        # keys that share a prefix are two keys: all their bytes count
+        for path in ("/plain", "/braced", "/text", "/pair"):
+            self.assertEqual(statuses(self.n, path + "?k=user-1", 3),
+                             [200, 200, 429], path)
+            self.assertEqual(statuses(self.n, path + "?k=user-2", 2),
+                             [200, 200], path)
+        # no k: an empty key is not limited (the text form is never empty)
+        for path in ("/plain", "/braced", "/pair"):
+            self.assertEqual(statuses(self.n, path, 4), [200] * 4, path)
+        self.assertEqual(statuses(self.n, "/text", 3), [200, 200, 429])
+        # the pair is the two arguments' bytes side by side
+        self.assertEqual(statuses(self.n, "/pair?k=c&j=d", 2), [200, 200])
+        self.assertEqual(statuses(self.n, "/pair?k=cd", 1), [429])
+
+    def test_a_regex_capture_is_not_a_variable(self):
+        # "$1" is the location's first capture (nginx would not start had
+        # it been taken for a variable named "1")
+        self.assertEqual(statuses(self.n, "/capture/x", 3), [200, 200, 429])
+        self.assertEqual(statuses(self.n, "/capture/y", 2), [200, 200])
+
+    def test_a_header_and_the_client_address(self):
+        got = [self.n.request("/header", {"X-Key": "h"})[0] for _ in range(3)]
+        self.assertEqual(got, [200, 200, 429])
+        self.assertEqual(self.n.request("/header", {"X-Key": "i"})[0], 200)
+        self.assertEqual(statuses(self.n, "/header", 3), [200] * 3)
+        self.assertEqual(statuses(self.n, "/addr", 3), [200, 200, 429])
+
+    def test_a_line_that_queues_keys_alike(self):
+        # a queueing line reads its key through the script engine: the same
+        # key as a plain line's on the same zone
+        self.assertEqual(statuses(self.n, "/lq?k=q", 2), [200, 200])
+        self.assertEqual(statuses(self.n, "/queue?k=q", 1), [429])
+        self.assertEqual(statuses(self.n, "/queue?k=r", 1), [200])
+        self.assertEqual(statuses(self.n, "/lq?k=r", 2), [200, 429])
+
+
 class Inheritance(unittest.TestCase):
     def test_lines_and_settings_are_inherited_where_a_level_has_none(self):
         # http: h (5 a day); the first server: s (2 a day) and status 503,
