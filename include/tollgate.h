@@ -256,6 +256,23 @@ TG_EXTERN uint64_t tg_clock_realtime(void *ctx);
  * price of the kernel tick's resolution (1-4 ms). ctx is ignored. */
 TG_EXTERN uint64_t tg_clock_coarse(void *ctx);
 
+/* One timeline for callers whose clocks lag one another: returns the latest
+ * of now_us and every time passed through *latest before, and raises
+ * *latest to it. For processes (or threads) sharing a table that each read
+ * the time once per event-loop turn (nginx's workers do): a worker whose
+ * turn began 80 ms before another's would otherwise decide on a key the
+ * other wrote 80 ms "later", and a bucket would look 80 ms fuller to it
+ * (time never moves a stored state back, see "Operations"). With the
+ * word, it decides at the other's time, as if its own clock were as fresh.
+ * *latest is a 64-bit word every caller shares (in shared memory between
+ * processes; 0 to start), updated with atomic operations, lock-free: a
+ * load per call, a compare-and-swap when now_us is ahead of it. A word more
+ * than TG_CLOCK_LEAD_MAX_US ahead of now_us is not a lag but a clock that
+ * stepped back (or a damaged word): it is set to now_us, and now_us is
+ * returned. latest NULL: now_us. */
+#define TG_CLOCK_LEAD_MAX_US UINT64_C(60000000)
+TG_EXTERN uint64_t tg_clock_latest(uint64_t *latest, uint64_t now_us);
+
 /* The failure policy: what a decision answers when the store cannot decide:
  * the memory table is full even after reclaiming decayed keys (TG_EFULL), a
  * custom store's key is locked (TG_EBUSY) or fails (TG_ESTORE, TG_ECORRUPT),

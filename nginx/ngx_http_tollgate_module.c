@@ -65,6 +65,8 @@ typedef struct {
   uint32_t log_entries; /* sliding_window: entries per key's log */
   void *region;         /* the table, in the zone (nginx's shared memory) */
   size_t region_bytes;
+  uint64_t *clock; /* the zone's time, in the zone before the table: the
+                      latest of its workers' cached times (tg_ngx_clock) */
   tg_limiter *lim; /* made by the master in init_zone */
   ngx_shm_zone_t *shm_zone;
   ngx_str_t file; /* where it was defined, for messages */
@@ -353,8 +355,25 @@ static ngx_int_t is_bucket(tg_algorithm alg) {
 
 static ngx_int_t tg_ngx_init_zone(ngx_shm_zone_t *shm_zone, void *data);
 
+/* The zone's time in the line before its table: what tg_ngx_clock keeps. */
+#define TG_NGX_CLOCK_BYTES 64
+
+/* A shared-memory zone's clock: nginx's cached time (the moment the
+ * worker's event-loop turn began, to the millisecond, as limit_req reads
+ * it: no system call per request), made one timeline for all the zone's
+ * workers by tg_clock_latest: a worker whose turn began before another's
+ * decides at the other's time, never on a state written "later" than its
+ * own time (which would make a bucket look fuller to it). */
+static uint64_t tg_ngx_clock(void *word) {
+  ngx_time_t *tp = ngx_timeofday();
+  return tg_clock_latest(word, (uint64_t)tp->sec * 1000000u +
+                                   (uint64_t)tp->msec * 1000u);
+}
+
 static void zone_config(const tg_ngx_zone *z, tg_config *cfg) {
   tg_config_init(cfg);
+  cfg->clock = tg_ngx_clock;
+  cfg->clock_ctx = z->clock;
   cfg->algorithm = z->algorithm;
   cfg->capacity = z->capacity;
   /* keys of more than 24 bytes take a 256-byte chunk each, counted in the
@@ -377,6 +396,7 @@ static ngx_int_t size_zone(ngx_conf_t *cf, tg_ngx_zone *z) {
   size_t overhead = 8 * ngx_pagesize + pages * 2 * sizeof(ngx_slab_page_t);
   size_t usable = z->size > overhead ? z->size - overhead : 0;
   usable -= usable % ngx_pagesize;
+  usable -= usable > TG_NGX_CLOCK_BYTES ? TG_NGX_CLOCK_BYTES : usable;
   z->log_entries = z->algorithm == TG_SLIDING_WINDOW && z->q.limit < 1024
                        ? (uint32_t)z->q.limit
                        : 1024;
@@ -1141,21 +1161,27 @@ static ngx_int_t tg_ngx_init_zone(ngx_shm_zone_t *shm_zone, void *data) {
     }
     z->region = old->region;
     z->region_bytes = old->region_bytes;
+    z->clock = old->clock;
   } else {
+    /* the clock's line, then the table (64-byte aligned: slab pages) */
     ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
+    u_char *block;
     if (shm_zone->shm.exists) {
-      z->region = shpool->data; /* Windows: mapped again, already made */
+      block = shpool->data; /* Windows: mapped again, already made */
     } else {
-      z->region = ngx_slab_alloc(shpool, z->region_bytes);
-      if (z->region == NULL) {
+      block = ngx_slab_alloc(shpool, TG_NGX_CLOCK_BYTES + z->region_bytes);
+      if (block == NULL) {
         ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
                       "tollgate_zone \"%V\": %uz bytes for %uL keys do not "
                       "fit in the zone of %uz bytes",
                       &z->name, z->region_bytes, z->capacity, z->size);
         return NGX_ERROR;
       }
-      shpool->data = z->region;
+      ngx_memzero(block, TG_NGX_CLOCK_BYTES);
+      shpool->data = block;
     }
+    z->clock = (uint64_t *)block;
+    z->region = block + TG_NGX_CLOCK_BYTES;
   }
   tg_config cfg;
   zone_config(z, &cfg);

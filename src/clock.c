@@ -7,6 +7,8 @@
  */
 #include "tollgate.h"
 
+#include "atomic.h"
+
 #include <time.h>
 
 static uint64_t read_us(clockid_t id) {
@@ -24,4 +26,22 @@ uint64_t tg_clock_realtime(void *ctx) {
 uint64_t tg_clock_coarse(void *ctx) {
   (void)ctx;
   return read_us(CLOCK_REALTIME_COARSE);
+}
+
+uint64_t tg_clock_latest(uint64_t *latest, uint64_t now_us) {
+  if (latest == NULL)
+    return now_us;
+  uint64_t seen = tg__load_relaxed(latest);
+  for (;;) {
+    uint64_t want;
+    if (seen > now_us && seen - now_us > TG_CLOCK_LEAD_MAX_US)
+      want = now_us; /* stepped back, or damaged: start again from now */
+    else if (now_us > seen)
+      want = now_us;
+    else
+      return seen;
+    /* seen is reloaded when another caller moved the word first */
+    if (tg__cas64(latest, &seen, want))
+      return want;
+  }
 }

@@ -24,6 +24,8 @@
  *      microsecond, so that each log moves up through the block sizes
  *      (64 B on) while the others wait on its lock: exactly the limit
  *      admitted, and all of it still in the log.
+ *   g. tg_clock_latest from threads whose clocks lag one another: each sees
+ *      one timeline that never goes back, and the word ends at the latest.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -514,6 +516,50 @@ static void f_sliding_logs_grow_under_contention(void **state) {
   assert_int_equal(wrong_sum, 0);
 }
 
+/* g: tg_clock_latest from THREADS threads whose clocks lag one another by
+ * up to 3 ms: every thread sees its times never go back and never below its
+ * own clock, and the word ends at the latest time any thread passed. */
+#define G_CALLS 200000
+
+typedef struct latest_caller {
+  uint64_t *word;
+  uint64_t lag_us, last_own, back, below;
+} latest_caller;
+
+static void *latest_run(void *arg) {
+  latest_caller *c = arg;
+  uint64_t prev = 0;
+  for (uint64_t i = 0; i < G_CALLS; i++) {
+    uint64_t own = T0 + i * 7 - c->lag_us; /* its clock, behind by lag_us */
+    uint64_t t = tg_clock_latest(c->word, own);
+    c->back += t < prev;
+    c->below += t < own;
+    prev = t;
+    c->last_own = own;
+  }
+  return NULL;
+}
+
+static void g_clock_latest_one_timeline(void **state) {
+  (void)state;
+  uint64_t word = 0;
+  latest_caller c[THREADS];
+  pthread_t th[THREADS];
+  for (int i = 0; i < THREADS; i++) {
+    c[i] = (latest_caller){&word, (uint64_t)i * 1000, 0, 0, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, latest_run, &c[i]), 0);
+  }
+  uint64_t latest = 0;
+  for (int i = 0; i < THREADS; i++) {
+    pthread_join(th[i], NULL);
+    assert_int_equal(c[i].back, 0);
+    assert_int_equal(c[i].below, 0);
+    if (c[i].last_own > latest)
+      latest = c[i].last_own;
+  }
+  assert_int_equal(word, latest);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_fixed_window_exact),
@@ -530,6 +576,7 @@ int main(void) {
       cmocka_unit_test(e_long_keys_grow_their_arena),
       cmocka_unit_test(e_sliding_logs_grow_their_arena),
       cmocka_unit_test(f_sliding_logs_grow_under_contention),
+      cmocka_unit_test(g_clock_latest_one_timeline),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

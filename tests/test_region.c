@@ -15,7 +15,9 @@
  *      a MAP_SHARED anonymous region while the parent SIGKILLs one of them
  *      mid-traffic; no more than the limit is ever admitted, and afterwards
  *      every call succeeds (no lock left held) and a fresh key admits
- *      exactly the limit, for all five algorithms.
+ *      exactly the limit, for all five algorithms;
+ *   6. tg_clock_latest: two processes whose clocks lag decide on one
+ *      timeline (a bucket does not look fuller to the one behind).
  *
  * Children never assert (cmocka long-jumps): they write what they saw into
  * a MAP_SHARED area with __atomic operations and exit; the parent asserts.
@@ -337,6 +339,95 @@ static void test_processes_one_killed(void **state) {
   }
 }
 
+/* 6. One timeline for processes whose clocks lag (tg_clock_latest), as the
+ * nginx module's workers each read the time their event-loop turn began:
+ * each process's own time is its copy of own_time (after fork), made one
+ * timeline by a word in shared memory. */
+static uint64_t own_time;
+static uint64_t latest_clock(void *word) {
+  return tg_clock_latest(word, own_time);
+}
+
+typedef struct lag_seen {
+  int a_allowed, a_late, b_control, b_allowed, errors;
+  uint64_t b_time;
+} lag_seen;
+
+static void test_processes_share_one_timeline(void **state) {
+  (void)state;
+  uint64_t *word = map_shared(64);
+  lag_seen *seen = map_shared(sizeof *seen);
+  tg_config cfg;
+  config(&cfg, TG_TOKEN_BUCKET, 64);
+  cfg.clock = latest_clock;
+  cfg.clock_ctx = word;
+  size_t bytes = tg_region_bytes(&cfg);
+  void *mem = map_shared(bytes);
+  cfg.region = mem;
+  cfg.region_bytes = bytes;
+  tg_limiter *lim;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), 0);
+  /* 1000 per second (one per ms), burst 50 */
+  tg_quota q = {1000, 1000, 50};
+  tg_result r;
+
+  /* process A, its turns at T0 and T0 + 100 ms: the burst, then one more */
+  pid_t a = fork();
+  assert_true(a >= 0);
+  if (a == 0) {
+    own_time = T0;
+    for (int i = 0; i < 50; i++) {
+      seen->errors += tg_hit(lim, "k", 1, &q, 1, &r) != 0;
+      seen->a_allowed += r.allowed;
+    }
+    own_time = T0 + 100000;
+    seen->errors += tg_hit(lim, "k", 1, &q, 1, &r) != 0;
+    seen->a_late = r.allowed;
+    _exit(0);
+  }
+  int st;
+  assert_int_equal(waitpid(a, &st, 0), a);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  /* process B, whose turn began 82 ms before A's last: on its own time
+   * the bucket (TAT T0 + 101 ms) is 83 ms ahead, beyond the burst's 50 ms,
+   * and a call refused; on the shared timeline it decides at T0 + 100 ms,
+   * where one more call fits */
+  pid_t b = fork();
+  assert_true(b >= 0);
+  if (b == 0) {
+    own_time = T0 + 18000;
+    seen->errors += tg_hit_at(lim, own_time, "k", 1, &q, 1, &r) != 0;
+    seen->b_control = r.allowed;
+    seen->errors += tg_hit(lim, "k", 1, &q, 1, &r) != 0;
+    seen->b_allowed = r.allowed;
+    seen->b_time = tg_clock_latest(word, own_time);
+    _exit(0);
+  }
+  assert_int_equal(waitpid(b, &st, 0), b);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  assert_int_equal(seen->errors, 0);
+  assert_int_equal(seen->a_allowed, 50);
+  assert_true(seen->a_late);
+  assert_false(seen->b_control);
+  assert_true(seen->b_allowed);
+  assert_int_equal(seen->b_time, T0 + 100000);
+  assert_int_equal(*word, T0 + 100000);
+
+  /* in one process: never back; raised by a later time; a word beyond
+   * TG_CLOCK_LEAD_MAX_US ahead is a clock that stepped back: reset */
+  assert_int_equal(tg_clock_latest(word, T0), T0 + 100000);
+  assert_int_equal(tg_clock_latest(word, T0 + 200000), T0 + 200000);
+  uint64_t back = T0 + 200000 - TG_CLOCK_LEAD_MAX_US;
+  assert_int_equal(tg_clock_latest(word, back), T0 + 200000);
+  assert_int_equal(tg_clock_latest(word, back - 1), back - 1);
+  assert_int_equal(*word, back - 1);
+  assert_int_equal(tg_clock_latest(NULL, 7), 7);
+  tg_limiter_destroy(lim);
+  munmap(mem, bytes);
+  munmap(seen, sizeof *seen);
+  munmap(word, 64);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes_and_validation),
@@ -344,6 +435,7 @@ int main(void) {
       cmocka_unit_test(test_mismatch_and_corrupt),
       cmocka_unit_test(test_full),
       cmocka_unit_test(test_processes_one_killed),
+      cmocka_unit_test(test_processes_share_one_timeline),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

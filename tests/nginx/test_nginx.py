@@ -1009,6 +1009,48 @@ class LimitReq(unittest.TestCase):
             n.stop()
 
 
+class CachedTime(unittest.TestCase):
+    """A shared-memory zone decides on nginx's cached time (the time its
+    worker's event-loop turn began), as limit_req does (limit_req's is the
+    monotonic clock's, tollgate's the wall clock's, both cached). With
+    `timer_resolution 60s` a worker's cached time stands still for a minute
+    from its start, so a request 1.3 s after another is decided at the same
+    moment: a second request in a 1 s fixed window, or through a 1r/s
+    bucket without burst, is refused, by limit_req and by tollgate alike.
+    Without it, time moves and both are admitted (the control: a module
+    reading the system clock would admit the second request in both runs).
+    That the workers' cached times make one timeline (tg_clock_latest) is
+    test_region's and test_concurrency's to show."""
+
+    ZONES = ("limit_req_zone $arg_k zone=lr:1m rate=1r/s;\n"
+             "tollgate_zone $arg_k zone=lb:1m algorithm=leaky_bucket "
+             "rate=1r/s;\n"
+             "tollgate_zone $arg_k zone=fw:1m algorithm=fixed_window "
+             "rate=1/1s;\n")
+    LOCS = ("limit_req_status 429;\n"
+            "location /lr { limit_req zone=lr; try_files /index.html =404; }\n"
+            "location /lb { tollgate zone=lb burst=0;"
+            " try_files /index.html =404; }\n"
+            "location /fw { tollgate zone=fw; try_files /index.html =404; }\n")
+
+    def pairs(self, main):
+        n = server(self.LOCS, self.ZONES, workers=1, main=main)
+        try:
+            first = [n.request(p + "?k=a")[0] for p in ("/lr", "/lb", "/fw")]
+            time.sleep(1.3)
+            second = [n.request(p + "?k=a")[0] for p in ("/lr", "/lb", "/fw")]
+            return first, second
+        finally:
+            n.stop()
+
+    def test_zones_read_nginx_cached_time(self):
+        first, second = self.pairs("timer_resolution 60s;")
+        self.assertEqual(first, [200, 200, 200])
+        self.assertEqual(second, [429, 429, 429])
+        first, second = self.pairs("")
+        self.assertEqual((first, second), ([200] * 3, [200] * 3))
+
+
 class Delay(unittest.TestCase):
     def test_delay_lets_some_excess_through_at_once(self):
         # 2r/s burst=3 delay=1, five requests 20 ms apart: the first and
