@@ -65,9 +65,8 @@ typedef struct {
   uint32_t log_entries; /* sliding_window: entries per key's log */
   void *region;         /* the table, in the zone (nginx's shared memory) */
   size_t region_bytes;
-  uint64_t *clock; /* the zone's time, in the zone before the table: the
-                      latest of its workers' cached times (tg_ngx_clock) */
-  tg_limiter *lim; /* made by the master in init_zone */
+  struct tg_ngx_main_conf *mcf; /* its clock (tg_ngx_clock) */
+  tg_limiter *lim;              /* made by the master in init_zone */
   ngx_shm_zone_t *shm_zone;
   ngx_str_t file; /* where it was defined, for messages */
   ngx_uint_t line;
@@ -137,6 +136,7 @@ typedef struct {
 
 typedef struct {
   ngx_array_t *limits; /* of tg_ngx_limit; NULL: none here */
+  ngx_flag_t queues;   /* a line is TG_NGX_RESERVE (set when merged) */
   ngx_uint_t status;
   ngx_flag_t dry_run;
   ngx_uint_t log_level;
@@ -144,8 +144,13 @@ typedef struct {
   ngx_uint_t headers;
 } tg_ngx_loc_conf;
 
-typedef struct {
+typedef struct tg_ngx_main_conf {
   ngx_array_t zones; /* of tg_ngx_zone * */
+  /* The time of every shared-memory zone (tg_ngx_clock): a word in a small
+   * shared-memory zone of its own, made with the first such zone; NULL
+   * until that zone is initialised. */
+  ngx_shm_zone_t *clock_zone;
+  uint64_t *clock;
 } tg_ngx_main_conf;
 
 typedef struct tg_ngx_pending tg_ngx_pending;
@@ -355,25 +360,44 @@ static ngx_int_t is_bucket(tg_algorithm alg) {
 
 static ngx_int_t tg_ngx_init_zone(ngx_shm_zone_t *shm_zone, void *data);
 
-/* The zone's time in the line before its table: what tg_ngx_clock keeps. */
-#define TG_NGX_CLOCK_BYTES 64
-
-/* A shared-memory zone's clock: nginx's cached time (the moment the
+/* The shared-memory zones' clock: nginx's cached time (the moment the
  * worker's event-loop turn began, to the millisecond, as limit_req reads
- * it: no system call per request), made one timeline for all the zone's
- * workers by tg_clock_latest: a worker whose turn began before another's
- * decides at the other's time, never on a state written "later" than its
- * own time (which would make a bucket look fuller to it). */
-static uint64_t tg_ngx_clock(void *word) {
+ * it: no system call per request), made one timeline for all the workers
+ * and all the zones by tg_clock_latest, with one word for every zone (a
+ * location's lines are one policy, decided at one time: a word per zone
+ * would leave a zone's state written at another zone's later time): a
+ * worker whose turn began before another's decides at the other's time,
+ * never on a state written "later" than its own time (which would make a
+ * bucket look fuller to it). */
+static uint64_t tg_ngx_clock(void *conf) {
+  const tg_ngx_main_conf *mcf = conf;
   ngx_time_t *tp = ngx_timeofday();
-  return tg_clock_latest(word, (uint64_t)tp->sec * 1000000u +
-                                   (uint64_t)tp->msec * 1000u);
+  return tg_clock_latest(mcf->clock, (uint64_t)tp->sec * 1000000u +
+                                         (uint64_t)tp->msec * 1000u);
+}
+
+/* The clock's zone: its word, kept across a reload. */
+static ngx_int_t tg_ngx_init_clock(ngx_shm_zone_t *shm_zone, void *data) {
+  tg_ngx_main_conf *mcf = shm_zone->data;
+  tg_ngx_main_conf *old = data;
+  ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
+  if (old) {
+    mcf->clock = old->clock;
+  } else if (shm_zone->shm.exists) {
+    mcf->clock = shpool->data; /* Windows: mapped again, already made */
+  } else {
+    mcf->clock = ngx_slab_calloc(shpool, 64);
+    if (mcf->clock == NULL)
+      return NGX_ERROR;
+    shpool->data = mcf->clock;
+  }
+  return NGX_OK;
 }
 
 static void zone_config(const tg_ngx_zone *z, tg_config *cfg) {
   tg_config_init(cfg);
   cfg->clock = tg_ngx_clock;
-  cfg->clock_ctx = z->clock;
+  cfg->clock_ctx = z->mcf;
   cfg->algorithm = z->algorithm;
   cfg->capacity = z->capacity;
   /* keys of more than 24 bytes take a 256-byte chunk each, counted in the
@@ -396,7 +420,6 @@ static ngx_int_t size_zone(ngx_conf_t *cf, tg_ngx_zone *z) {
   size_t overhead = 8 * ngx_pagesize + pages * 2 * sizeof(ngx_slab_page_t);
   size_t usable = z->size > overhead ? z->size - overhead : 0;
   usable -= usable % ngx_pagesize;
-  usable -= usable > TG_NGX_CLOCK_BYTES ? TG_NGX_CLOCK_BYTES : usable;
   z->log_entries = z->algorithm == TG_SLIDING_WINDOW && z->q.limit < 1024
                        ? (uint32_t)z->q.limit
                        : 1024;
@@ -824,6 +847,17 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     return NGX_CONF_OK;
   }
 
+  if (mcf->clock_zone == NULL) {
+    /* a name no zone directive can give (NAME:SIZE) */
+    ngx_str_t name = ngx_string("tollgate:clock");
+    mcf->clock_zone = ngx_shared_memory_add(cf, &name, 8 * ngx_pagesize,
+                                            &ngx_http_tollgate_module);
+    if (mcf->clock_zone == NULL)
+      return NGX_CONF_ERROR;
+    mcf->clock_zone->init = tg_ngx_init_clock;
+    mcf->clock_zone->data = mcf;
+  }
+  z->mcf = mcf;
   z->shm_zone =
       ngx_shared_memory_add(cf, &z->name, z->size, &ngx_http_tollgate_module);
   if (z->shm_zone == NULL)
@@ -1078,6 +1112,7 @@ static char *tg_ngx_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child) {
     for (ngx_uint_t i = 0; i < conf->limits->nelts; i++) {
       if (!l[i].resolved && resolve_limit(cf, mcf, &l[i]) != NGX_CONF_OK)
         return NGX_CONF_ERROR;
+      conf->queues |= l[i].mode == TG_NGX_RESERVE;
       for (ngx_uint_t j = 0; j < i; j++)
         if (l[j].zone == l[i].zone) {
           /* one state cannot be two rules of a policy */
@@ -1161,27 +1196,21 @@ static ngx_int_t tg_ngx_init_zone(ngx_shm_zone_t *shm_zone, void *data) {
     }
     z->region = old->region;
     z->region_bytes = old->region_bytes;
-    z->clock = old->clock;
   } else {
-    /* the clock's line, then the table (64-byte aligned: slab pages) */
     ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
-    u_char *block;
     if (shm_zone->shm.exists) {
-      block = shpool->data; /* Windows: mapped again, already made */
+      z->region = shpool->data; /* Windows: mapped again, already made */
     } else {
-      block = ngx_slab_alloc(shpool, TG_NGX_CLOCK_BYTES + z->region_bytes);
-      if (block == NULL) {
+      z->region = ngx_slab_alloc(shpool, z->region_bytes);
+      if (z->region == NULL) {
         ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
                       "tollgate_zone \"%V\": %uz bytes for %uL keys do not "
                       "fit in the zone of %uz bytes",
                       &z->name, z->region_bytes, z->capacity, z->size);
         return NGX_ERROR;
       }
-      ngx_memzero(block, TG_NGX_CLOCK_BYTES);
-      shpool->data = block;
+      shpool->data = z->region;
     }
-    z->clock = (uint64_t *)block;
-    z->region = block + TG_NGX_CLOCK_BYTES;
   }
   tg_config cfg;
   zone_config(z, &cfg);
@@ -1863,11 +1892,12 @@ static ngx_int_t collect_rules(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
   for (ngx_uint_t i = 0; i < lcf->limits->nelts; i++) {
     tg_ngx_limit *l = &lines[i];
     ngx_str_t key;
-    if (l->zone->key_var >= 0 && l->mode == TG_NGX_HIT) {
+    if (l->zone->key_var >= 0 && !lcf->queues) {
       /* as the script engine reads it (an error or a variable not found:
-       * empty), not copied: the handler is done with it before it returns
-       * (a line that queues may give its slot back when the request ends:
-       * its key is the copy the script engine makes in the pool) */
+       * empty), not copied: the handler is done with it before it returns.
+       * In a location that queues, every line's slot may be given back
+       * when the request ends (tg_cancel_rules): its key is the copy the
+       * script engine makes in the request's pool. */
       ngx_http_variable_value_t *vv =
           ngx_http_get_flushed_variable(r, (ngx_uint_t)l->zone->key_var);
       key.len = vv && !vv->not_found ? vv->len : 0;
