@@ -264,16 +264,18 @@ TG_EXTERN uint64_t tg_clock_coarse(void *ctx);
  * other wrote 80 ms "later", and a bucket would look 80 ms fuller to it
  * (time never moves a stored state back, see "Operations"). With the
  * word, it decides at the other's time, as if its own clock were as fresh.
- * *latest is a 64-bit word every caller shares (in shared memory between
- * processes; 0 to start), updated with atomic operations, lock-free: a
- * load per call, a compare-and-swap when now_us is ahead of it. Use one
- * word for every limiter a decision may span (a policy decides all its
+ * *latest is a 64-bit word (8-byte aligned) every caller shares (in shared
+ * memory between processes; 0 to start), updated with atomic operations,
+ * lock-free: a load per call, a compare-and-swap when now_us is ahead of it.
+ * Use one word for every limiter a decision may span (a policy decides all its
  * rules at one time). A word more than TG_CLOCK_LEAD_MAX_US ahead of now_us
  * is not a lag but a clock that stepped back (or a damaged word): it is set
  * to now_us, and now_us is returned. So a clock stepping back by less than
  * that holds the word's time until it catches up (keys' states would be
- * held as long without the word); and callers whose lag can exceed it
- * (nginx's timer_resolution of a minute or more) do not share a timeline.
+ * held as long without the word); and a caller whose lag exceeds it
+ * (nginx's timer_resolution of a minute or more) sets the word back to its
+ * own time: the others lose the latest time until their next call, so
+ * such callers do not share a timeline.
  * latest NULL: now_us. */
 #define TG_CLOCK_LEAD_MAX_US UINT64_C(60000000)
 TG_EXTERN uint64_t tg_clock_latest(uint64_t *latest, uint64_t now_us);

@@ -620,6 +620,7 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
   tg_ngx_zone *z = ngx_pcalloc(cf->pool, sizeof(*z));
   if (z == NULL)
     return NGX_CONF_ERROR;
+  z->mcf = mcf;
   z->algorithm = TG_FIXED_WINDOW;
   z->timeout = 100;
   z->on_error = TG_POLICY_FAIL_OPEN;
@@ -857,7 +858,6 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     mcf->clock_zone->init = tg_ngx_init_clock;
     mcf->clock_zone->data = mcf;
   }
-  z->mcf = mcf;
   z->shm_zone =
       ngx_shared_memory_add(cf, &z->name, z->size, &ngx_http_tollgate_module);
   if (z->shm_zone == NULL)

@@ -414,6 +414,8 @@ tollgate_zone $1 zone=capture:1m algorithm=fixed_window_per_key rate=2/1d;
 tollgate_zone $http_x_key zone=header:1m algorithm=token_bucket rate=2r/d;
 tollgate_zone $binary_remote_addr zone=addr:1m algorithm=sliding_window rate=2/1d;
 tollgate_zone $arg_k zone=lq:1m algorithm=leaky_bucket rate=2r/d;
+tollgate_zone $arg_k zone=mixp:1m algorithm=fixed_window_per_key rate=3/1d;
+tollgate_zone $arg_k zone=mixq:1m algorithm=leaky_bucket rate=2r/d;
 """
         locs = """
 location /plain { tollgate zone=plain; try_files /index.html =404; }
@@ -426,6 +428,9 @@ location /header { tollgate zone=header; try_files /index.html =404; }
 location /addr { tollgate zone=addr; try_files /index.html =404; }
 location /lq { tollgate zone=lq; try_files /index.html =404; }
 location /queue { tollgate zone=lq burst=0; try_files /index.html =404; }
+location /mixed { tollgate zone=mixp; tollgate zone=mixq burst=0;
+                  try_files /index.html =404; }
+location /mixp { tollgate zone=mixp; try_files /index.html =404; }
 """
         cls.n = server(locs, zones)
 
@@ -468,6 +473,16 @@ location /queue { tollgate zone=lq burst=0; try_files /index.html =404; }
         self.assertEqual(statuses(self.n, "/queue?k=q", 1), [429])
         self.assertEqual(statuses(self.n, "/queue?k=r", 1), [200])
         self.assertEqual(statuses(self.n, "/lq?k=r", 2), [200, 429])
+
+    def test_a_plain_line_beside_a_line_that_queues(self):
+        # both lines' keys through the script engine (the location queues):
+        # each key its own, in both zones; the queueing line (one request
+        # per key at once) refuses the second, which charges neither zone
+        for key in ("user-1", "user-2"):
+            self.assertEqual(statuses(self.n, "/mixed?k=" + key, 2),
+                             [200, 429], key)
+            self.assertEqual(statuses(self.n, "/mixp?k=" + key, 3),
+                             [200, 200, 429], key)
 
 
 class Inheritance(unittest.TestCase):
