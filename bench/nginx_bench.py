@@ -54,6 +54,7 @@ limit between hosts costs on one host.
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -181,6 +182,7 @@ def main():
                           start=False)
             if n.port not in ports.values():
                 break  # else ngx.py's own port is a case's: choose again
+            shutil.rmtree(n.prefix, ignore_errors=True)  # never started
         n.start()
     except Exception:
         if redis:

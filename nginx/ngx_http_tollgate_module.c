@@ -2004,15 +2004,21 @@ static ngx_int_t delay(ngx_http_request_t *r, tg_ngx_ctx *ctx,
   return NGX_AGAIN;
 }
 
-static ngx_int_t decided(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
-                         tg_ngx_ctx *ctx, int rc, uint64_t delay_ms);
+static ngx_int_t decided_slow(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
+                              tg_ngx_ctx *ctx, int rc, uint64_t delay_ms);
 
-/* Whether the answer lets the request go on at once with nothing to log
- * (most requests; decided() would set TG_NGX_PASSED and decline). */
-static ngx_inline ngx_int_t passes_now(const tg_ngx_ctx *ctx, int rc,
-                                       uint64_t delay_ms) {
-  return rc == 0 && ctx->rr.r.allowed && !ctx->rr.r.shadow_denied &&
-         delay_ms == 0 && ctx->state == TG_NGX_UNDECIDED;
+/* The answer (ctx->rr, rc), as the request's fate: pass, refuse or wait.
+ * Inline, the common case: the answer lets the request go on at once with
+ * nothing to log; decided_slow() is the rest. */
+static ngx_inline ngx_int_t decided(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
+                                    tg_ngx_ctx *ctx, int rc,
+                                    uint64_t delay_ms) {
+  if (rc == 0 && ctx->rr.r.allowed && !ctx->rr.r.shadow_denied &&
+      delay_ms == 0 && ctx->state == TG_NGX_UNDECIDED) {
+    ctx->state = TG_NGX_PASSED;
+    return NGX_DECLINED;
+  }
+  return decided_slow(r, lcf, ctx, rc, delay_ms);
 }
 
 /* A Redis zone's answer (the only line of its location), as a memory
@@ -2213,21 +2219,14 @@ static ngx_int_t tg_ngx_handler(ngx_http_request_t *r) {
                ? reserve(r, lcf, ctx, &delay_ms)
                : tg_hit_rules(ctx->rules, ctx->n,
                               lcf->dry_run ? TG_RULES_SHADOW : 0, &ctx->rr);
-  if (passes_now(ctx, rc, delay_ms)) { /* decided()'s first case, inline */
-    ctx->state = TG_NGX_PASSED;
-    return NGX_DECLINED;
-  }
   return decided(r, lcf, ctx, rc, delay_ms);
 }
 
-/* The answer (ctx->rr, rc), as the request's fate: pass, refuse or wait. */
-static ngx_int_t decided(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
-                         tg_ngx_ctx *ctx, int rc, uint64_t delay_ms) {
+/* decided()'s other cases: a failure, a dry run's would-be refusal or
+ * delay, a refusal, a delay. */
+static ngx_int_t decided_slow(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
+                              tg_ngx_ctx *ctx, int rc, uint64_t delay_ms) {
   const tg_result *res = &ctx->rr.r;
-  if (passes_now(ctx, rc, delay_ms)) {
-    ctx->state = TG_NGX_PASSED;
-    return NGX_DECLINED;
-  }
   size_t blame =
       ctx->rr.denied_by == TG_RULE_NONE ? ctx->delayed_by : ctx->rr.denied_by;
   ngx_str_t *zname = &ctx->limits[blame]->zone->name;
