@@ -33,15 +33,13 @@ uint64_t tg_clock_latest(uint64_t *latest, uint64_t now_us) {
     return now_us;
   uint64_t seen = tg__load_relaxed(latest);
   for (;;) {
-    uint64_t want;
-    if (seen > now_us && seen - now_us > TG_CLOCK_LEAD_MAX_US)
-      want = now_us; /* stepped back, or damaged: start again from now */
-    else if (now_us > seen)
-      want = now_us;
-    else
+    bool stepped_back = seen > now_us && seen - now_us > TG_CLOCK_LEAD_MAX_US;
+    if (seen >= now_us && !stepped_back)
       return seen;
-    /* seen is reloaded when another caller moved the word first */
-    if (tg__cas64(latest, &seen, want))
-      return want;
+    /* now_us is ahead of the word, or the word is a clock that stepped back
+     * (or damaged): start again from now. seen is reloaded when another
+     * caller moved the word first. */
+    if (tg__cas64(latest, &seen, now_us))
+      return now_us;
   }
 }
