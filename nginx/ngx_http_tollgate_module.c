@@ -582,10 +582,6 @@ static ngx_int_t parse_store(ngx_conf_t *cf, tg_ngx_zone *z, ngx_str_t *v) {
   return z->host ? NGX_OK : NGX_ERROR;
 }
 
-/* tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N]
- *   [store=redis://HOST:PORT[/DB] | store=redis+unix:PATH |
- *    store=redis-cluster://HOST:PORT[,HOST:PORT...]] [password=P]
- *   [timeout=TIME] [on_error=allow|deny] */
 /* The index of the variable a key made of exactly one variable names
  * ("$name" or "${name}"; not a regex capture such as "$1"), or -1 when the
  * key is anything else. Such a key is read with ngx_http_get_flushed_variable
@@ -612,6 +608,10 @@ static ngx_int_t one_variable(ngx_conf_t *cf, ngx_str_t *v) {
   return index == NGX_ERROR ? -1 : index;
 }
 
+/* tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N]
+ *   [store=redis://HOST:PORT[/DB] | store=redis+unix:PATH |
+ *    store=redis-cluster://HOST:PORT[,HOST:PORT...]] [password=P]
+ *   [timeout=TIME] [on_error=allow|deny] */
 static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                                    void *conf) {
   tg_ngx_main_conf *mcf =

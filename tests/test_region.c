@@ -62,6 +62,17 @@ static void *map_shared(size_t bytes) {
   return p;
 }
 
+/* A limiter on a fresh MAP_SHARED region of tg_region_bytes(cfg) bytes (its
+ * size in *bytes, its address in cfg->region). */
+static tg_limiter *new_on_region(tg_config *cfg, size_t *bytes) {
+  *bytes = tg_region_bytes(cfg);
+  cfg->region = map_shared(*bytes);
+  cfg->region_bytes = *bytes;
+  tg_limiter *lim;
+  assert_int_equal(tg_limiter_new(&lim, cfg), 0);
+  return lim;
+}
+
 static void config(tg_config *cfg, tg_algorithm alg, uint64_t capacity) {
   tg_config_init(cfg);
   cfg->algorithm = alg;
@@ -207,12 +218,9 @@ static void test_full(void **state) {
   (void)state;
   tg_config cfg;
   config(&cfg, TG_FIXED_WINDOW, 8);
-  size_t bytes = tg_region_bytes(&cfg);
-  void *mem = map_shared(bytes);
-  cfg.region = mem;
-  cfg.region_bytes = bytes;
-  tg_limiter *lim;
-  assert_int_equal(tg_limiter_new(&lim, &cfg), 0);
+  size_t bytes;
+  tg_limiter *lim = new_on_region(&cfg, &bytes);
+  void *mem = cfg.region;
   tg_quota q = {.limit = 5, .period_ms = 60000};
   tg_result r;
   char key[16];
@@ -278,13 +286,10 @@ static void test_processes_one_killed(void **state) {
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
     tg_config cfg;
     config(&cfg, (tg_algorithm)a, 4096);
-    size_t bytes = tg_region_bytes(&cfg);
-    void *mem = map_shared(bytes);
+    size_t bytes;
+    tg_limiter *lim = new_on_region(&cfg, &bytes);
+    void *mem = cfg.region;
     shared_counts *sc = map_shared(sizeof *sc);
-    cfg.region = mem;
-    cfg.region_bytes = bytes;
-    tg_limiter *lim;
-    assert_int_equal(tg_limiter_new(&lim, &cfg), 0);
 
     pid_t pids[CHILDREN];
     for (int c = 0; c < CHILDREN; c++) {
@@ -361,12 +366,9 @@ static void test_processes_share_one_timeline(void **state) {
   config(&cfg, TG_TOKEN_BUCKET, 64);
   cfg.clock = latest_clock;
   cfg.clock_ctx = word;
-  size_t bytes = tg_region_bytes(&cfg);
-  void *mem = map_shared(bytes);
-  cfg.region = mem;
-  cfg.region_bytes = bytes;
-  tg_limiter *lim;
-  assert_int_equal(tg_limiter_new(&lim, &cfg), 0);
+  size_t bytes;
+  tg_limiter *lim = new_on_region(&cfg, &bytes);
+  void *mem = cfg.region;
   /* 1000 per second (one per ms), burst 50 */
   tg_quota q = {1000, 1000, 50};
   tg_result r;
