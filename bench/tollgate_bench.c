@@ -847,7 +847,11 @@ static void suite_hot(void) {
 
 /* A policy of two rules on one hot key pair: tg_hit_rules checks both,
  * then takes both (two compare-and-swaps), against one tg_hit on the same
- * algorithm's hot key in the same run. */
+ * algorithm's hot key in the same run. Each call sets the rules' inputs
+ * and leaves their outputs (status, result) to the library, as op_hot
+ * leaves its tg_result: written `tg_rule r[2] = {{...}}` inside the loop,
+ * gcc zeroes both rules' results with a `rep stos` every call, 12 ns of a
+ * 99 ns policy here (2026-11-29) that is the driver's, not tollgate's. */
 typedef struct policy_work {
   tg_limiter *lim;
   uint64_t now;
@@ -860,9 +864,14 @@ static uint64_t op_policy2(void *ctx, unsigned tid, uint64_t n) {
   make_key(a, 42);
   make_key(b, 43);
   uint64_t now = w->now, ok = 0;
+  tg_rule r[2];
   for (uint64_t i = 0; i < n; i++, now++) {
-    tg_rule r[2] = {{w->lim, a, KEY_LEN, &Q_BIG, 1, 0, {0}},
-                    {w->lim, b, KEY_LEN, &Q_BIG, 1, 0, {0}}};
+    r[0].lim = r[1].lim = w->lim;
+    r[0].key = a;
+    r[1].key = b;
+    r[0].key_len = r[1].key_len = KEY_LEN;
+    r[0].q = r[1].q = &Q_BIG;
+    r[0].cost = r[1].cost = 1;
     tg_rules_result out;
     int rc = tg_hit_rules_at(now, r, 2, 0, &out);
     if (rc != 0)
