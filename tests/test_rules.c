@@ -12,6 +12,8 @@
  *     rule's own answer; shadow rules and shadow calls;
  *   - a rule of the log or a bucket answers with tg_hit's numbers, allowed
  *     or denied, alone or last of two;
+ *   - a rule's Out fields need no initial value: garbage in them changes
+ *     no answer;
  *   - a shadow call on a one-rule policy, and a one-rule policy on a full
  *     table, answered and counted as the header says;
  *   - refusals: invalid input, stores that cannot decide together, two
@@ -491,6 +493,95 @@ static void test_one_step_like_two(void **state) {
     rnd_state = test_seed("TG_RULES_SEED", UINT64_C(0x0e57e9)) + (uint64_t)k;
     for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
       one_step_like_two((kind)k, (tg_algorithm)a, steps);
+  }
+}
+
+/* The Out fields of a rule need no initial value (tollgate.h, tg_rule):
+ * rules whose status and result start as garbage get every number that
+ * zeroed rules get, from the same calls on keys of their own: one rule and
+ * two, allowed, denied and refused (a rule with an empty key), plain and
+ * reserving. */
+static void same_rule_out(kind k, tg_algorithm alg, uint64_t step, size_t i,
+                          const tg_rule *g, const tg_rule *z) {
+  const tg_result *a = &g->result, *b = &z->result;
+  if (g->status != z->status || a->allowed != b->allowed ||
+      a->degraded != b->degraded || a->shadow_denied != b->shadow_denied ||
+      a->count != b->count || a->remaining != b->remaining ||
+      a->retry_after_ms != b->retry_after_ms ||
+      a->reset_after_ms != b->reset_after_ms)
+    fail_msg(
+        "%s %s step %" PRIu64 " rule %zu: from garbage status %d "
+        "allowed %d count %" PRIu64 " remaining %" PRIu64
+        "; from zero status %d allowed %d count %" PRIu64 " remaining %" PRIu64,
+        KIND_NAME[k], tg_algorithm_name(alg), step, i, g->status, a->allowed,
+        a->count, a->remaining, z->status, b->allowed, b->count, b->remaining);
+}
+
+static void outputs_need_no_init(kind k, tg_algorithm alg, uint64_t steps) {
+  world w;
+  world_new(&w, k);
+  const tg_quota q = {4, 1000, 5}, wide = {1000000, 1000, 1000000};
+  bool bucket = alg == TG_TOKEN_BUCKET || alg == TG_LEAKY_BUCKET;
+  uint64_t now = T0, denied = 0;
+  for (uint64_t step = 0; step < steps; step++) {
+    now += MS(rnd(400));
+    hand_now = now;
+    size_t n = 1 + rnd(2);
+    uint64_t cost = rnd(4);
+    bool bad = rnd(10) == 0, reserve = bucket && rnd(3) == 0;
+    tg_rule g[2], z[2];
+    memset(g, 0xa5, sizeof g);
+    const char *gk[2] = {"g-wide", "g-key"}, *zk[2] = {"z-wide", "z-key"};
+    for (size_t i = 0; i < 2; i++) {
+      tg_limiter *lim = w.lim[i == 0 && n == 2 ? TG_TOKEN_BUCKET : alg];
+      const tg_quota *qi = i == 0 && n == 2 ? &wide : &q;
+      /* n == 1: the rule is g[0] on "g-key" */
+      const char *kg = n == 1 ? gk[1] : gk[i], *kz = n == 1 ? zk[1] : zk[i];
+      g[i].lim = lim;
+      g[i].key = tk(kg);
+      g[i].key_len = bad && i == n - 1 ? 0 : strlen(g[i].key);
+      g[i].q = qi;
+      g[i].cost = cost;
+      z[i] = rule(lim, kz, qi, cost);
+      z[i].key_len = g[i].key_len;
+    }
+    tg_rules_result og, oz;
+    int rg, rz;
+    if (reserve) {
+      const uint64_t waits[2] = {0, 300};
+      tg_rules_reservation vg, vz;
+      rg = tg_reserve_rules_at(now, g, n, waits, 0, &vg, NULL);
+      rz = tg_reserve_rules_at(now, z, n, waits, 0, &vz, NULL);
+      assert_int_equal(vg.delay_ns, vz.delay_ns);
+      og = vg.rules;
+      oz = vz.rules;
+    } else {
+      rg = tg_hit_rules_at(now, g, n, 0, &og);
+      rz = tg_hit_rules_at(now, z, n, 0, &oz);
+    }
+    assert_int_equal(rg, rz);
+    assert_int_equal(rg, bad ? TG_EKEY : TG_OK);
+    assert_int_equal(og.r.allowed, oz.r.allowed);
+    assert_int_equal(og.r.remaining, oz.r.remaining);
+    assert_int_equal(og.denied_by, oz.denied_by);
+    for (size_t i = 0; i < n; i++)
+      same_rule_out(k, alg, step, i, &g[i], &z[i]);
+    denied += !bad && !og.r.allowed;
+  }
+  assert_true(denied > 0);
+  hand_now = T0;
+  world_free(&w);
+}
+
+static void test_outputs_need_no_init(void **state) {
+  (void)state;
+  uint64_t steps = property_steps() / 200 + 100;
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k])
+      continue;
+    rnd_state = test_seed("TG_RULES_SEED", UINT64_C(0x0a5a5)) + (uint64_t)k;
+    for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
+      outputs_need_no_init((kind)k, (tg_algorithm)a, steps);
   }
 }
 
@@ -1716,6 +1807,7 @@ int main(void) {
       cmocka_unit_test(test_answer),
       cmocka_unit_test(test_like_hit),
       cmocka_unit_test(test_one_step_like_two),
+      cmocka_unit_test(test_outputs_need_no_init),
       cmocka_unit_test(test_denied_leaves_period),
       cmocka_unit_test(test_shadow),
       cmocka_unit_test(test_shadow_one),
