@@ -254,58 +254,6 @@ static figure measure(op_fn f, void *ctx, unsigned threads) {
   return best;
 }
 
-/* Calibrates n, the operations per thread of one repetition, for f on
- * `threads` threads, as measure_once does. */
-static uint64_t calibrate(op_fn f, void *ctx, unsigned threads) {
-  uint64_t target = (uint64_t)(opt.min_s * 1e9), n = 256;
-  for (;;) {
-    uint64_t ns = run_once(f, ctx, threads, n);
-    if (ns >= target / 8 || n >= (UINT64_C(1) << 40))
-      return (uint64_t)((double)n * ((double)target / (double)(ns ? ns : 1)) *
-                        1.05) +
-             1;
-    n *= 4;
-  }
-}
-
-/* A figure (fp on tp threads) and its baseline (fb on tb threads), one
- * repetition of each in turn (the baseline first, opt.reps times), so both
- * are measured under the same load: measured minutes apart, as hot() and
- * measure() do, a policy's ratio to a decision moved 1.3-3.5x on a shared
- * machine with the code unchanged, and two threads' speed-up 1.1-2.0x.
- * *ratio is the median of the repetitions' own ratios (the figure's ns per
- * operation over the baseline's), *speedup the median of their inverses.
- * Retried like measure() while others_cpu is high. */
-static void measure_pair(op_fn fb, void *cb, unsigned tb, op_fn fp, void *cp,
-                         unsigned tp, figure *base, figure *fig, double *ratio,
-                         double *speedup) {
-  for (int attempt = 1;; attempt++) {
-    cpu_snap c0 = cpu_snap_take();
-    uint64_t nb = calibrate(fb, cb, tb), np = calibrate(fp, cp, tp);
-    double vb[16] = {0}, vp[16] = {0}, vr[16] = {0}, vs[16] = {0};
-    for (int r = 0; r < opt.reps; r++) {
-      vb[r] = (double)run_once(fb, cb, tb, nb) / (double)(nb * tb);
-      vp[r] = (double)run_once(fp, cp, tp, np) / (double)(np * tp);
-      vr[r] = vp[r] / vb[r];
-      vs[r] = vb[r] / vp[r];
-    }
-    cpu_snap c1 = cpu_snap_take();
-    double others = others_cpu(&c0, &c1);
-    if (attempt == 1 || others < fig->others) {
-      uint64_t reps = (uint64_t)opt.reps;
-      double mb = bench_median(vb, opt.reps), mp = bench_median(vp, opt.reps);
-      *base = (figure){mb, vb[0], nb * tb, tb, nb * tb * reps, others, 1};
-      *fig = (figure){mp, vp[0], np * tp, tp, np * tp * reps, others, 1};
-      *ratio = bench_median(vr, opt.reps);
-      if (speedup)
-        *speedup = bench_median(vs, opt.reps);
-    }
-    fig->attempts = attempt;
-    if (fig->others <= NOISY || attempt >= opt.attempts)
-      break;
-  }
-}
-
 /* ---- output ---- */
 
 static bool want(const char *name, const char *alg, unsigned threads) {
@@ -862,20 +810,17 @@ static void suite_hot(void) {
       (void)hot(a);
     if (!want("distinct_hot_keys", an, 2))
       continue;
-    /* one thread on key 42, then two on keys 42 and 43, in turns */
+    const figure *one = hot(a);
     work w;
     work_init(&w, new_limiter(alg, 0, 0, 0), Q_BIG);
     make_key(w.cur[1].key, 43);
-    figure f1 = {0}, f2 = {0};
-    double ratio = 0, x = 0;
-    measure_pair(op_hot, &w, 1, op_hot, &w, 2, &f1, &f2, &ratio, &x);
-    char ex[112], what[80];
+    figure f2 = measure(op_hot, &w, 2);
+    double x = one->med_ns / f2.med_ns;
+    char ex[96], what[80];
     snprintf(what, sizeof what, "distinct_hot_keys %s: 2 threads >= 1.8x", an);
-    snprintf(
-        ex, sizeof ex,
-        "interleaved=yes throughput_x=%.2f target=throughput_x>=1.8 met=%s", x,
-        judge(x >= 1.8, what, "x", x));
-    report("distinct_hot_keys", an, &f2, "hot_key(1_thread)", f1.med_ns, ex);
+    snprintf(ex, sizeof ex, "throughput_x=%.2f target=throughput_x>=1.8 met=%s",
+             x, judge(x >= 1.8, what, "x", x));
+    report("distinct_hot_keys", an, &f2, "hot_key(1_thread)", one->med_ns, ex);
     tg_limiter_destroy(w.lim);
   }
   /* the sliding log's cost grows with its length: the same with 8 entries */
@@ -937,6 +882,50 @@ static uint64_t op_policy2(void *ctx, unsigned tid, uint64_t n) {
   return ok;
 }
 
+/* Calibrates n for f as measure_once does (one thread). */
+static uint64_t calibrate(op_fn f, void *ctx) {
+  uint64_t target = (uint64_t)(opt.min_s * 1e9), n = 256;
+  for (;;) {
+    uint64_t ns = run_once(f, ctx, 1, n);
+    if (ns >= target / 8 || n >= (UINT64_C(1) << 40))
+      return (uint64_t)((double)n * ((double)target / (double)(ns ? ns : 1)) *
+                        1.05) +
+             1;
+    n *= 4;
+  }
+}
+
+/* The policy and its baseline, one repetition of each in turn (the
+ * baseline first, then the policy, opt.reps times), so both are measured
+ * under the same load: measured minutes apart, as hot() and measure() did,
+ * the ratio moved 1.3-3.5x on a shared machine with the code unchanged.
+ * *ratio is the median of the repetitions' own ratios. Retried like
+ * measure() while others_cpu is high. */
+static void measure_pair(op_fn fb, void *cb, op_fn fp, void *cp, figure *base,
+                         figure *pol, double *ratio) {
+  for (int attempt = 1;; attempt++) {
+    cpu_snap c0 = cpu_snap_take();
+    uint64_t nb = calibrate(fb, cb), np = calibrate(fp, cp);
+    double vb[16] = {0}, vp[16] = {0}, vr[16] = {0};
+    for (int r = 0; r < opt.reps; r++) {
+      vb[r] = (double)run_once(fb, cb, 1, nb) / (double)nb;
+      vp[r] = (double)run_once(fp, cp, 1, np) / (double)np;
+      vr[r] = vp[r] / vb[r];
+    }
+    cpu_snap c1 = cpu_snap_take();
+    double others = others_cpu(&c0, &c1);
+    if (attempt == 1 || others < pol->others) {
+      double mb = bench_median(vb, opt.reps), mp = bench_median(vp, opt.reps);
+      *base = (figure){mb, vb[0], nb, 1, nb * (uint64_t)opt.reps, others, 1};
+      *pol = (figure){mp, vp[0], np, 1, np * (uint64_t)opt.reps, others, 1};
+      *ratio = bench_median(vr, opt.reps);
+    }
+    pol->attempts = attempt;
+    if (pol->others <= NOISY || attempt >= opt.attempts)
+      break;
+  }
+}
+
 static void suite_policy(void) {
   static const int which[] = {0, 3}; /* fixed window, token bucket */
   for (size_t i = 0; i < sizeof which / sizeof which[0]; i++) {
@@ -951,7 +940,7 @@ static void suite_policy(void) {
     policy_work w = {new_limiter(alg, 0, 0, 0), T0_US};
     figure fb = {0}, f = {0};
     double ratio = 0;
-    measure_pair(op_hot, &wh, 1, op_policy2, &w, 1, &fb, &f, &ratio, NULL);
+    measure_pair(op_hot, &wh, op_policy2, &w, &fb, &f, &ratio);
     char ex[128];
     snprintf(ex, sizeof ex,
              "rules=2 interleaved=yes rep_ratio=%.2f target=ratio<=2.2 met=%s",
@@ -1292,16 +1281,14 @@ static void suite_keyed(void) {
       report("batch16", an, &fb, "uniform(single)", fu.med_ns, ex);
     }
     if (want("uniform", an, 2)) {
-      /* one thread, then two, in turns (see measure_pair) */
-      figure f1 = {0}, f2 = {0};
-      double ratio = 0, x = 0;
-      measure_pair(op_seq, &w, 1, op_seq, &w, 2, &f1, &f2, &ratio, &x);
+      figure f2 = measure(op_seq, &w, 2);
+      double x = fu.med_ns / f2.med_ns;
       snprintf(what, sizeof what, "uniform %s: 2 threads >= 1.8x", an);
       snprintf(ex, sizeof ex,
-               "keys=%" PRIu32 "%s interleaved=yes throughput_x=%.2f"
-               " target=throughput_x>=1.8 met=%s",
+               "keys=%" PRIu32 "%s throughput_x=%.2f target=throughput_x>=1.8"
+               " met=%s",
                opt.nkeys, logs, x, judge(x >= 1.8, what, "x", x));
-      report("uniform", an, &f2, "uniform(1_thread)", f1.med_ns, ex);
+      report("uniform", an, &f2, "uniform(1_thread)", fu.med_ns, ex);
     }
     if (alg == TG_TOKEN_BUCKET) {
       pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
