@@ -571,7 +571,9 @@ static int reserve_rules(const uint64_t *now, tg_rule *rules, size_t n,
   reserving rv = {max_wait_ms, res, 0};
   int rc = hit_rules(now, rules, n, flags, &out->rules, &rv);
   tg__rules_reserved(flags, rv.delay_ns, out);
-  if (res && rules && n <= TG_RULES_MAX)
+  /* a call refused as a whole leaves the rules as they were (their Out
+   * fields need no initial value) and its receipts zero */
+  if (res && rules && n <= TG_RULES_MAX && !(flags & ~TG_RULES_SHADOW))
     for (size_t i = 0; i < n; i++) {
       /* each rule's answer as the call left it (shadow mode's included) */
       res[i].result = rules[i].result;

@@ -499,8 +499,10 @@ static void test_one_step_like_two(void **state) {
 /* The Out fields of a rule need no initial value (tollgate.h, tg_rule):
  * rules whose status and result start as garbage get every number that
  * zeroed rules get, from the same calls on keys of their own: one rule and
- * two, allowed, denied and refused (a rule with an empty key), plain and
- * reserving. */
+ * two, allowed, denied, refused (a rule with an empty key, two rules naming
+ * one state), plain and in shadow mode, deciding and reserving (the
+ * receipts too). A call refused as a whole (flags out of range) leaves the
+ * garbage as it was. */
 static void same_rule_out(kind k, tg_algorithm alg, uint64_t step, size_t i,
                           const tg_rule *g, const tg_rule *z) {
   const tg_result *a = &g->result, *b = &z->result;
@@ -529,7 +531,12 @@ static void outputs_need_no_init(kind k, tg_algorithm alg, uint64_t steps) {
     size_t n = 1 + rnd(2);
     uint64_t cost = rnd(4);
     bool bad = rnd(10) == 0, reserve = bucket && rnd(3) == 0;
-    tg_rule g[2], z[2];
+    /* two rules naming one state: refused rule by rule (denied_by 0) */
+    bool misfit = n == 2 && !bad && rnd(12) == 0;
+    /* flags out of range: refused as a whole, the rules left as they are */
+    bool whole = rnd(15) == 0;
+    unsigned flags = whole ? 2u : rnd(4) == 0 ? TG_RULES_SHADOW : 0u;
+    tg_rule g[2], z[2], g0[2];
     memset(g, 0xa5, sizeof g);
     const char *gk[2] = {"g-wide", "g-key"}, *zk[2] = {"z-wide", "z-key"};
     for (size_t i = 0; i < 2; i++) {
@@ -545,28 +552,58 @@ static void outputs_need_no_init(kind k, tg_algorithm alg, uint64_t steps) {
       z[i] = rule(lim, kz, qi, cost);
       z[i].key_len = g[i].key_len;
     }
+    if (misfit) {
+      g[1].lim = g[0].lim;
+      g[1].key = g[0].key;
+      g[1].key_len = g[0].key_len;
+      z[1].lim = z[0].lim;
+      z[1].key = z[0].key;
+      z[1].key_len = z[0].key_len;
+    }
+    memcpy(g0, g, sizeof g);
     tg_rules_result og, oz;
     int rg, rz;
     if (reserve) {
       const uint64_t waits[2] = {0, 300};
       tg_rules_reservation vg, vz;
-      rg = tg_reserve_rules_at(now, g, n, waits, 0, &vg, NULL);
-      rz = tg_reserve_rules_at(now, z, n, waits, 0, &vz, NULL);
+      tg_reservation resg[2], resz[2];
+      memset(resg, 0xa5, sizeof resg);
+      rg = tg_reserve_rules_at(now, g, n, waits, flags, &vg, resg);
+      rz = tg_reserve_rules_at(now, z, n, waits, flags, &vz, resz);
+      assert_int_equal(vg.ok, vz.ok);
       assert_int_equal(vg.delay_ns, vz.delay_ns);
+      for (size_t i = 0; i < n; i++) {
+        assert_int_equal(resg[i].ok, resz[i].ok);
+        assert_int_equal(resg[i].delay_ns, resz[i].delay_ns);
+        assert_int_equal(resg[i].result.allowed, resz[i].result.allowed);
+        assert_int_equal(resg[i].result.count, resz[i].result.count);
+        assert_int_equal(resg[i].result.remaining, resz[i].result.remaining);
+        assert_int_equal(resg[i].result.retry_after_ms,
+                         resz[i].result.retry_after_ms);
+      }
       og = vg.rules;
       oz = vz.rules;
     } else {
-      rg = tg_hit_rules_at(now, g, n, 0, &og);
-      rz = tg_hit_rules_at(now, z, n, 0, &oz);
+      rg = tg_hit_rules_at(now, g, n, flags, &og);
+      rz = tg_hit_rules_at(now, z, n, flags, &oz);
     }
     assert_int_equal(rg, rz);
-    assert_int_equal(rg, bad ? TG_EKEY : TG_OK);
+    assert_int_equal(rg, whole    ? TG_EINVAL
+                         : bad    ? TG_EKEY
+                         : misfit ? TG_EINVAL
+                                  : TG_OK);
     assert_int_equal(og.r.allowed, oz.r.allowed);
+    assert_int_equal(og.r.shadow_denied, oz.r.shadow_denied);
     assert_int_equal(og.r.remaining, oz.r.remaining);
     assert_int_equal(og.denied_by, oz.denied_by);
+    if (whole) {
+      /* nothing written: the garbage is still there */
+      assert_memory_equal(g, g0, sizeof g);
+      continue;
+    }
     for (size_t i = 0; i < n; i++)
       same_rule_out(k, alg, step, i, &g[i], &z[i]);
-    denied += !bad && !og.r.allowed;
+    denied += !bad && !misfit && !og.r.allowed;
   }
   assert_true(denied > 0);
   hand_now = T0;
