@@ -563,11 +563,11 @@ int tg_hit_rules_at(uint64_t now_us, tg_rule *rules, size_t n, unsigned flags,
 static int reserve_rules(const uint64_t *now, tg_rule *rules, size_t n,
                          const uint64_t *max_wait_ms, unsigned flags,
                          tg_rules_reservation *out, tg_reservation *res) {
-  if (!out)
-    return TG_EINVAL;
-  if (res && rules && n <= TG_RULES_MAX)
+  if (res && n <= TG_RULES_MAX)
     for (size_t i = 0; i < n; i++)
       res[i] = (tg_reservation){0};
+  if (!out)
+    return TG_EINVAL;
   reserving rv = {max_wait_ms, res, 0};
   int rc = hit_rules(now, rules, n, flags, &out->rules, &rv);
   tg__rules_reserved(flags, rv.delay_ns, out);

@@ -599,6 +599,24 @@ static void outputs_need_no_init(kind k, tg_algorithm alg, uint64_t steps) {
     if (whole) {
       /* nothing written: the garbage is still there */
       assert_memory_equal(g, g0, sizeof g);
+      if (reserve) {
+        /* and receipts zero, for a call without an answer too */
+        tg_reservation resn[2];
+        static const uint64_t none[6];
+        memset(resn, 0xa5, sizeof resn);
+        assert_int_equal(tg_reserve_rules_at(now, g, n, NULL, 0, NULL, resn),
+                         TG_EINVAL);
+        for (size_t i = 0; i < n; i++) {
+          const tg_reservation *x = &resn[i];
+          assert_false(x->ok || x->result.allowed || x->result.degraded ||
+                       x->result.shadow_denied);
+          assert_true(x->delay_ns == 0 && x->delay_ms == 0 &&
+                      x->result.count == 0 && x->result.remaining == 0 &&
+                      x->result.retry_after_ms == 0 &&
+                      x->result.reset_after_ms == 0);
+          assert_memory_equal(x->private_, none, sizeof none);
+        }
+      }
       continue;
     }
     for (size_t i = 0; i < n; i++)
