@@ -374,12 +374,18 @@ static uint64_t rule_reserved(const policy_run *pr, size_t i, tg_rule *ru,
   return delay;
 }
 
+/* A call is refused as a whole (its rules left as they were) unless its
+ * rules, their count and its flags can be used. */
+static inline bool call_usable(const tg_rule *rules, size_t n, unsigned flags) {
+  return rules && n > 0 && n <= TG_RULES_MAX && !(flags & ~TG_RULES_SHADOW);
+}
+
 static inline __attribute__((always_inline)) int
 hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
           tg_rules_result *out, reserving *rv) {
   if (!out)
     return TG_EINVAL;
-  if (!rules || n == 0 || n > TG_RULES_MAX || (flags & ~TG_RULES_SHADOW)) {
+  if (!call_usable(rules, n, flags)) {
     *out = (tg_rules_result){{0}, TG_RULE_NONE, 0};
     out->r.retry_after_ms = TG_NEVER;
     return TG_EINVAL;
@@ -573,7 +579,7 @@ static int reserve_rules(const uint64_t *now, tg_rule *rules, size_t n,
   tg__rules_reserved(flags, rv.delay_ns, out);
   /* a call refused as a whole leaves the rules as they were (their Out
    * fields need no initial value) and its receipts zero */
-  if (res && rules && n <= TG_RULES_MAX && !(flags & ~TG_RULES_SHADOW))
+  if (res && call_usable(rules, n, flags))
     for (size_t i = 0; i < n; i++) {
       /* each rule's answer as the call left it (shadow mode's included) */
       res[i].result = rules[i].result;
