@@ -850,8 +850,9 @@ static void suite_hot(void) {
  * algorithm's hot key in the same run. Each call sets the rules' inputs
  * and leaves their outputs (status, result) to the library, as op_hot
  * leaves its tg_result: written `tg_rule r[2] = {{...}}` inside the loop,
- * gcc zeroes both rules' results with a `rep stos` every call, 12 ns of a
- * 99 ns policy here (2026-11-29) that is the driver's, not tollgate's. */
+ * gcc zeroes both rules' results with a `rep stos` every call, 10-13 ns of
+ * a 98-111 ns policy here (2026-11-29) that is the driver's, not
+ * tollgate's. */
 typedef struct policy_work {
   tg_limiter *lim;
   uint64_t now;

@@ -602,7 +602,7 @@ static void outputs_need_no_init(kind k, tg_algorithm alg, uint64_t steps) {
       if (reserve) {
         /* and receipts zero, for a call without an answer too */
         tg_reservation resn[2];
-        static const uint64_t none[6];
+        static const uint64_t none[sizeof resn[0].private_ / sizeof(uint64_t)];
         memset(resn, 0xa5, sizeof resn);
         assert_int_equal(tg_reserve_rules_at(now, g, n, NULL, 0, NULL, resn),
                          TG_EINVAL);
