@@ -32,10 +32,11 @@ static int reserve(tg_limiter *lim, const uint64_t *now, const void *key,
                    uint64_t max_wait_ms, tg_reservation *out) {
   if (!out)
     return TG_EINVAL;
-  *out = (tg_reservation){0};
+  tg__reservation_clear(out);
   int rc = TG_EINVAL;
   tg__call c;
-  tg__token tok = {0};
+  tg__token tok;
+  tg__token_start(&tok);
   tg__outcome o;
   if (lim && max_wait_ms <= TG_PERIOD_MAX_MS)
     rc = tg__limiter_prepare(lim, TG__OP_RESERVE, now, key, key_len, q, cost,

@@ -425,14 +425,8 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
     if (rc != TG_OK)
       return tg__rules_refuse(rules, n, i, rc, true, out);
     fit = fit && (i == 0 ? ru->lim->ident_ok : store_fits(rules, i));
-    /* the flags (the stores fill the rest before reading it), and the
-     * generation and entry a give-back would compare: zeroing the whole
-     * token cost a tenth of a two-rule decision */
     tg__token *tk = &pr.tok[i];
-    tk->seen_ok = tk->seen_absent = tk->next_ok = tk->reused = false;
-    tk->taken = tk->peek_owed = false;
-    tk->gen = 0;
-    tk->entry_us = 0;
+    tg__token_start(tk);
     pr.c[i].tok = tk;
     pr.stores[i] = ru->lim->store;
     pr.shadow |= (uint32_t)ru->lim->shadow << i;
@@ -578,7 +572,7 @@ static int reserve_rules(const uint64_t *now, tg_rule *rules, size_t n,
                          tg_rules_reservation *out, tg_reservation *res) {
   if (res && n <= TG_RULES_MAX)
     for (size_t i = 0; i < n; i++)
-      res[i] = (tg_reservation){0};
+      tg__reservation_clear(&res[i]);
   if (!out)
     return TG_EINVAL;
   reserving rv = {max_wait_ms, res, 0};

@@ -154,6 +154,17 @@ typedef struct tg__token {
   uint64_t now_us;   /* the time of the consumption */
 } tg__token;
 
+/* A token as a CHECK, TAKE or RESERVE starts from: the flags (the store
+ * fills the rest before reading it), and the generation and entry a
+ * give-back would compare. Clearing the whole token instead is a `rep
+ * stos` (gcc 12): a tenth of a two-rule decision, measured. */
+static inline void tg__token_start(tg__token *tk) {
+  tk->seen_ok = tk->seen_absent = tk->next_ok = tk->reused = false;
+  tk->taken = tk->peek_owed = false;
+  tk->gen = 0;
+  tk->entry_us = 0;
+}
+
 /* What one call asks of the store. */
 typedef struct tg__call {
   tg__op op;
