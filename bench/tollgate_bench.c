@@ -883,6 +883,26 @@ static uint64_t op_policy2(void *ctx, unsigned tid, uint64_t n) {
   return ok;
 }
 
+/* tg_reserve_at on the hot key, one reservation a call (at Q_BIG each is
+ * granted at once, delay 0): what a reservation's receipt and token add to
+ * a decision. */
+static uint64_t op_reserve(void *ctx, unsigned tid, uint64_t n) {
+  policy_work *w = ctx;
+  (void)tid;
+  char a[KEY_LEN];
+  make_key(a, 42);
+  uint64_t now = w->now, ok = 0;
+  for (uint64_t i = 0; i < n; i++, now++) {
+    tg_reservation res;
+    int rc = tg_reserve_at(w->lim, now, a, KEY_LEN, &Q_BIG, 1, 10, &res);
+    if (rc != 0)
+      note_rc(rc);
+    ok += res.ok;
+  }
+  w->now = now;
+  return ok;
+}
+
 /* Calibrates n for f as measure_once does (one thread). */
 static uint64_t calibrate(op_fn f, void *ctx) {
   uint64_t target = (uint64_t)(opt.min_s * 1e9), n = 256;
@@ -947,6 +967,29 @@ static void suite_policy(void) {
              "rules=2 interleaved=yes rep_ratio=%.2f target=ratio<=2.2 met=%s",
              ratio, yes_no(ratio <= 2.2));
     report("policy2_hot", an, &f, "hot_key", fb.med_ns, ex);
+    tg_limiter_destroy(w.lim);
+    tg_limiter_destroy(wh.lim);
+  }
+}
+
+/* A reservation against a decision, both buckets, measured in turns as
+ * the policy is. No target: the line keeps tg_reserve's cost in view. */
+static void suite_reserve(void) {
+  static const int which[] = {3, 4}; /* token bucket, leaky bucket */
+  for (size_t i = 0; i < sizeof which / sizeof which[0]; i++) {
+    tg_algorithm alg = ALGS[which[i]];
+    const char *an = tg_algorithm_name(alg);
+    if (!want("reserve_hot", an, 1))
+      continue;
+    work wh;
+    work_init(&wh, new_limiter(alg, 0, 0, 0), Q_BIG);
+    policy_work w = {new_limiter(alg, 0, 0, 0), T0_US};
+    figure fb = {0}, f = {0};
+    double ratio = 0;
+    measure_pair(op_hot, &wh, op_reserve, &w, &fb, &f, &ratio);
+    char ex[64];
+    snprintf(ex, sizeof ex, "interleaved=yes rep_ratio=%.2f", ratio);
+    report("reserve_hot", an, &f, "hot_key", fb.med_ns, ex);
     tg_limiter_destroy(w.lim);
     tg_limiter_destroy(wh.lim);
   }
@@ -1455,6 +1498,7 @@ int main(int argc, char **argv) {
          tg_version_string(), opt.reps, opt.min_s, opt.attempts, NOISY);
   suite_hot();
   suite_policy();
+  suite_reserve();
   suite_clock();
   suite_denied();
   suite_threads();
