@@ -66,11 +66,13 @@ _Static_assert(sizeof(tg__quota) == 5 * sizeof(uint64_t),
 
 /* tg__call_check with the memo: the same checks in the same order and the
  * same prepared quota, a bucket quota equal to the last one copied instead
- * of prepared again. */
+ * of prepared again, any other one prepared inline. */
 static inline int tg__limiter_check(tg_algorithm alg, tg__op op, size_t key_len,
                                     const tg_quota *q, tg__quota *prepared) {
-  if (alg != TG_TOKEN_BUCKET && alg != TG_LEAKY_BUCKET)
-    return tg__call_check(alg, op, key_len, q, prepared);
+  if (alg != TG_TOKEN_BUCKET && alg != TG_LEAKY_BUCKET) {
+    int rc = tg__call_checks_key_op(alg, op, key_len);
+    return rc != TG_OK ? rc : tg__quota_prepare_common(prepared, q);
+  }
   if (key_len == 0 || key_len > TG_KEY_MAX)
     return TG_EKEY;
   if (!tg__op_supported(alg, op))

@@ -203,6 +203,21 @@ typedef struct tg__outcome {
  * per ns or burst * T does not fit the documented range. */
 int tg__quota_prepare(tg__quota *out, const tg_quota *q, tg_algorithm alg);
 
+/* What tg__quota_prepare does for every algorithm, and all it does for the
+ * windows and the sliding log: inline, so that their decisions skip a call
+ * (a bucket's quota has a division to prepare, which the limiter memoises
+ * instead, limiter.h). */
+static inline int tg__quota_prepare_common(tg__quota *out, const tg_quota *q) {
+  if (q->limit == 0 || q->period_ms == 0 || q->period_ms > TG_PERIOD_MAX_MS)
+    return TG_EQUOTA;
+  out->limit = q->limit;
+  out->period_us = q->period_ms * 1000u;
+  out->burst = q->burst != 0 ? q->burst : q->limit;
+  out->t_ns = 0;
+  out->tau_ns = 0;
+  return TG_OK;
+}
+
 /* The operations each algorithm supports, one bit per tg__op (quota.c). */
 extern const unsigned tg__ops_of[TG_ALGORITHM_COUNT];
 
@@ -217,13 +232,19 @@ static inline bool tg__op_supported(tg_algorithm alg, tg__op op) {
 /* What every call is checked for before a store sees it, in the order
  * tollgate.h documents: the key's length (TG_EKEY), the operation
  * (TG_ENOTSUP), the quota (TG_EQUOTA; *prepared is filled on success). */
-static inline int tg__call_check(tg_algorithm alg, tg__op op, size_t key_len,
-                                 const tg_quota *q, tg__quota *prepared) {
+static inline int tg__call_checks_key_op(tg_algorithm alg, tg__op op,
+                                         size_t key_len) {
   if (key_len == 0 || key_len > TG_KEY_MAX)
     return TG_EKEY;
   if (!tg__op_supported(alg, op))
     return TG_ENOTSUP;
-  return tg__quota_prepare(prepared, q, alg);
+  return TG_OK;
+}
+
+static inline int tg__call_check(tg_algorithm alg, tg__op op, size_t key_len,
+                                 const tg_quota *q, tg__quota *prepared) {
+  int rc = tg__call_checks_key_op(alg, op, key_len);
+  return rc != TG_OK ? rc : tg__quota_prepare(prepared, q, alg);
 }
 
 /* Runs one call on fixed-size state. *st is read and, when *changed is set

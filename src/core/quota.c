@@ -15,13 +15,9 @@
 #define TAU_MAX_NS TG_TOLERANCE_MAX_NS
 
 int tg__quota_prepare(tg__quota *out, const tg_quota *q, tg_algorithm alg) {
-  if (q->limit == 0 || q->period_ms == 0 || q->period_ms > TG_PERIOD_MAX_MS)
-    return TG_EQUOTA;
-  out->limit = q->limit;
-  out->period_us = q->period_ms * 1000u;
-  out->burst = q->burst != 0 ? q->burst : q->limit;
-  out->t_ns = 0;
-  out->tau_ns = 0;
+  int rc = tg__quota_prepare_common(out, q);
+  if (rc != TG_OK)
+    return rc;
   if (alg == TG_TOKEN_BUCKET || alg == TG_LEAKY_BUCKET) {
     uint64_t period_ns = q->period_ms * UINT64_C(1000000); /* <= 1e18 */
     if (q->limit > period_ns)
