@@ -16,8 +16,10 @@
  * backwards), else a fresh one with count 0 that a write would open. */
 static tg__state live_window(const tg__call *c, const tg__state *st) {
   if (c->alg == TG_FIXED_WINDOW) {
-    uint64_t period_ms = c->q.period_us / 1000;
-    uint64_t end_us = (c->now_us / 1000 / period_ms + 1) * period_ms * 1000;
+    /* (floor(now_ms / period_ms) + 1) * period_ms, in us: floor(floor(x /
+     * 1000) / p) is floor(x / (1000 p)), so one division does */
+    uint64_t period_us = c->q.period_us;
+    uint64_t end_us = (c->now_us / period_us + 1) * period_us;
     if (tg__win_end(st) >= end_us)
       return *st;
     return tg__win_state(end_us, 0);
