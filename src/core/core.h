@@ -229,9 +229,8 @@ static inline bool tg__op_supported(tg_algorithm alg, tg__op op) {
   return tg__ops_of[alg] >> op & 1u;
 }
 
-/* What every call is checked for before a store sees it, in the order
- * tollgate.h documents: the key's length (TG_EKEY), the operation
- * (TG_ENOTSUP), the quota (TG_EQUOTA; *prepared is filled on success). */
+/* The first two of tg__call_check's checks: the key's length (TG_EKEY),
+ * then the operation (TG_ENOTSUP). */
 static inline int tg__call_checks_key_op(tg_algorithm alg, tg__op op,
                                          size_t key_len) {
   if (key_len == 0 || key_len > TG_KEY_MAX)
@@ -241,6 +240,9 @@ static inline int tg__call_checks_key_op(tg_algorithm alg, tg__op op,
   return TG_OK;
 }
 
+/* What every call is checked for before a store sees it, in the order
+ * tollgate.h documents: the key's length (TG_EKEY), the operation
+ * (TG_ENOTSUP), the quota (TG_EQUOTA; *prepared is filled on success). */
 static inline int tg__call_check(tg_algorithm alg, tg__op op, size_t key_len,
                                  const tg_quota *q, tg__quota *prepared) {
   int rc = tg__call_checks_key_op(alg, op, key_len);
