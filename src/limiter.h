@@ -73,17 +73,16 @@ static inline int tg__limiter_check(tg_algorithm alg, tg__op op, size_t key_len,
     int rc = tg__call_checks_key_op(alg, op, key_len);
     return rc != TG_OK ? rc : tg__quota_prepare_common(prepared, q);
   }
-  if (key_len == 0 || key_len > TG_KEY_MAX)
-    return TG_EKEY;
-  if (!tg__op_supported(alg, op))
-    return TG_ENOTSUP;
+  int rc = tg__call_checks_key_op(alg, op, key_len);
+  if (rc != TG_OK)
+    return rc;
   tg__quota_memo *m = &tg__memo;
   if (m->alg == alg && m->q.limit == q->limit &&
       m->q.period_ms == q->period_ms && m->q.burst == q->burst) {
     tg__quota_copy(prepared, &m->p);
     return TG_OK;
   }
-  int rc = tg__quota_prepare(prepared, q, alg);
+  rc = tg__quota_prepare(prepared, q, alg);
   if (rc == TG_OK) {
     m->q = *q;
     m->alg = alg;
