@@ -947,6 +947,20 @@ static void measure_pair(op_fn fb, void *cb, op_fn fp, void *cp, figure *base,
   }
 }
 
+/* op (on policy_work) in turns with hot_key's own decision (its limiter,
+ * key 42, quota, a now 1 us later each call), both on fresh limiters of
+ * alg: *f is op's figure, *fb the decision's, *ratio the median of the
+ * repetitions' own ratios (measure_pair). */
+static void against_hot(tg_algorithm alg, op_fn op, figure *f, figure *fb,
+                        double *ratio) {
+  work wh;
+  work_init(&wh, new_limiter(alg, 0, 0, 0), Q_BIG);
+  policy_work w = {new_limiter(alg, 0, 0, 0), T0_US};
+  measure_pair(op_hot, &wh, op, &w, fb, f, ratio);
+  tg_limiter_destroy(w.lim);
+  tg_limiter_destroy(wh.lim);
+}
+
 static void suite_policy(void) {
   static const int which[] = {0, 3}; /* fixed window, token bucket */
   for (size_t i = 0; i < sizeof which / sizeof which[0]; i++) {
@@ -954,21 +968,15 @@ static void suite_policy(void) {
     const char *an = tg_algorithm_name(alg);
     if (!want("policy2_hot", an, 1))
       continue;
-    /* the baseline as hot_key measures it (its limiter, key 42, quota,
-     * a now 1 us later each call), the policy on keys 42 and 43 */
-    work wh;
-    work_init(&wh, new_limiter(alg, 0, 0, 0), Q_BIG);
-    policy_work w = {new_limiter(alg, 0, 0, 0), T0_US};
+    /* the policy on keys 42 and 43 */
     figure fb = {0}, f = {0};
     double ratio = 0;
-    measure_pair(op_hot, &wh, op_policy2, &w, &fb, &f, &ratio);
+    against_hot(alg, op_policy2, &f, &fb, &ratio);
     char ex[128];
     snprintf(ex, sizeof ex,
              "rules=2 interleaved=yes rep_ratio=%.2f target=ratio<=2.2 met=%s",
              ratio, yes_no(ratio <= 2.2));
     report("policy2_hot", an, &f, "hot_key", fb.med_ns, ex);
-    tg_limiter_destroy(w.lim);
-    tg_limiter_destroy(wh.lim);
   }
 }
 
@@ -981,17 +989,12 @@ static void suite_reserve(void) {
     const char *an = tg_algorithm_name(alg);
     if (!want("reserve_hot", an, 1))
       continue;
-    work wh;
-    work_init(&wh, new_limiter(alg, 0, 0, 0), Q_BIG);
-    policy_work w = {new_limiter(alg, 0, 0, 0), T0_US};
     figure fb = {0}, f = {0};
     double ratio = 0;
-    measure_pair(op_hot, &wh, op_reserve, &w, &fb, &f, &ratio);
+    against_hot(alg, op_reserve, &f, &fb, &ratio);
     char ex[64];
     snprintf(ex, sizeof ex, "interleaved=yes rep_ratio=%.2f", ratio);
     report("reserve_hot", an, &f, "hot_key", fb.med_ns, ex);
-    tg_limiter_destroy(w.lim);
-    tg_limiter_destroy(wh.lim);
   }
 }
 
