@@ -1855,18 +1855,20 @@ TG_EXTERN int tg_nb_stats(const tg_nb *nb, tg_stats *out, size_t size);
  *     RateLimit-Policy: "name";q=LIMIT;w=SECONDS
  *     RateLimit: "name";r=REMAINING;t=SECONDS
  *   w is period_ms in seconds, rounded up; r the remaining cost units; t
- *   the effective window: with units remaining, until the key is fresh
- *   (reset_after_ms: within it the client can use no more than r without
- *   being denied), with none, until the call would pass (retry_after_ms),
- *   in seconds rounded up. An optional partition key adds ;pk=:BASE64:.
+ *   the effective window: until the key is fresh (reset_after_ms: within
+ *   it the client can use no more than r without being denied), or for a
+ *   denied result with none remaining, until the call would pass
+ *   (retry_after_ms, unless TG_NEVER), in seconds rounded up. An optional
+ *   partition key adds ;pk=:BASE64:.
  * TG_HTTP_LEGACY: the older form of drafts 00-06, still read by many
  *   clients: RateLimit-Limit (the limit of the limit with the fewest
- *   remaining, then every limit as LIMIT;w=SECONDS), RateLimit-Remaining
- *   and RateLimit-Reset (t above) of that limit.
+ *   remaining; with several limits, then every limit as LIMIT;w=SECONDS),
+ *   RateLimit-Remaining and RateLimit-Reset (t above) of that limit.
  * TG_HTTP_RETRY_AFTER: when the decision was denied (some result not
  *   allowed), Retry-After: the largest retry_after_ms in seconds, rounded
- *   up (nothing for TG_NEVER: no wait helps). A shadow-mode result is
- *   allowed and adds nothing.
+ *   up; nothing when a denying result's is TG_NEVER (that limit never
+ *   passes: no wait helps). A shadow-mode result is allowed and adds
+ *   nothing.
  * Each field is written as "Name: value\r\n". */
 #define TG_HTTP_IETF 1u
 #define TG_HTTP_LEGACY 2u
@@ -1884,9 +1886,10 @@ typedef struct tg_http_limit {
 
 /* Writes the fields for limits[0..n) (1..TG_RULES_MAX) into buf, at most
  * cap bytes, and a terminating NUL; *len receives the length without it.
- * Returns 0, TG_EINVAL for NULL arguments, n out of range, no flag, a bad
- * name or pk, or TG_ERANGE when cap is too small: then nothing useful is in
- * buf and *len is the size needed (without the NUL). */
+ * Returns 0, TG_EINVAL for NULL arguments (buf may be NULL when cap is 0),
+ * n out of range, no flag, a bad name or pk, or TG_ERANGE when cap is too
+ * small (cap 0 asks for the size only): then nothing useful is in buf and
+ * *len is the size needed (without the NUL). */
 TG_EXTERN int tg_http_headers(char *buf, size_t cap, size_t *len,
                               const tg_http_limit *limits, size_t n,
                               unsigned flags);

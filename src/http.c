@@ -106,12 +106,12 @@ static void put_pk(writer *w, const tg_http_limit *l) {
 
 int tg_http_headers(char *buf, size_t cap, size_t *len,
                     const tg_http_limit *limits, size_t n, unsigned flags) {
-  if (!buf || !len || !limits || cap == 0 || n == 0 || n > TG_RULES_MAX ||
+  if ((!buf && cap > 0) || !len || !limits || n == 0 || n > TG_RULES_MAX ||
       (flags & (TG_HTTP_IETF | TG_HTTP_LEGACY | TG_HTTP_RETRY_AFTER)) == 0 ||
       (flags & ~(TG_HTTP_IETF | TG_HTTP_LEGACY | TG_HTTP_RETRY_AFTER)))
     return TG_EINVAL;
   size_t tight = 0;
-  bool denied = false;
+  bool denied = false, never = false;
   uint64_t retry = 0;
   for (size_t i = 0; i < n; i++) {
     const tg_http_limit *l = &limits[i];
@@ -124,12 +124,15 @@ int tg_http_headers(char *buf, size_t cap, size_t *len,
       tight = i;
     if (!r->allowed) {
       denied = true;
-      if (r->retry_after_ms != TG_NEVER && r->retry_after_ms > retry)
+      never = never || r->retry_after_ms == TG_NEVER;
+      if (r->retry_after_ms > retry)
         retry = r->retry_after_ms;
     }
   }
-  writer w = {buf, cap - 1, 0};
-  if ((flags & TG_HTTP_RETRY_AFTER) && denied && retry > 0) {
+  /* cap 0 (buf may then be NULL) asks for the size only */
+  writer w = {buf, cap > 0 ? cap - 1 : 0, 0};
+  /* no Retry-After when a limit never passes: no wait would help */
+  if ((flags & TG_HTTP_RETRY_AFTER) && denied && !never && retry > 0) {
     put(&w, "Retry-After: ");
     put_u64(&w, secs_up(retry));
     put(&w, "\r\n");
@@ -178,7 +181,7 @@ int tg_http_headers(char *buf, size_t cap, size_t *len,
     put(&w, "\r\n");
   }
   *len = w.len;
-  if (w.len > w.cap)
+  if (cap == 0 || w.len > w.cap)
     return TG_ERANGE;
   buf[w.len] = '\0';
   return TG_OK;

@@ -88,6 +88,12 @@ static void test_throttled(void **state) {
   tg_result rn = res(false, 0, TG_NEVER, 0);
   tg_http_limit ln = {"x", &q, &rn, NULL, 0};
   expect(&ln, 1, TG_HTTP_RETRY_AFTER, "");
+  /* nor beside a limit that would pass in 5 s: the call would still be
+   * denied then (the policy's retry_after_ms is TG_NEVER too) */
+  tg_result r5 = res(false, 0, 5000, 5000);
+  tg_http_limit both[2] = {{"x", &q, &rn, NULL, 0}, {"y", &q, &r5, NULL, 0}};
+  expect(both, 2, TG_HTTP_RETRY_AFTER, "");
+  expect(&both[1], 1, TG_HTTP_RETRY_AFTER, "Retry-After: 5\r\n");
 }
 
 /* Appendix B.3.1: hourly 1000 and daily 5000, 4900 used: the day is the
@@ -134,6 +140,15 @@ static void test_refusals(void **state) {
                    TG_ERANGE);
   assert_int_equal(tg_http_headers(buf, need + 1, &len, &l, 1, TG_HTTP_IETF),
                    0);
+  assert_int_equal(len, need);
+  /* cap 0 asks for the size only, buf NULL or not */
+  len = 0;
+  assert_int_equal(tg_http_headers(NULL, 0, &len, &l, 1, TG_HTTP_IETF),
+                   TG_ERANGE);
+  assert_int_equal(len, need);
+  len = 0;
+  assert_int_equal(tg_http_headers(buf, 0, &len, &l, 1, TG_HTTP_IETF),
+                   TG_ERANGE);
   assert_int_equal(len, need);
 }
 
