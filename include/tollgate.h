@@ -975,7 +975,8 @@ TG_EXTERN int tg_cancel_rules_at(uint64_t now_us, tg_rule *rules, size_t n,
  *
  * The hook (tg_config.on_decision) sees decisions after they are made: all
  * of them, or one in on_decision_every (counted per thread, so the first
- * decision of each thread is passed), of all decisions or of only denials,
+ * decision of each thread is passed; threads beyond the 63rd alive at once
+ * share one count), of all decisions or of only denials,
  * shadow denials and failures (on_decision_denied_only): enough to log
  * refusals without logging every request. */
 

@@ -27,7 +27,7 @@
 
 /* What a shard counts: tg_stats's fields, in its order, up to those the
  * store keeps itself (tg__redis_stats), then the hook's sampling
- * sequence. */
+ * sequence and whose it is. */
 enum {
   TG__N_ALLOWED = 0,
   TG__N_DENIED,
@@ -39,6 +39,8 @@ enum {
   TG__N_CACHE = TG__N_ERR0 + 32, /* deny_cache_hits */
   TG__N_FALLBACK,                /* fallback_decisions */
   TG__N_HOOK,                    /* decisions the hook considered */
+  TG__N_HOOK_THREAD, /* the thread number TG__N_HOOK counts for (a shard
+                        passes to a new thread when its owner exits) */
   TG__N_COUNT_
 };
 

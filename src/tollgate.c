@@ -677,6 +677,12 @@ void tg__limiter_hook(tg_limiter *lim, tg__shard *sh, bool own, int rc,
     return;
   uint64_t seq;
   if (own) {
+    /* counted per thread: a shard that passed to this thread from one
+     * that exited starts the sequence again */
+    if (tg__load_relaxed(&sh->n[TG__N_HOOK_THREAD]) != tg__my_number) {
+      tg__store_relaxed(&sh->n[TG__N_HOOK_THREAD], tg__my_number);
+      tg__store_relaxed(&sh->n[TG__N_HOOK], 0);
+    }
     seq = tg__load_relaxed(&sh->n[TG__N_HOOK]);
     tg__store_relaxed(&sh->n[TG__N_HOOK], seq + 1);
   } else {

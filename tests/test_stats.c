@@ -165,6 +165,43 @@ static void test_sampling(void **state) {
   tg_limiter_destroy(lim);
 }
 
+/* on_decision_every counts per thread: the first decision of each thread
+ * is passed, also of a thread whose counter shard a thread that exited
+ * used before it (threads one after another: each takes the shard the
+ * last one gave back). */
+typedef struct sampled {
+  tg_limiter *lim;
+  int decisions;
+} sampled;
+
+static void *sample_one(void *p) {
+  sampled *x = p;
+  const tg_quota q = {1000000, 1000, 0};
+  tg_result r;
+  for (int i = 0; i < x->decisions; i++)
+    (void)tg_hit_at(x->lim, T0, "k", 1, &q, 1, &r);
+  return NULL;
+}
+
+static void test_sampling_per_thread(void **state) {
+  (void)state;
+  seen s = {0};
+  tg_limiter *lim = make(false, &s, 2, false);
+  const int decisions[] = {1, 1, 3, 1, 2};
+  unsigned want = 0;
+  for (size_t i = 0; i < sizeof decisions / sizeof decisions[0]; i++) {
+    pthread_t th;
+    sampled x = {lim, decisions[i]};
+    assert_int_equal(pthread_create(&th, NULL, sample_one, &x), 0);
+    pthread_join(th, NULL);
+    want += (unsigned)(decisions[i] + 1) / 2; /* the 1st, 3rd, ... */
+    if (s.calls != want)
+      fail_msg("after thread %zu: hook called %u times, expected %u", i,
+               s.calls, want);
+  }
+  tg_limiter_destroy(lim);
+}
+
 /* Four threads, 20000 decisions each: the counts add up exactly. */
 typedef struct worker {
   tg_limiter *lim;
@@ -264,6 +301,7 @@ int main(void) {
                                      cmocka_unit_test(test_shadow),
                                      cmocka_unit_test(test_shadow_invalid_rule),
                                      cmocka_unit_test(test_sampling),
+                                     cmocka_unit_test(test_sampling_per_thread),
                                      cmocka_unit_test(test_threads),
                                      cmocka_unit_test(test_shards_recycled)};
   return cmocka_run_group_tests(tests, NULL, NULL);
