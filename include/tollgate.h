@@ -666,7 +666,10 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * strings), with key names in one Cluster slot (see below). Two
  * rules may not name the same state (the same key on limiters that share a
  * table or a custom store, or the same Redis key name). Anything else is
- * TG_EINVAL and decides nothing.
+ * TG_EINVAL and decides nothing: denied_by names the first rule that does
+ * not fit with those before it, whose status is TG_EINVAL and whose
+ * limiter counts it in errors (after every rule's own input was found
+ * valid: invalid input is reported first, wherever it is).
  *
  * Concurrency. Memory and shm: no lock is added (a process that dies
  * cannot leave a policy's lock held). A decision first checks every rule
@@ -716,7 +719,10 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * before it are given back (best effort: a failure while giving back leaves
  * that consumption), the function returns the code, denied_by names the
  * rule, and the answer (and every rule's result) is that rule's limiter's
- * failure policy answer with degraded = true.
+ * failure policy answer with degraded = true; in shadow mode (that rule's
+ * limiter's, or TG_RULES_SHADOW) shadow mode's answer to it: allowed,
+ * shadow_denied when the failure policy denied. Invalid input is never
+ * turned into an allowed answer, in shadow mode either.
  *
  * Shadow mode: a rule whose limiter is in shadow mode (tg_config.shadow)
  * is decided and recorded but does not deny the call: the call is decided
@@ -999,7 +1005,9 @@ typedef struct tg_stats {
   uint64_t allowed;
   /* Decisions the limit denied (not in shadow mode). */
   uint64_t denied;
-  /* Shadow mode: let through, would have denied. */
+  /* Shadow mode: let through, would have denied; a reservation too that
+   * would have waited (what its result's shadow_denied says; not counted
+   * in allowed). */
   uint64_t shadow_denied;
   /* Answers the failure policy gave. */
   uint64_t degraded;
@@ -1749,11 +1757,12 @@ TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
  *   TG_EINVAL: NULL rules or req, n out of range, an unknown flag, a rule
  *     without a client, a rule whose client names another server (another
  *     first host, port, db or kind), two rules naming the same Redis key
- *     (denied_by 0, as tg_hit_rules reports a misfit), or names in more
- *     than one hash slot, on one server too (see "Redis Cluster and hash
- *     tags" under Policies; denied_by names the first rule out of place,
- *     answered as the blocking store answers it: by that rule's failure
- *     policy, counted, shadow mode applied);
+ *     (denied_by names the first rule that does not fit, as tg_hit_rules
+ *     names a misfit, counted on its client), or names in more than one
+ *     hash slot, on one server too (see "Redis Cluster and hash tags"
+ *     under Policies; denied_by names the first rule out of place,
+ *     answered as the blocking store answers it: not allowed, never,
+ *     counted, shadow mode not applied);
  *   what tg_hit_rules returns for a rule's input (TG_EKEY, TG_EQUOTA,
  *     TG_ETIME, TG_EINVAL), and tg_reserve_rules for its wait (TG_EINVAL
  *     above TG_PERIOD_MAX_MS, TG_ENOTSUP on a window or a sliding log).

@@ -236,9 +236,13 @@ void tg__limiter_done_slow(tg_limiter *lim, int rc, tg_result *r, bool shadow,
 /* After a decision: counts its real answer *r (and rc), turns *r into
  * shadow mode's answer when the limiter is in shadow mode or the call asks
  * for it (`shadow`: a policy's TG_RULES_SHADOW), then calls the hook if one
- * is set. Inline, for its common case: an answer (no failure), no shadow
- * mode, no hook tests one flag and costs one counter in the thread's own
- * shard (the decision's description is built only for the slow path). */
+ * is set. Shadow mode answers decisions and store failures, never invalid
+ * input (that answer stays "not allowed, never"). A result already marked
+ * shadow_denied while allowed (a shadow reservation let go at once that
+ * would have waited) counts, and is hooked, as a shadow denial. Inline, for its
+ * common case: an answer (no failure), no shadow mode, no hook tests one flag
+ * and costs one counter in the thread's own shard (the decision's description
+ * is built only for the slow path). */
 static inline void tg__limiter_done(tg_limiter *lim, int rc, tg_result *r,
                                     bool shadow, const void *key,
                                     size_t key_len, const tg_quota *q,
@@ -256,7 +260,9 @@ static inline void tg__limiter_done_all(tg_limiter *lim, int rc, tg_result *r,
                                         bool shadow, const tg__decided *d) {
   bool own;
   tg__shard *sh = tg__shard_get(lim->stats, &own);
-  bool real = r->allowed;
+  bool real = r->allowed && !r->shadow_denied;
+  if (rc != TG_OK && !tg__store_failure(rc))
+    shadow = false; /* invalid input is refused, in shadow mode too */
   if (rc == TG_OK) {
     tg__count(sh, own,
               real     ? TG__N_ALLOWED

@@ -328,7 +328,8 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
    * the server's, or now_us for every rule */
   tg__call calls[TG_RULES_MAX];
   const tg__store *codecs[TG_RULES_MAX];
-  bool shadow[TG_RULES_MAX], fit = true;
+  bool shadow[TG_RULES_MAX];
+  size_t misfit = n; /* the first rule not on this client's server */
   for (size_t i = 0; i < n; i++) {
     const tg_nb_rule *ru = &rules[i];
     const tg_limiter *lim = ru->nb ? ru->nb->lim : NULL;
@@ -339,12 +340,13 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
       rc = tg__rules_wait(lim, ru->max_wait_ms, &calls[i]);
     if (rc != TG_OK)
       return policy_refused(req, rules, n, i, rc, true);
-    fit = fit && same_server(nb, ru->nb);
+    if (misfit == n && !same_server(nb, ru->nb))
+      misfit = i;
     codecs[i] = ru->nb->codec;
     shadow[i] = lim->shadow;
   }
-  if (!fit)
-    return policy_refused(req, rules, n, 0, TG_EINVAL, false);
+  if (misfit < n)
+    return policy_refused(req, rules, n, misfit, TG_EINVAL, true);
   nbpol *pol = malloc(sizeof *pol);
   int rc =
       pol ? tg__redis_rules_new(&pol->x, codecs, calls, n, shadow) : TG_ENOMEM;
@@ -356,17 +358,18 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
    * blocking store decides it: a policy that works there works on a
    * Cluster; the rule out of place is answered as a store failure) */
   size_t bad = n;
-  for (size_t i = 1; i < n && fit; i++)
-    for (size_t j = 0; j < i && fit; j++)
-      fit = !tg__redis_rules_same_key(pol->x, i, j);
+  for (size_t i = 1; i < n && misfit == n; i++)
+    for (size_t j = 0; j < i && misfit == n; j++)
+      if (tg__redis_rules_same_key(pol->x, i, j))
+        misfit = i;
   for (size_t i = 1; i < n && bad == n; i++)
     if (tg__redis_rules_slot(pol->x, i) != tg__redis_rules_slot(pol->x, 0))
       bad = i;
-  if (!fit || bad < n) {
+  if (misfit < n || bad < n) {
     tg__redis_rules_free(pol->x);
     free(pol);
-    return fit ? policy_failed(req, rules, n, flags, bad, TG_EINVAL)
-               : policy_refused(req, rules, n, 0, TG_EINVAL, false);
+    return misfit < n ? policy_refused(req, rules, n, misfit, TG_EINVAL, true)
+                      : policy_failed(req, rules, n, flags, bad, TG_EINVAL);
   }
   for (size_t i = 0; i < n; i++) {
     pol->q[i] = *rules[i].q;
@@ -437,7 +440,7 @@ static void policy_done(tg_nb *nb, tg_nb_req *req, nbpriv *p, int status) {
 
 /* A reservation's answer, as tg_reserve makes it (reserve.c): the
  * outcome and its delay, or the failure policy's answer (no fallback
- * decision); then counted, and in shadow mode a delay answered 0. */
+ * decision); in shadow mode a delay answered 0; then counted. */
 static int reserved(tg_limiter *lim, const tg__call *c, const tg_quota *q,
                     int rc, const tg__outcome *o, tg_nb_req *req) {
   req->delay_ns = 0;
@@ -447,12 +450,13 @@ static int reserved(tg_limiter *lim, const tg__call *c, const tg_quota *q,
   } else {
     tg__limiter_failure(lim, rc, q, &req->result);
   }
-  tg__limiter_done(lim, rc, &req->result, lim->shadow, c->key, c->key_len, q,
-                   c->arg, false);
   if (lim->shadow && req->delay_ns > 0) {
+    /* let go at once, counted and hooked as a shadow denial */
     req->result.shadow_denied = true;
     req->delay_ns = 0;
   }
+  tg__limiter_done(lim, rc, &req->result, lim->shadow, c->key, c->key_len, q,
+                   c->arg, false);
   req->delay_ms = tg__div_ceil(req->delay_ns, 1000000);
   return rc;
 }

@@ -56,12 +56,14 @@ static int reserve(tg_limiter *lim, const uint64_t *now, const void *key,
   }
   if (lim) {
     bool shadow = lim->shadow;
-    tg__limiter_done(lim, rc, &out->result, shadow, key, key_len, q, cost,
-                     false);
     if (shadow && out->delay_ns > 0) {
+      /* let go at once, saying it would have waited: counted and hooked
+       * as a shadow denial (tg__limiter_done) */
       out->result.shadow_denied = true;
       out->delay_ns = out->delay_ms = 0;
     }
+    tg__limiter_done(lim, rc, &out->result, shadow, key, key_len, q, cost,
+                     false);
   }
   out->ok = out->result.allowed;
   return rc;

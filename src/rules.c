@@ -264,15 +264,24 @@ static inline void shadow_call(tg_rules_result *out, bool all_shadow) {
   }
 }
 
-/* A store failure at rule `at`: answered by fail(), counted and hooked on
- * that rule, then shadow mode's answer. Returns rc. */
+/* A store failure at rule `at` (or input a store refused, such as names
+ * in two Cluster slots): answered by fail(), counted and hooked on that
+ * rule. A store failure in shadow mode (the call's, or that rule's
+ * limiter's) is then answered as shadow mode answers one: the answer, and
+ * every rule's result, which is the answer, allowed, shadow_denied when
+ * the failure policy denied. Refused input stays refused. Returns rc. */
 static int store_failed(tg_rule *rules, size_t n, size_t at, int rc,
                         bool all_shadow, tg_rules_result *out) {
   fail(rules, n, at, rc, out);
   tg_rule *ru = &rules[at];
   tg__limiter_done(ru->lim, rc, &ru->result, all_shadow, ru->key, ru->key_len,
                    ru->q, ru->cost, true);
-  shadow_call(out, all_shadow);
+  if (tg__store_failure(rc) && (all_shadow || ru->lim->shadow) &&
+      !out->r.allowed) {
+    shadow_call(out, true);
+    for (size_t i = 0; i < n; i++)
+      rules[i].result = out->r;
+  }
   return rc;
 }
 
@@ -409,30 +418,32 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
   }
   /* one pass: each rule validated as tg_hit would, then whether its store
    * fits the others' (an invalid rule is reported before any misfit, as
-   * the header says: input first, then the stores' compatibility) */
-  bool fit = true;
+   * the header says: input first, then the stores' compatibility, the
+   * first rule that does not fit named) */
+  size_t misfit = n;
   for (size_t i = 0; i < n; i++) {
     tg_rule *ru = &rules[i];
     int rc = ru->lim
                  ? tg__limiter_prepare(ru->lim, TG__OP_CHECK, tp, ru->key,
                                        ru->key_len, ru->q, ru->cost, &pr.c[i])
                  : TG_EINVAL;
-    if (rc == TG_OK && ru->lim != rules[0].lim &&
-        ru->lim->store_time != rules[0].lim->store_time)
-      rc = TG_EINVAL;
     if (rv && rv->wait_ms && rc == TG_OK)
       rc = tg__rules_wait(ru->lim, rv->wait_ms[i], &pr.c[i]);
     if (rc != TG_OK)
       return tg__rules_refuse(rules, n, i, rc, true, out);
-    fit = fit && (i == 0 ? ru->lim->ident_ok : store_fits(rules, i));
+    if (misfit == n &&
+        !(i == 0 ? ru->lim->ident_ok
+                 : ru->lim->store_time == rules[0].lim->store_time &&
+                       store_fits(rules, i)))
+      misfit = i;
     tg__token *tk = &pr.tok[i];
     tg__token_start(tk);
     pr.c[i].tok = tk;
     pr.stores[i] = ru->lim->store;
     pr.shadow |= (uint32_t)ru->lim->shadow << i;
   }
-  if (!fit)
-    return tg__rules_refuse(rules, n, 0, TG_EINVAL, false, out);
+  if (misfit < n)
+    return tg__rules_refuse(rules, n, misfit, TG_EINVAL, true, out);
   /* a store that decides a policy by itself must say it honours waits */
   if (rv && rules[0].lim->store->ops->exec_rules &&
       !(rules[0].lim->store->ops->caps & TG__STORE_RULES_WAIT))

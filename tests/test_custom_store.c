@@ -463,6 +463,54 @@ static void failure_set_and_unlock(void **state) {
   }
 }
 
+/* A store failure in a policy, at a rule whose limiter is in shadow mode:
+ * answered as shadow mode answers a failure (allowed, shadow_denied where
+ * the failure policy denied), the policy's answer and every rule's result
+ * alike; at a rule in no shadow mode, the failure policy's answer, unless
+ * the call is in shadow mode (TG_RULES_SHADOW). */
+static void failure_in_shadow_policy(void **state) {
+  (void)state;
+  fx f;
+  fx_open(&f, TG_TOKEN_BUCKET, TG_POLICY_FAIL_CLOSED, 0);
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_TOKEN_BUCKET;
+  cfg.on_failure = TG_POLICY_FAIL_CLOSED;
+  cfg.shadow = true;
+  cfg.clock = sim_read;
+  cfg.clock_ctx = &f.clock;
+  cfg.custom_store = &f.cs;
+  tg_limiter *sh;
+  assert_int_equal(tg_limiter_new(&sh, &cfg), TG_OK);
+  const tg_quota q = {.limit = 5, .period_ms = 1000, .burst = 0};
+  f.r->force_get = TG_CUSTOM_ERROR;
+  /* keys are locked in key order: "a" first, so its rule fails */
+  for (int shadow_fails = 1; shadow_fails >= 0; shadow_fails--)
+    for (unsigned flags = 0; flags <= TG_RULES_SHADOW; flags++) {
+      tg_rule r[2];
+      memset(r, 0, sizeof r);
+      r[0] = (tg_rule){f.lim, shadow_fails ? "b" : "a", 1, &q, 1, 0, {0}};
+      r[1] = (tg_rule){sh, shadow_fails ? "a" : "b", 1, &q, 1, 0, {0}};
+      tg_rules_result out;
+      ASSERT_RC(tg_hit_rules_at(T0, r, 2, flags, &out), TG_ESTORE);
+      size_t at = shadow_fails ? 1 : 0;
+      assert_int_equal(out.denied_by, at);
+      assert_int_equal(r[at].status, TG_ESTORE);
+      assert_true(out.r.degraded);
+      bool allowed = shadow_fails || flags;
+      assert_int_equal(out.r.allowed, allowed);
+      assert_int_equal(out.r.shadow_denied, allowed);
+      for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(r[i].result.allowed, out.r.allowed);
+        assert_int_equal(r[i].result.shadow_denied, out.r.shadow_denied);
+        assert_int_equal(r[i].result.retry_after_ms, out.r.retry_after_ms);
+      }
+    }
+  f.r->force_get = 0;
+  tg_limiter_destroy(sh);
+  fx_close(&f);
+}
+
 /* A real held lock with the trylock store: BUSY, fail open by default. */
 static void failure_real_busy(void **state) {
   (void)state;
@@ -884,6 +932,7 @@ int main(void) {
       cmocka_unit_test(failure_error),
       cmocka_unit_test(failure_set_and_unlock),
       cmocka_unit_test(failure_real_busy),
+      cmocka_unit_test(failure_in_shadow_policy),
       cmocka_unit_test(failure_bounded_wait),
       cmocka_unit_test(corrupt_state),
       cmocka_unit_test(corrupt_sliding_log),

@@ -776,7 +776,7 @@ static void policy_input_is_validated(void **state) {
   r[1] = RULE(nb, "t}b");
   r[2] = RULE(nb, "t}a");
   assert_int_equal(tg_nb_submit_rules(nb, &req, r, 3, 0), TG_EINVAL);
-  assert_int_equal(req.denied_by, 0); /* a misfit: as tg_hit_rules says */
+  assert_int_equal(req.denied_by, 2); /* a misfit: as tg_hit_rules names it */
   r[2] = RULE(nb, "");
   assert_int_equal(tg_nb_submit_rules(nb, &req, r, 3, 0), TG_EKEY);
   tg_quota zero = {.limit = 0, .period_ms = 1000};

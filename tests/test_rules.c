@@ -878,6 +878,148 @@ static void test_full_one(void **state) {
 }
 
 /* Refusals: nothing is decided, the offending rule is named. */
+/* A window rule that allowed a call another rule denied reports its key
+ * as the call left it, nothing consumed: the count before the call and
+ * the reset of the state as stored. A fresh key resets at 0, as
+ * tg_expires_at says, not at the end of the window the cost would have
+ * opened. On every store. */
+static void test_denied_numbers(void **state) {
+  (void)state;
+  const tg_quota q = {10, 60000, 0}, one = {1, 60000, 0};
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k])
+      continue;
+    world w;
+    world_new(&w, (kind)k);
+    for (int a = TG_FIXED_WINDOW; a <= TG_FIXED_WINDOW_PER_KEY; a++) {
+      tg_limiter *lim = w.lim[a];
+      /* keys per algorithm: a custom store holds one state per key */
+      const char *fresh = a == TG_FIXED_WINDOW ? "dn:fresh:f" : "dn:fresh:p";
+      const char *used = a == TG_FIXED_WINDOW ? "dn:used:f" : "dn:used:p";
+      const char *spent = a == TG_FIXED_WINDOW ? "dn:spent:f" : "dn:spent:p";
+      tg_result h;
+      const char *ku = tk(used), *ks = tk(spent);
+      assert_int_equal(tg_hit_at(lim, T0, ku, strlen(ku), &q, 1, &h), 0);
+      assert_int_equal(tg_hit_at(lim, T0, ks, strlen(ks), &one, 1, &h), 0);
+      tg_rule r[3] = {rule(lim, fresh, &q, 1), rule(lim, used, &q, 2),
+                      rule(lim, spent, &one, 1)};
+      tg_rules_result out;
+      uint64_t now = T0 + MS(1000);
+      assert_int_equal(tg_hit_rules_at(now, r, 3, 0, &out), 0);
+      if (out.r.allowed || out.denied_by != 2)
+        fail_msg("%s alg %d: allowed %d denied_by %zu", KIND_NAME[k], a,
+                 out.r.allowed, out.denied_by);
+      assert_true(r[0].result.allowed);
+      assert_int_equal(r[0].result.count, 0);
+      assert_int_equal(r[0].result.remaining, 10);
+      if (r[0].result.reset_after_ms != 0)
+        fail_msg("%s alg %d: a fresh key's reset %" PRIu64 " in a denied call",
+                 KIND_NAME[k], a, r[0].result.reset_after_ms);
+      assert_true(r[1].result.allowed);
+      assert_int_equal(r[1].result.count, 1);
+      assert_int_equal(r[1].result.remaining, 9);
+      assert_int_equal(r[1].result.reset_after_ms, 59000);
+      /* and the policy's reset is the largest of the keys' as they are */
+      assert_int_equal(out.r.reset_after_ms, 59000);
+      uint64_t at = 9, v = 9;
+      const char *kf = tk(fresh);
+      assert_int_equal(tg_expires_at_at(lim, now, kf, strlen(kf), &q, &at), 0);
+      assert_int_equal(at, 0);
+      assert_int_equal(get_at(lim, now, fresh, &q, &v), 0);
+      assert_int_equal(v, 0);
+      assert_int_equal(get_at(lim, now, used, &q, &v), 0);
+      assert_int_equal(v, 1);
+    }
+    world_free(&w);
+  }
+}
+
+/* A policy whose rules do not fit together names the first rule that
+ * does not fit and counts the refusal on its limiter; invalid input is
+ * reported before any misfit, wherever it is. */
+static void test_misfit_named(void **state) {
+  (void)state;
+  world m, c;
+  world_new(&m, K_MEMORY);
+  world_new(&c, K_CUSTOM);
+  const tg_quota q = {10, 1000, 0};
+  tg_limiter *lim = m.lim[TG_FIXED_WINDOW];
+  tg_rule r[3] = {rule(lim, "mn:a", &q, 1), rule(lim, "mn:b", &q, 1),
+                  rule(lim, "mn:a", &q, 1)};
+  tg_rules_result out;
+  tg_stats before, after;
+  assert_int_equal(tg_limiter_stats(lim, &before, sizeof before), 0);
+  assert_int_equal(tg_hit_rules_at(T0, r, 3, 0, &out), TG_EINVAL);
+  assert_int_equal(out.denied_by, 2);
+  assert_int_equal(r[0].status, 0);
+  assert_int_equal(r[1].status, 0);
+  assert_int_equal(r[2].status, TG_EINVAL);
+  assert_false(out.r.allowed);
+  assert_int_equal(tg_limiter_stats(lim, &after, sizeof after), 0);
+  assert_int_equal(after.errors[1] - before.errors[1], 1);
+  /* a store that cannot decide with the others at 1, an empty key at 2:
+   * the key is reported */
+  r[1] = rule(c.lim[TG_FIXED_WINDOW], "mn:b", &q, 1);
+  r[2] = rule(lim, "mn:c", &q, 1);
+  r[2].key_len = 0; /* empty, tagged or not */
+  assert_int_equal(tg_hit_rules_at(T0, r, 3, 0, &out), TG_EKEY);
+  assert_int_equal(out.denied_by, 2);
+  /* with valid input, the misfit is rule 1 */
+  r[2] = rule(lim, "mn:c", &q, 1);
+  assert_int_equal(tg_hit_rules_at(T0, r, 3, 0, &out), TG_EINVAL);
+  assert_int_equal(out.denied_by, 1);
+  assert_int_equal(r[1].status, TG_EINVAL);
+  uint64_t v = 9;
+  assert_int_equal(get_at(lim, T0, "mn:a", &q, &v), 0);
+  assert_int_equal(v, 0); /* nothing consumed by any of it */
+  world_free(&m);
+  world_free(&c);
+}
+
+/* Shadow mode answers decisions and store failures, never invalid input:
+ * that stays "not allowed, never", and is no shadow denial. */
+static void test_shadow_refuses_input(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_TOKEN_BUCKET;
+  cfg.clock = hand_clock;
+  cfg.clean_period_ms = 0;
+  cfg.shadow = true;
+  tg_limiter *s;
+  assert_int_equal(tg_limiter_new(&s, &cfg), 0);
+  const tg_quota q = {10, 1000, 0}, bad = {0, 1000, 0};
+  tg_result r;
+  assert_int_equal(tg_hit_at(s, T0, "", 0, &q, 1, &r), TG_EKEY);
+  assert_false(r.allowed);
+  assert_false(r.shadow_denied);
+  assert_int_equal(r.retry_after_ms, TG_NEVER);
+  tg_reservation v;
+  assert_int_equal(tg_reserve_at(s, T0, "k", 1, &bad, 1, 10, &v), TG_EQUOTA);
+  assert_false(v.ok);
+  assert_false(v.result.shadow_denied);
+  assert_int_equal(
+      tg_reserve_at(s, T0, "k", 1, &q, 1, TG_PERIOD_MAX_MS + 1, &v), TG_EINVAL);
+  assert_false(v.ok);
+  for (unsigned flags = 0; flags <= TG_RULES_SHADOW; flags++) {
+    tg_rule ru[2] = {rule(s, "k", &q, 1), rule(s, "k2", &q, 1)};
+    ru[1].key_len = 0; /* empty, tagged or not */
+    tg_rules_result out;
+    assert_int_equal(tg_hit_rules_at(T0, ru, 2, flags, &out), TG_EKEY);
+    assert_false(out.r.allowed);
+    assert_false(out.r.shadow_denied);
+    assert_false(ru[1].result.allowed);
+  }
+  tg_stats st;
+  assert_int_equal(tg_limiter_stats(s, &st, sizeof st), 0);
+  assert_int_equal(st.shadow_denied, 0);
+  assert_int_equal(st.allowed, 0);
+  assert_int_equal(st.errors[2], 3); /* TG_EKEY: the hit and two policies */
+  assert_int_equal(st.errors[3], 1);
+  assert_int_equal(st.errors[1], 1);
+  tg_limiter_destroy(s);
+}
+
 static void test_refusals(void **state) {
   (void)state;
   if (kind_ready[K_REDIS]) {
@@ -1869,6 +2011,9 @@ int main(void) {
       cmocka_unit_test(test_denied_keeps_log),
       cmocka_unit_test(test_full_one),
       cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_denied_numbers),
+      cmocka_unit_test(test_misfit_named),
+      cmocka_unit_test(test_shadow_refuses_input),
       cmocka_unit_test(test_model),
       cmocka_unit_test(test_threads),
       cmocka_unit_test(test_processes),

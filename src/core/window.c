@@ -42,8 +42,9 @@ static bool window_live(const tg__call *c, const tg__state *st) {
 /* CHECK and TAKE, a policy's rule: counts only when allowed. A CHECK
  * reports the consumed state too, without it being published (the store
  * may publish it on the TAKE that follows), and, when `with_peek`, the
- * window's numbers left as they are (its reset is the result's: the one
- * the call leaves). */
+ * key's numbers as they are, which a denied policy reports: nothing
+ * consumed, so the count before the call and the reset of the stored
+ * state. */
 static __attribute__((noinline)) int policy_step(const tg__call *c,
                                                  tg__state *st, tg__outcome *o,
                                                  bool *changed,
@@ -54,6 +55,10 @@ static __attribute__((noinline)) int policy_step(const tg__call *c,
   if (!tg__add(tg__win_count(&w), cost, &count))
     return TG_EOVERFLOW;
   bool allowed = count <= limit;
+  /* the stored state's reset, before *st takes the consumed state */
+  uint64_t reset_as_is = with_peek && window_live(c, st)
+                             ? tg__ms_until(tg__win_end(st), c->now_us)
+                             : 0;
   tg__state after = w;
   if (allowed && cost > 0) {
     tg__win_set_count(&after, count);
@@ -71,7 +76,7 @@ static __attribute__((noinline)) int policy_step(const tg__call *c,
   if (with_peek) {
     uint64_t seen = tg__win_count(&w);
     tg__result_set(&o->peek, seen <= limit, seen,
-                   seen <= limit ? limit - seen : 0, 0, reset);
+                   seen <= limit ? limit - seen : 0, 0, reset_as_is);
   }
   return TG_OK;
 }
@@ -158,17 +163,11 @@ int tg__window_check(const tg__call *c, tg__state *st, tg__outcome *o,
 
 void tg__window_peek(const tg__call *c, const tg__state *st, tg_result *p) {
   /* policy_step's peek without the rest of its step: the window's count
-   * before the call, and the reset of the state the call leaves (the
-   * consumed one when the check allowed a cost) */
+   * before the call, and the reset of the state as stored */
   tg__state w = live_window(c, st);
-  uint64_t limit = c->q.limit, cost = c->arg, count;
-  if (!tg__add(tg__win_count(&w), cost, &count))
-    count = UINT64_MAX; /* the check failed: no peek is asked for */
-  tg__state after = tg__win_state(tg__win_end(&w), count);
-  const tg__state *left = count <= limit && cost > 0 ? &after : st;
+  uint64_t limit = c->q.limit, seen = tg__win_count(&w);
   uint64_t reset =
-      window_live(c, left) ? tg__ms_until(tg__win_end(left), c->now_us) : 0;
-  uint64_t seen = tg__win_count(&w);
+      window_live(c, st) ? tg__ms_until(tg__win_end(st), c->now_us) : 0;
   tg__result_set(p, seen <= limit, seen, seen <= limit ? limit - seen : 0, 0,
                  reset);
 }
