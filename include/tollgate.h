@@ -913,8 +913,11 @@ TG_EXTERN int tg_cancel_at(tg_limiter *lim, uint64_t now_us, const void *key,
  * that the real answer was a refusal or a delay.
  *
  * Receipts: res, when not NULL, is an array of n tg_reservation that
- * receives each rule's: ok (the call is ok and this rule allowed), the
- * rule's own delay, its result, and what tg_cancel_rules needs to give the
+ * receives each rule's: ok (the call really passed and this rule
+ * consumed: in shadow mode a call answered ok may have consumed nothing,
+ * and a shadow rule that denied consumed nothing), the rule's own delay
+ * (with TG_RULES_SHADOW, what it would have waited; the call's is 0), its
+ * result, and what tg_cancel_rules needs to give the
  * rule back (all zero when the call is refused as a whole, unless n is
  * above TG_RULES_MAX). tg_cancel_rules gives back a policy's reservation that
  * will not be used (e.g. nginx: the client went away while its request waited):
@@ -923,7 +926,9 @@ TG_EXTERN int tg_cancel_at(tg_limiter *lim, uint64_t now_us, const void *key,
  * rule on another algorithm stays consumed (a window cannot take a call
  * back once others may have counted on it: like tg_hit's). */
 typedef struct tg_rules_reservation {
-  /* The call passed: every rule consumed; go after the delay. */
+  /* The call passed: every rule consumed (but shadow rules that denied);
+   * go after the delay. In shadow mode (TG_RULES_SHADOW) always true: go
+   * now, rules.r.shadow_denied saying whether it really passed. */
   bool ok;
   /* The largest of the rules' delays, ns (0 when not ok), and the same
    * rounded up to ms. */

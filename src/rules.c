@@ -363,6 +363,8 @@ typedef struct reserving {
   const uint64_t *wait_ms; /* per rule; NULL: 0 for all */
   tg_reservation *res;     /* per rule receipts; NULL: none wanted */
   uint64_t delay_ns;       /* out: the largest rule's delay */
+  uint32_t consumed;       /* out: bit i: rule i consumed (the call really
+                              passed and the rule allowed it) */
 } reserving;
 
 int tg__rules_wait(const tg_limiter *lim, uint64_t wait_ms, tg__call *c) {
@@ -480,6 +482,8 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
       ru->result = unpassed(&pr.o[i]);
     }
     if (rv && passed) {
+      /* its real verdict, before shadow mode may turn it */
+      rv->consumed |= (uint32_t)pr.o[i].r.allowed << i;
       uint64_t d = rule_reserved(&pr, i, ru, rv);
       if (d > rv->delay_ns)
         rv->delay_ns = d;
@@ -586,16 +590,18 @@ static int reserve_rules(const uint64_t *now, tg_rule *rules, size_t n,
       tg__reservation_clear(&res[i]);
   if (!out)
     return TG_EINVAL;
-  reserving rv = {max_wait_ms, res, 0};
+  reserving rv = {max_wait_ms, res, 0, 0};
   int rc = hit_rules(now, rules, n, flags, &out->rules, &rv);
   tg__rules_reserved(flags, rv.delay_ns, out);
   /* a call refused as a whole leaves the rules as they were (their Out
    * fields need no initial value) and its receipts zero */
   if (res && call_usable(rules, n, flags))
     for (size_t i = 0; i < n; i++) {
-      /* each rule's answer as the call left it (shadow mode's included) */
+      /* each rule's answer as the call left it (shadow mode's included);
+       * ok only where the rule consumed: in shadow mode a call answered
+       * ok may have consumed nothing */
       res[i].result = rules[i].result;
-      res[i].ok = out->ok && rules[i].result.allowed;
+      res[i].ok = rv.consumed >> i & 1u;
       if (!res[i].ok)
         res[i].delay_ns = res[i].delay_ms = 0;
     }

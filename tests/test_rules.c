@@ -1768,12 +1768,31 @@ static void resv_cancel_shadow(kind k) {
   uint64_t v;
   assert_int_equal(get_at(w.lim[TG_FIXED_WINDOW], T0, "cw", &qw, &v), 0);
   assert_int_equal(v, 4); /* the window keeps the cancelled call's count */
-  /* shadow: the next would wait 300 ms; answered ok at once */
+  /* shadow: the next would wait 300 ms; answered ok at once, its
+   * receipts ok (both rules consumed) and keeping the bucket's wait */
   assert_int_equal(
       tg_reserve_rules_at(T0, r, 2, wait, TG_RULES_SHADOW, &out, res), 0);
   assert_true(out.ok);
   assert_int_equal(out.delay_ns, 0);
   assert_true(out.rules.r.shadow_denied);
+  assert_true(res[0].ok);
+  assert_true(res[1].ok);
+  assert_int_equal(res[0].delay_ns, 300000000);
+  /* a call really refused (a window spent) is answered ok in shadow mode,
+   * but its receipts are not: nothing was consumed */
+  const tg_quota spent = {1, 1000, 0};
+  tg_rule x[2] = {rule(w.lim[TG_TOKEN_BUCKET], "cb2", &qb, 1),
+                  rule(w.lim[TG_FIXED_WINDOW], "cw2", &spent, 1)};
+  assert_int_equal(tg_reserve_rules_at(T0, x, 2, wait, 0, &out, res), 0);
+  assert_true(out.ok && res[0].ok && res[1].ok);
+  assert_int_equal(
+      tg_reserve_rules_at(T0, x, 2, wait, TG_RULES_SHADOW, &out, res), 0);
+  assert_true(out.ok);
+  assert_true(out.rules.r.shadow_denied);
+  assert_false(res[0].ok);
+  assert_false(res[1].ok);
+  assert_int_equal(get_at(w.lim[TG_FIXED_WINDOW], T0, "cw2", &spent, &v), 0);
+  assert_int_equal(v, 1);
   /* ... and it was recorded: the one after waits 400 ms */
   assert_int_equal(tg_reserve_rules_at(T0, r, 2, wait, 0, &out, res), 0);
   assert_int_equal(out.delay_ns, 400000000);
