@@ -42,6 +42,10 @@
 #include <string.h>
 #include <unistd.h>
 
+/* A request can carry the longest policy: TG_RULES_MAX rules of 8 */
+_Static_assert(RESP_MAX_ARGS >= 1 + 8 * TG_RULES_MAX,
+               "RESP_MAX_ARGS too small for TG.POLICY");
+
 /* ---- small helpers ---- */
 
 static char lower(char c) {

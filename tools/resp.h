@@ -23,9 +23,11 @@
 
 #include <stddef.h>
 
-/* Most arguments in one request (the command name included). tollgate's
- * longest command has 9; clients' handshakes (HELLO, CLIENT) fewer than 10. */
-#define RESP_MAX_ARGS 64
+/* Most arguments in one request (the command name included): TG.POLICY
+ * with TG_RULES_MAX (16) rules of 8 arguments each (key, algorithm, limit,
+ * period, BURST n, COST n) and its name. Clients' handshakes (HELLO,
+ * CLIENT) take fewer than 10. */
+#define RESP_MAX_ARGS 129
 /* Longest single argument, in bytes. Keys are at most 256 bytes. */
 #define RESP_MAX_BULK (16u * 1024u)
 /* Longest whole request, framing included, in bytes; also the longest

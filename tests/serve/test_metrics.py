@@ -110,6 +110,18 @@ class Metrics(unittest.TestCase):
                 "TG.GET", "m", "fixed_window", 6, 60000), 5)
             with self.assertRaises(redis.ResponseError):
                 r.execute_command("TG.POLICY", "u", "token_bucket", 5)
+            # the most rules a policy takes (TG_RULES_MAX), each with its
+            # options: 129 arguments in one request
+            args = []
+            for i in range(16):
+                args += ["x%d" % i, "token_bucket", 10, 1000,
+                         "BURST", 10, "COST", 1]
+            v = r.execute_command("TG.POLICY", *args)
+            self.assertEqual(v[0], 1)
+            self.assertEqual(v[6], -1)
+            with self.assertRaises(redis.ResponseError):
+                r.execute_command("TG.POLICY", *(args + ["y", "token_bucket",
+                                                         10, 1000]))
             r.close()
 
 
