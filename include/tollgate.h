@@ -852,7 +852,8 @@ typedef struct tg_reservation {
 } tg_reservation;
 
 /* Reserves cost units of the key's bucket, waiting at most max_wait_ms (at
- * most TG_PERIOD_MAX_MS, else TG_EINVAL). Validates like tg_hit; a cost
+ * most TG_PERIOD_MAX_MS, else TG_EINVAL, once the rest of the input passed
+ * tg_hit's checks). Validates like tg_hit; a cost
  * above the burst is never accepted (ok false, retry TG_NEVER). On a store
  * failure the failure policy decides ok (degraded = true, delay 0). */
 TG_EXTERN int tg_reserve(tg_limiter *lim, const void *key, size_t key_len,

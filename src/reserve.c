@@ -38,9 +38,11 @@ static int reserve(tg_limiter *lim, const uint64_t *now, const void *key,
   tg__token tok;
   tg__token_start(&tok);
   tg__outcome o;
-  if (lim && max_wait_ms <= TG_PERIOD_MAX_MS)
+  if (lim) /* the call's input first, as tg_reserve_rules checks it */
     rc = tg__limiter_prepare(lim, TG__OP_RESERVE, now, key, key_len, q, cost,
                              &c);
+  if (rc == TG_OK && max_wait_ms > TG_PERIOD_MAX_MS)
+    rc = TG_EINVAL;
   if (rc == TG_OK) {
     c.wait_ns = max_wait_ms * UINT64_C(1000000);
     c.tok = &tok;

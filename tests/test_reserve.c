@@ -159,6 +159,10 @@ static void test_refused(void **state) {
       TG_EINVAL);
   assert_int_equal(tg_reserve_at(f.lim, T0, "job", 3, &RATE3, 1, 0, NULL),
                    TG_EINVAL);
+  /* the input before the wait, as tg_reserve_rules checks them */
+  assert_int_equal(
+      tg_reserve_at(f.lim, T0, "job", 0, &RATE3, 1, TG_PERIOD_MAX_MS + 1, &r),
+      TG_EKEY);
   unmake(&f);
   make(&f, TG_FIXED_WINDOW, false);
   assert_int_equal(tg_reserve_at(f.lim, T0, "job", 3, &RATE3, 1, 0, &r),
