@@ -258,19 +258,13 @@ int tg__state_step(const tg__call *c, tg__state *st, tg__outcome *o,
 
 /* A policy's CHECK or TAKE on fixed-size state (c->op one of them: the
  * step is the same, only the store publishes a TAKE's state): o->r and the
- * state a TAKE writes, as tg__state_step answers, and a CHECK's peek only
- * where it costs next to nothing (tg__check_fills_peek), o->peek being
- * left alone otherwise. The peek is needed only when the policy is denied
- * (then tg__state_peek gives it from the same state), so the table's
- * policies leave the buckets' (two divisions) until then. */
+ * state a TAKE writes, as tg__state_step answers, o->peek left alone. The
+ * peek is needed only when the policy is denied (then tg__state_peek gives
+ * it from the same state), so the table's policies leave it until then
+ * (a bucket's costs two divisions, a window's a few stores on every
+ * allowed call). */
 int tg__state_check(const tg__call *c, tg__state *st, tg__outcome *o,
                     bool *changed);
-
-/* Whether tg__state_check fills o->peek for alg: the windows, whose peek
- * shares the step's numbers. */
-static inline bool tg__check_fills_peek(tg_algorithm alg) {
-  return alg == TG_FIXED_WINDOW || alg == TG_FIXED_WINDOW_PER_KEY;
-}
 
 /* The peek a CHECK (c, as checked, any op) on state `st` reports, to the
  * bit: the key's numbers left as they are. */

@@ -55,10 +55,9 @@ static __attribute__((noinline)) int policy_step(const tg__call *c,
   if (!tg__add(tg__win_count(&w), cost, &count))
     return TG_EOVERFLOW;
   bool allowed = count <= limit;
-  /* the stored state's reset, before *st takes the consumed state */
-  uint64_t reset_as_is = with_peek && window_live(c, st)
-                             ? tg__ms_until(tg__win_end(st), c->now_us)
-                             : 0;
+  /* the stored state, before *st takes the consumed one */
+  bool live_as_is = with_peek && window_live(c, st);
+  uint64_t end_as_is = tg__win_end(st);
   tg__state after = w;
   if (allowed && cost > 0) {
     tg__win_set_count(&after, count);
@@ -74,9 +73,16 @@ static __attribute__((noinline)) int policy_step(const tg__call *c,
   tg__result_set(&o->r, allowed, shown, shown <= limit ? limit - shown : 0,
                  retry, reset);
   if (with_peek) {
+    /* the key as it is: 0 unless its state is live; then the result's
+     * reset when the state the call leaves ends with it (it is then live
+     * too), which it does unless the quota's period changed under it */
     uint64_t seen = tg__win_count(&w);
+    uint64_t as_is = !live_as_is ? 0
+                     : end_as_is == tg__win_end(left)
+                         ? reset
+                         : tg__ms_until(end_as_is, c->now_us);
     tg__result_set(&o->peek, seen <= limit, seen,
-                   seen <= limit ? limit - seen : 0, 0, reset_as_is);
+                   seen <= limit ? limit - seen : 0, 0, as_is);
   }
   return TG_OK;
 }
@@ -155,10 +161,10 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
 
 int tg__window_check(const tg__call *c, tg__state *st, tg__outcome *o,
                      bool *changed) {
-  /* the peek shares the step's numbers here: a few stores now are cheaper
-   * than its own step later (tg__check_fills_peek) */
+  /* no peek: the table asks tg__window_peek for it when a policy is
+   * denied (tg__state_check) */
   *changed = false;
-  return policy_step(c, st, o, changed, true);
+  return policy_step(c, st, o, changed, false);
 }
 
 void tg__window_peek(const tg__call *c, const tg__state *st, tg_result *p) {

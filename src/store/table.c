@@ -1193,7 +1193,7 @@ check_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
     return true;
   }
   bool changed;
-  tok->peek_owed = !tg__check_fills_peek(c->alg);
+  tok->peek_owed = true; /* tg__state_check leaves it */
   *rc = tg__state_check(c, &st, o, &changed);
   tok->seen_ok = true;
   tok->seen_absent = false;
@@ -1255,7 +1255,7 @@ take_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
     bool changed;
     *rc = tg__state_check(c, &st, o, &changed);
     tok->peek_from = before;
-    tok->peek_owed = !tg__check_fills_peek(c->alg);
+    tok->peek_owed = true; /* tg__state_check leaves it */
     if (*rc != TG_OK || !changed || blank_stays(c, w0, w1, &st)) {
       receipt(tok, false, g, &before, &st, c->now_us);
       return true;
