@@ -506,6 +506,39 @@ int tg_hit(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
  * allocates its arrays, so a store that pipelines still sees it whole. */
 #define BATCH_STACK 32u
 
+/* A deny cache answers a key from the denials stored before it: a batch
+ * item must see those of the items before it, as tg_hit in a loop would.
+ * Items go to the store together, so before an item whose key an item
+ * still pending names, the pending ones are decided (and their denials
+ * stored). Keys are told apart by a 12-bit fingerprint: one shared by two
+ * keys only sends the group a little early. */
+typedef struct batch_seen {
+  uint64_t bits[64];
+} batch_seen;
+
+static unsigned key_print(const void *key, size_t len) {
+  const unsigned char *p = key;
+  uint64_t h = len * UINT64_C(0x9e3779b97f4a7c15);
+  for (size_t i = 0; i < len; i++)
+    h = (h ^ p[i]) * UINT64_C(0x100000001b3);
+  return (unsigned)(h >> 52);
+}
+
+/* The store's answers to the pending calls calls[0..m), each written like
+ * tg_hit's into its item. */
+static void batch_decide(tg_limiter *lim, tg_batch_item *items, tg__call *calls,
+                         tg__outcome *outs, int *rcs, const size_t *pos,
+                         const uint64_t *when, size_t m) {
+  if (m == 0)
+    return;
+  lim->store->ops->exec_batch(lim->store, calls, m, outs, rcs);
+  for (size_t j = 0; j < m; j++) {
+    tg_batch_item *it = &items[pos[j]];
+    it->status = tg__limiter_answer(lim, &calls[j], it->q, when[j], rcs[j],
+                                    &outs[j], &it->result);
+  }
+}
+
 static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
                      size_t n) {
   if (!lim || (!items && n > 0))
@@ -533,6 +566,9 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
   }
   size_t m = 0;
   bool together = ops->exec_batch && calls && outs && rcs && pos && when;
+  batch_seen seen;
+  if (together && lim->deny)
+    memset(&seen, 0, sizeof seen);
   for (size_t i = 0; i < n; i++) {
     tg_batch_item *it = &items[i];
     if (!together) {
@@ -548,18 +584,25 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
                           it->cost, &it->result);
       continue;
     }
+    if (lim->deny) {
+      unsigned fp = key_print(it->key, it->key_len);
+      if (seen.bits[fp / 64] >> (fp % 64) & 1u) {
+        /* a pending item names this key (or shares its print): decide
+         * those first, then look in the cache they filled */
+        tg__call c = calls[m];
+        batch_decide(lim, items, calls, outs, rcs, pos, when, m);
+        memset(&seen, 0, sizeof seen);
+        m = 0;
+        calls[0] = c;
+      }
+      seen.bits[fp / 64] |= UINT64_C(1) << (fp % 64);
+    }
     when[m] = tg__limiter_when(lim, &calls[m]);
     if (!tg__limiter_cached(lim, &calls[m], when[m], it->q, &it->result))
       pos[m++] = i;
   }
-  if (together && m > 0) {
-    ops->exec_batch(lim->store, calls, m, outs, rcs);
-    for (size_t j = 0; j < m; j++) {
-      tg_batch_item *it = &items[pos[j]];
-      it->status = tg__limiter_answer(lim, &calls[j], it->q, when[j], rcs[j],
-                                      &outs[j], &it->result);
-    }
-  }
+  if (together)
+    batch_decide(lim, items, calls, outs, rcs, pos, when, m);
   if (heap) {
     free(calls);
     free(outs);

@@ -834,6 +834,62 @@ static void key_count_tracks_keys(void **state) {
 }
 
 /* Many keys in one limiter (the table grows) keep their own state. */
+/* A batch answers as tg_hit on each item in order, with a deny cache too:
+ * an item sees the denials the items before it stored (a batch used to
+ * send every item to the store first, so a later item on a denied key was
+ * decided, and for a window counted, where tg_hit would have answered it
+ * from the cache). */
+static void batch_with_deny_cache_is_serial(void **state) {
+  (void)state;
+  const tg_quota q = {1, 10000, 0};
+  const char *keys[] = {"k", "j", "k", "k", "j", "i", "k"};
+  enum { N = sizeof keys / sizeof keys[0] };
+  const uint64_t now = UINT64_C(1700000000000000);
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_limiter *lim[2];
+    for (int v = 0; v < 2; v++) {
+      tg_config cfg;
+      tg_config_init(&cfg);
+      cfg.algorithm = (tg_algorithm)a;
+      cfg.clean_period_ms = 0;
+      cfg.deny_cache_entries = 64;
+      assert_int_equal(tg_limiter_new(&lim[v], &cfg), 0);
+    }
+    tg_result serial[N];
+    tg_batch_item it[N];
+    for (size_t i = 0; i < N; i++) {
+      assert_int_equal(tg_hit_at(lim[0], now, keys[i], 1, &q, 1, &serial[i]),
+                       0);
+      it[i] = (tg_batch_item){keys[i], 1, &q, 1, 0, {0}};
+    }
+    assert_int_equal(tg_hit_batch_at(lim[1], now, it, N), 0);
+    for (size_t i = 0; i < N; i++) {
+      const tg_result *x = &serial[i], *y = &it[i].result;
+      if (it[i].status != 0 || x->allowed != y->allowed ||
+          x->count != y->count || x->remaining != y->remaining ||
+          x->retry_after_ms != y->retry_after_ms ||
+          x->reset_after_ms != y->reset_after_ms)
+        fail_msg("%s item %zu (%s): tg_hit allowed %d count %" PRIu64
+                 " retry %" PRIu64 ", batch allowed %d count %" PRIu64
+                 " retry %" PRIu64,
+                 tg_algorithm_name((tg_algorithm)a), i, keys[i], x->allowed,
+                 x->count, x->retry_after_ms, y->allowed, y->count,
+                 y->retry_after_ms);
+    }
+    tg_stats st[2];
+    uint64_t v[2];
+    for (int l = 0; l < 2; l++) {
+      assert_int_equal(tg_limiter_stats(lim[l], &st[l], sizeof st[l]), 0);
+      assert_int_equal(tg_get_at(lim[l], now, "k", 1, &q, &v[l]), 0);
+    }
+    assert_int_equal(st[0].deny_cache_hits, st[1].deny_cache_hits);
+    assert_true(st[1].deny_cache_hits > 0);
+    assert_int_equal(v[0], v[1]);
+    tg_limiter_destroy(lim[0]);
+    tg_limiter_destroy(lim[1]);
+  }
+}
+
 static void many_keys(void **state) {
   (void)state;
   for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
@@ -883,6 +939,7 @@ int main(void) {
       cmocka_unit_test(windows_ignore_burst),
       cmocka_unit_test(key_count_tracks_keys),
       cmocka_unit_test(many_keys),
+      cmocka_unit_test(batch_with_deny_cache_is_serial),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
