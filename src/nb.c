@@ -63,6 +63,8 @@ struct tg_nb {
   tg__eng_stats st;
   char *username, *password;
   int down[TG__NODES_MAX];         /* 0, or the code a down node's calls get */
+  int last_down;                   /* the code of the node that went down last
+                                      (0: none yet) */
   nbpriv *local_head, *local_tail; /* answered without the engine */
   nbpriv *waiting;                 /* policies told TRYAGAIN, to resend */
   nbpol *pols;                     /* policies pending */
@@ -164,13 +166,9 @@ int tg_nb_new(tg_nb **out, const tg_config *cfg) {
 static void settle(tg_nb *nb) {
   tg__eng *e = &nb->eng;
   uint32_t n = tg__eng_nodes(e);
-  int last_down = TG_ECONNECT;
-  for (uint32_t i = 0; i < n; i++) {
-    if (nb->down[i]) {
-      last_down = nb->down[i];
+  for (uint32_t i = 0; i < n; i++)
+    if (nb->down[i])
       tg__eng_fail_queued(e, i, nb->down[i]);
-    }
-  }
   if (!tg__eng_refresh_wanted(e))
     return;
   uint32_t pick = TG__NO_NODE;
@@ -183,7 +181,7 @@ static void settle(tg_nb *nb) {
   if (pick != TG__NO_NODE)
     tg__eng_refresh(e, pick);
   else
-    tg__eng_fail_parked(e, last_down);
+    tg__eng_fail_parked(e, nb->last_down ? nb->last_down : TG_ECONNECT);
 }
 
 static int submit(tg_nb *nb, const uint64_t *now, tg_nb_req *req) {
@@ -602,6 +600,7 @@ int tg_nb_written(tg_nb *nb, unsigned link, size_t n) {
 static void mark_down(tg_nb *nb, unsigned link, int code) {
   tg__eng_closed(&nb->eng, link, code);
   nb->down[link] = code;
+  nb->last_down = code;
   nb->eng.want_refresh = nb->eng.cfg.cluster;
   settle(nb);
 }

@@ -26,9 +26,14 @@
 #include "redis_server.h"
 #include "tollgate.h"
 
+#include <arpa/inet.h>
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #define MS(x) ((uint64_t)(x)*UINT64_C(1000))
 
@@ -878,6 +883,83 @@ static void thousand_in_flight_on_one_thread(void **state) {
   tg_nb_destroy(nb);
 }
 
+/* A call cut while it was being written did not run: it goes again on
+ * the next connection, runs once, and counts in resent (the header's
+ * third reason). Driven by hand: five bytes of it written, then the
+ * connection closed. */
+static int cut_dial(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)rs_port());
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_true(fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+  return fd;
+}
+
+static void cut_out(tg_nb *nb, int fd, size_t limit) {
+  size_t total = 0;
+  const void *p;
+  size_t n;
+  while (total < limit && (tg_nb_output(nb, 0, &p, &n), n > 0)) {
+    if (n > limit - total)
+      n = limit - total;
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    assert_true(w > 0);
+    assert_int_equal(tg_nb_written(nb, 0, (size_t)w), 0);
+    total += (size_t)w;
+  }
+}
+
+static void cut_pump(tg_nb *nb, int fd) {
+  char buf[4096];
+  while (tg_nb_wants(nb, 0) & TG_NB_READ) {
+    struct pollfd pf = {fd, POLLIN, 0};
+    assert_true(poll(&pf, 1, 5000) > 0);
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    assert_true(n > 0);
+    assert_int_equal(tg_nb_input(nb, 0, buf, (size_t)n), 0);
+    cut_out(nb, fd, SIZE_MAX);
+  }
+}
+
+static void cut_write_is_resent(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_FIXED_WINDOW, "cut");
+  tg_nb *nb = nb_make(&cfg);
+  tg_quota q = {.limit = 100, .period_ms = 60000};
+  int fd = cut_dial();
+  assert_int_equal(tg_nb_connected(nb, 0), 0);
+  cut_out(nb, fd, SIZE_MAX);
+  cut_pump(nb, fd); /* the handshake */
+  tg_nb_req r;
+  memset(&r, 0, sizeof r);
+  r.key = "k";
+  r.key_len = 1;
+  r.q = &q;
+  r.cost = 1;
+  assert_int_equal(tg_nb_submit(nb, &r), 0);
+  cut_out(nb, fd, 5);
+  close(fd);
+  assert_int_equal(tg_nb_closed(nb, 0, TG_ECONNECT), 0);
+  assert_null(tg_nb_done(nb));
+  fd = cut_dial();
+  assert_int_equal(tg_nb_connected(nb, 0), 0);
+  cut_out(nb, fd, SIZE_MAX);
+  cut_pump(nb, fd);
+  assert_ptr_equal(tg_nb_done(nb), &r);
+  assert_int_equal(r.status, 0);
+  assert_int_equal(r.result.count, 1); /* it ran once */
+  tg_stats st;
+  assert_int_equal(tg_nb_stats(nb, &st, sizeof st), 0);
+  assert_int_equal(st.resent, 1);
+  close(fd);
+  tg_nb_destroy(nb);
+}
+
 /* ---- what is resent, what is not --------------------------------------------
  */
 
@@ -1443,13 +1525,48 @@ static void shadow_and_hook(void **state) {
   tg_nb_destroy(nb);
 }
 
+/* A Cluster client whose links all went down answers the calls waiting
+ * for a slot map with the code of the link that went down last, whatever
+ * the links' order (no server needed: nothing is sent). */
+static void all_down_last_code(void **state) {
+  (void)state;
+  const int codes[2] = {TG_ETIMEDOUT, TG_ECONNECT};
+  for (unsigned first = 0; first < 2; first++) {
+    tg_redis_config rc;
+    tg_redis_config_init(&rc);
+    rc.cluster_nodes = "127.0.0.1:1,127.0.0.1:2";
+    tg_config c;
+    tg_config_init(&c);
+    c.redis = &rc;
+    tg_nb *nb;
+    assert_int_equal(tg_nb_new(&nb, &c), 0);
+    tg_quota q = {.limit = 10, .period_ms = 1000};
+    tg_nb_req r;
+    memset(&r, 0, sizeof r);
+    r.key = "k";
+    r.key_len = 1;
+    r.q = &q;
+    r.cost = 1;
+    assert_int_equal(tg_nb_submit(nb, &r), 0);
+    unsigned second = 1 - first;
+    assert_int_equal(tg_nb_down(nb, first, codes[first]), 0);
+    assert_int_equal(tg_nb_down(nb, second, codes[second]), 0);
+    tg_nb_req *d = tg_nb_done(nb);
+    assert_ptr_equal(d, &r);
+    assert_int_equal(d->status, codes[second]);
+    tg_nb_destroy(nb);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(all_down_last_code),
       cmocka_unit_test_setup(nb_config_is_validated, server_up),
       cmocka_unit_test_setup(nb_matches_tg_hit, server_up),
       cmocka_unit_test_setup(thousand_in_flight_on_one_thread, server_up),
       cmocka_unit_test_setup(timed_out_call_is_not_resent, server_up),
       cmocka_unit_test_setup(noscript_is_resent, server_up),
+      cmocka_unit_test_setup(cut_write_is_resent, server_up),
       cmocka_unit_test_setup(path_follows_the_server, server_up),
       cmocka_unit_test_setup(server_down_then_back, server_up),
       cmocka_unit_test_setup(auth_socket_and_database, server_up),

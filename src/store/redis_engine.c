@@ -515,8 +515,10 @@ void tg__eng_closed(tg__eng *e, uint32_t id, int code) {
       if (full) {
         complete(e, as_call(it), code); /* it may have run: never resent */
       } else {
+        /* not written in full: it did not run, and goes again */
         as_call(it)->asked = 0;
         push(&again, it);
+        count(e, &e->cfg.stats->resent);
       }
       break;
     case TG__EK_SLOTS:
