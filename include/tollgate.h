@@ -520,7 +520,10 @@ TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
  * memory (or shm) store has reclaimed a key, any key it does not hold,
  * reclaimed or never seen, is evaluated no earlier than the latest moment at
  * which a reclaimed state expired (the reclaim horizon), so a clock stepping
- * back cannot revive a reclaimed count as fresh; but never further past the
+ * back cannot revive a reclaimed count as fresh (the first call's numbers
+ * are then those at the horizon: its reset_after_ms short of the caller's
+ * by the lag, and a bucket's remaining what it will be then); but never
+ * further past the
  * call's now than the longest period (a bucket's: burst * T) of any key the
  * table has held, at most TG_PERIOD_MAX_MS: after a clock jump forward and
  * back, new keys run on the real time. A horizon beyond now +
@@ -595,7 +598,9 @@ TG_EXTERN int tg_expires_at_at(tg_limiter *lim, uint64_t now_us,
 
 /* Deletes the key's state (it becomes fresh). Deleting an unknown key is not
  * an error. The next call on the key behaves exactly as on a key never seen,
- * at that call's own now (the reclaim horizon does not apply to it). The
+ * at that call's own now (the reclaim horizon does not apply to it while
+ * the emptied key is held, see below; once reclaimed it is a key the
+ * table does not hold). The
  * memory and shm stores keep the emptied key in its slot until a cleaning
  * pass or a full table reclaims it (so it still counts in tg_key_count);
  * resetting takes no table lock, and for a sliding log only that log's
@@ -708,7 +713,9 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  *
  * Redis Cluster and hash tags: the store names a key prefix ":{" key "}:"
  * algorithm, so a name's Cluster slot is that of its key bytes up to the
- * first "}" (the hash tag). A policy's names must all be in one slot, or it
+ * first "}" (the hash tag; a key that starts with "}" makes an empty tag,
+ * which Redis ignores: its names then hash whole, each algorithm's to its
+ * own slot). A policy's names must all be in one slot, or it
  * is TG_EINVAL (denied_by names the first rule out of place), on one server
  * too (so a policy that works there works on a Cluster): give the keys
  * of one policy a common beginning ended by "}", e.g. "acme}user:42" and
@@ -1035,7 +1042,8 @@ typedef struct tg_stats {
   uint64_t ask;
   /* Redis Cluster store and tg_nb: calls sent again because the server said
    * they had not run (NOSCRIPT, the module unloaded) or a connection was
-   * lost before they were written in full. */
+   * lost before they were written to it in full (calls encoded for it and
+   * not yet written included). */
   uint64_t resent;
   /* Redis Cluster: slot maps fetched. */
   uint64_t slot_refreshes;
@@ -1204,7 +1212,9 @@ struct tg_custom_store {
  * stay counted; its caller never saw it). A long-key chunk or log block
  * that was being handed out at that instant can be lost to the table. A
  * process that dies while creating the segment leaves it without its magic
- * number, and the next process to open the name initialises it again.
+ * number, and the next process to open the name with the same
+ * configuration initialises it again (one with another size gets
+ * TG_ECORRUPT until the name is unlinked).
  *
  * Lock timeouts. A lock held by a live process is waited for, and one
  * operation waits at most lock_timeout_ms (default 2 s) in all, however
@@ -1320,14 +1330,19 @@ TG_EXTERN size_t tg_region_bytes(const tg_config *cfg);
  *
  * Values are the limiter's state as decimal text (documented in
  * src/store/redis_value.h); a value that is not one of ours (another
- * program's key, another type) is TG_ECORRUPT and is left untouched.
+ * program's key, another type) is TG_ECORRUPT and is left untouched, but
+ * by tg_reset, which deletes the name whatever it holds (the module's
+ * TG.RESET refuses such a value, as TG_ECORRUPT).
  *
  * The Redis module: when the server has loaded tollgate.so (README.md, "The
  * Redis module"), a connection finds it once, when it opens (COMMAND INFO
  * TG.STEP), and sends each call as the module's TG.STEP command (TG.STEP_RO
  * for calls that cannot write) instead of the script: the same step,
  * compiled, in the server, on the same values and key names, with the same
- * answers and failure codes; nothing to configure (a user whose ACL
+ * answers and failure codes (but one: every call on a sliding log may drop
+ * its expired entries, so the store sends it as TG.STEP, which a server
+ * over maxmemory refuses, TG_ESTORE, where the script, writing only when
+ * an entry did expire, answers a read); nothing to configure (a user whose ACL
  * forbids COMMAND gets the script). A connection keeps what it found until
  * it reconnects, except that one whose module is unloaded turns to the
  * script at once and sends the call again (it did not run). The module's
@@ -1724,7 +1739,8 @@ typedef struct tg_nb_rule {
 #define TG_NB_READ 4u    /* replies are due: read and tg_nb_input them */
 
 /* Makes a client from cfg (copied; cfg->redis must be set). Returns
- * TG_EINVAL for what tg_limiter_new refuses, a NULL argument or no redis;
+ * TG_EINVAL for what tg_limiter_new refuses (but pool_size and the other
+ * I/O settings it does not use, see above), a NULL argument or no redis;
  * TG_ENOTSUP in a build without hiredis; TG_ENOMEM. Connects nothing. */
 TG_EXTERN int tg_nb_new(tg_nb **out, const tg_config *cfg);
 /* Frees everything; pending requests are abandoned (the caller's memory,
