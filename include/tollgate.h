@@ -1042,8 +1042,8 @@ typedef struct tg_stats {
   uint64_t ask;
   /* Redis Cluster store and tg_nb: calls sent again because the server said
    * they had not run (NOSCRIPT, the module unloaded) or a connection was
-   * lost before they were written to it in full (calls encoded for it and
-   * not yet written included). */
+   * lost before they were written to it in full (counted as they are
+   * sent again). */
   uint64_t resent;
   /* Redis Cluster: slot maps fetched. */
   uint64_t slot_refreshes;

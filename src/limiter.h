@@ -146,6 +146,14 @@ void tg__reservation_receipt(tg_reservation *out, tg_algorithm alg,
 /* True for the codes a store fails with (the failure policy answers). */
 bool tg__store_failure(int rc);
 
+/* True for the codes of input a call could not run with (the caller's:
+ * arguments, key, quota, time, an operation or value the algorithm does
+ * not take), which shadow mode never answers allowed. */
+static inline bool tg__input_error(int rc) {
+  return rc == TG_EINVAL || rc == TG_EKEY || rc == TG_EQUOTA ||
+         rc == TG_ENOTSUP || rc == TG_ERANGE || rc == TG_ETIME;
+}
+
 /* The result written when a call fails: the policy's answer for a store
  * failure, "not allowed, never" for invalid input. */
 void tg__limiter_failure(const tg_limiter *lim, int rc, const tg_quota *q,
@@ -155,8 +163,8 @@ void tg__limiter_failure(const tg_limiter *lim, int rc, const tg_quota *q,
 
 /* A policy refused before it was decided (rules.c), as tg_hit_rules
  * refuses one: every rule's result and the answer are rule at's failure
- * answer; rule at's own invalid input is counted (count), a misfit of the
- * stores is not. Returns rc. */
+ * answer, counted on rule at's limiter when count is set (invalid input,
+ * a misfit). Returns rc. */
 int tg__rules_refuse(tg_rule *rules, size_t n, size_t at, int rc, bool count,
                      tg_rules_result *out);
 
@@ -236,8 +244,9 @@ void tg__limiter_done_slow(tg_limiter *lim, int rc, tg_result *r, bool shadow,
 /* After a decision: counts its real answer *r (and rc), turns *r into
  * shadow mode's answer when the limiter is in shadow mode or the call asks
  * for it (`shadow`: a policy's TG_RULES_SHADOW), then calls the hook if one
- * is set. Shadow mode answers decisions and store failures, never invalid
- * input (that answer stays "not allowed, never"). A result already marked
+ * is set. Shadow mode answers decisions, store failures and errors the
+ * state caused (TG_EOVERFLOW), never invalid input (tg__input_error: that
+ * answer stays "not allowed, never"). A result already marked
  * shadow_denied while allowed (a shadow reservation let go at once that
  * would have waited) counts, and is hooked, as a shadow denial. Inline, for its
  * common case: an answer (no failure), no shadow mode, no hook tests one flag
@@ -261,7 +270,7 @@ static inline void tg__limiter_done_all(tg_limiter *lim, int rc, tg_result *r,
   bool own;
   tg__shard *sh = tg__shard_get(lim->stats, &own);
   bool real = r->allowed && !r->shadow_denied;
-  if (rc != TG_OK && !tg__store_failure(rc))
+  if (tg__input_error(rc))
     shadow = false; /* invalid input is refused, in shadow mode too */
   if (rc == TG_OK) {
     tg__count(sh, own,

@@ -199,11 +199,13 @@ static int submit(tg_nb *nb, const uint64_t *now, tg_nb_req *req) {
   req->delay_ns = req->delay_ms = 0;
   req->denied_by = TG_RULE_NONE;
   req->tightest = 0;
-  int rc = req->flags & ~(TG_NB_RULE | TG_NB_RESERVE) ||
-                   (reserve && req->max_wait_ms > TG_PERIOD_MAX_MS)
+  int rc = req->flags & ~(TG_NB_RULE | TG_NB_RESERVE)
                ? TG_EINVAL
                : tg__limiter_prepare(nb->lim, op, now, req->key, req->key_len,
                                      req->q, req->cost, c);
+  /* the call's input, then its wait, as tg_reserve checks them */
+  if (rc == TG_OK && reserve && req->max_wait_ms > TG_PERIOD_MAX_MS)
+    rc = TG_EINVAL;
   if (rc != TG_OK) {
     tg__limiter_invalid(nb->lim, rc, req->key, req->key_len, req->q, req->cost,
                         &req->result);

@@ -269,14 +269,15 @@ static inline void shadow_call(tg_rules_result *out, bool all_shadow) {
  * rule. A store failure in shadow mode (the call's, or that rule's
  * limiter's) is then answered as shadow mode answers one: the answer, and
  * every rule's result, which is the answer, allowed, shadow_denied when
- * the failure policy denied. Refused input stays refused. Returns rc. */
+ * the failure policy denied. Refused input (tg__input_error) stays
+ * refused. Returns rc. */
 static int store_failed(tg_rule *rules, size_t n, size_t at, int rc,
                         bool all_shadow, tg_rules_result *out) {
   fail(rules, n, at, rc, out);
   tg_rule *ru = &rules[at];
   tg__limiter_done(ru->lim, rc, &ru->result, all_shadow, ru->key, ru->key_len,
                    ru->q, ru->cost, true);
-  if (tg__store_failure(rc) && (all_shadow || ru->lim->shadow) &&
+  if (!tg__input_error(rc) && (all_shadow || ru->lim->shadow) &&
       !out->r.allowed) {
     shadow_call(out, true);
     for (size_t i = 0; i < n; i++)

@@ -773,6 +773,7 @@ static void policy_input_is_validated(void **state) {
   /* another server, no client, one key twice, a bad rule's own input */
   r[1] = RULE(other, "t}b");
   assert_int_equal(tg_nb_submit_rules(nb, &req, r, 2, 0), TG_EINVAL);
+  assert_int_equal(req.denied_by, 1); /* the rule out of place */
   r[1] = RULE(NULL, "t}b");
   assert_int_equal(tg_nb_submit_rules(nb, &req, r, 2, 0), TG_EINVAL);
   r[1] = RULE(nb, "u}b"); /* another slot, on one server too */
@@ -956,7 +957,16 @@ static void cut_write_is_resent(void **state) {
   tg_stats st;
   assert_int_equal(tg_nb_stats(nb, &st, sizeof st), 0);
   assert_int_equal(st.resent, 1);
+  /* cut again, then the link is down: the call fails with its code and is
+   * not sent again, so it does not count */
+  assert_int_equal(tg_nb_submit(nb, &r), 0);
+  cut_out(nb, fd, 5);
   close(fd);
+  assert_int_equal(tg_nb_down(nb, 0, TG_ECONNECT), 0);
+  assert_ptr_equal(tg_nb_done(nb), &r);
+  assert_int_equal(r.status, TG_ECONNECT);
+  assert_int_equal(tg_nb_stats(nb, &st, sizeof st), 0);
+  assert_int_equal(st.resent, 1);
   tg_nb_destroy(nb);
 }
 
@@ -1335,6 +1345,9 @@ static void reserve_matches_tg_reserve(void **state) {
                      .flags = TG_NB_RESERVE,
                      .max_wait_ms = TG_PERIOD_MAX_MS + 1};
     assert_int_equal(tg_nb_submit(nb, &bad), TG_EINVAL);
+    /* the key before the wait, as tg_reserve checks them */
+    bad.key_len = 0;
+    assert_int_equal(tg_nb_submit(nb, &bad), TG_EKEY);
     nbp_close_all(&d);
     tg_nb_destroy(nb);
     tg_limiter_destroy(red);

@@ -964,11 +964,15 @@ static void test_misfit_named(void **state) {
   r[2].key_len = 0; /* empty, tagged or not */
   assert_int_equal(tg_hit_rules_at(T0, r, 3, 0, &out), TG_EKEY);
   assert_int_equal(out.denied_by, 2);
-  /* with valid input, the misfit is rule 1 */
+  /* with valid input, the misfit is rule 1, counted on its limiter */
   r[2] = rule(lim, "mn:c", &q, 1);
+  tg_limiter *cl = c.lim[TG_FIXED_WINDOW];
+  assert_int_equal(tg_limiter_stats(cl, &before, sizeof before), 0);
   assert_int_equal(tg_hit_rules_at(T0, r, 3, 0, &out), TG_EINVAL);
   assert_int_equal(out.denied_by, 1);
   assert_int_equal(r[1].status, TG_EINVAL);
+  assert_int_equal(tg_limiter_stats(cl, &after, sizeof after), 0);
+  assert_int_equal(after.errors[1] - before.errors[1], 1);
   uint64_t v = 9;
   assert_int_equal(get_at(lim, T0, "mn:a", &q, &v), 0);
   assert_int_equal(v, 0); /* nothing consumed by any of it */
@@ -1017,6 +1021,15 @@ static void test_shadow_refuses_input(void **state) {
   assert_int_equal(st.errors[2], 3); /* TG_EKEY: the hit and two policies */
   assert_int_equal(st.errors[3], 1);
   assert_int_equal(st.errors[1], 1);
+  tg_limiter_destroy(s);
+  /* an error the key's state causes is not the caller's input: shadow
+   * mode answers it, as any other denial */
+  cfg.algorithm = TG_FIXED_WINDOW;
+  assert_int_equal(tg_limiter_new(&s, &cfg), 0);
+  assert_int_equal(tg_set_at(s, T0, "o", 1, &q, UINT64_MAX), 0);
+  assert_int_equal(tg_hit_at(s, T0, "o", 1, &q, 1, &r), TG_EOVERFLOW);
+  assert_true(r.allowed);
+  assert_true(r.shadow_denied);
   tg_limiter_destroy(s);
 }
 

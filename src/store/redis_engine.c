@@ -264,7 +264,7 @@ static void route(tg__eng *e, tg__ereq *r) {
 
 void tg__eng_submit(tg__eng *e, tg__ereq *r) {
   r->status = TG_OK;
-  r->asking = r->asked = r->redirects = r->parked = 0;
+  r->asking = r->asked = r->redirects = r->parked = r->cut = 0;
   r->moved_by = TG__NO_NODE;
   e->pending++;
   if (!e->cfg.cluster) {
@@ -321,12 +321,16 @@ static bool put_load(tg__elink *L, tg__eitem *it) {
 
 /* Call r's command (ASKING first when an ASK sent it here), taken from
  * the list `from`: false when it does not fit now. */
-static bool put_call(tg__elink *L, tg__ereq *r, list *from, int argc,
-                     const char *const *argv, const size_t *len) {
+static bool put_call(tg__eng *e, tg__elink *L, tg__ereq *r, list *from,
+                     int argc, const char *const *argv, const size_t *len) {
   size_t size = tg__resp_command_size(argc, argv, len);
   if (!room(L, size + (r->asking ? ASKING_LEN : 0)))
     return false;
   pop(from);
+  if (r->cut) { /* cut while written before: sent again now */
+    r->cut = 0;
+    count(e, &e->cfg.stats->resent);
+  }
   if (r->asking) {
     memcpy(L->out + L->len, ASKING, ASKING_LEN);
     L->len += ASKING_LEN;
@@ -369,7 +373,7 @@ static void fill(tg__eng *e, tg__elink *L) {
     if (r->rules) {
       const tg__redis_rules_args *ra =
           tg__redis_rules_encode(r->rules, r->module, L->sha);
-      if (!put_call(L, r, from, ra->n, ra->v, ra->len))
+      if (!put_call(e, L, r, from, ra->n, ra->v, ra->len))
         return;
       continue;
     }
@@ -383,7 +387,7 @@ static void fill(tg__eng *e, tg__elink *L) {
     } else {
       tg__redis_encode(e->cfg.codec, &r->call, r->module, L->sha, &a);
     }
-    if (!put_call(L, r, from, a.n, a.v, a.len))
+    if (!put_call(e, L, r, from, a.n, a.v, a.len))
       return;
   }
 }
@@ -515,10 +519,11 @@ void tg__eng_closed(tg__eng *e, uint32_t id, int code) {
       if (full) {
         complete(e, as_call(it), code); /* it may have run: never resent */
       } else {
-        /* not written in full: it did not run, and goes again */
+        /* not written in full: it did not run, and goes again (counted
+         * in resent when it does: it may fail here first) */
         as_call(it)->asked = 0;
+        as_call(it)->cut = 1;
         push(&again, it);
-        count(e, &e->cfg.stats->resent);
       }
       break;
     case TG__EK_SLOTS:

@@ -90,6 +90,8 @@ typedef struct tg__ereq {
   uint8_t asked;     /* ASKING's reply is due before the call's own */
   uint8_t redirects;
   uint8_t parked; /* waiting for the slot map */
+  uint8_t cut;    /* a connection was lost while it was being written: it
+                     counts in resent when it is sent again */
   uint8_t del;    /* not the call's command but DEL of its key (a reset):
                      status TG_OK, out unused */
   uint8_t module; /* last sent as the module's command (else the script's):

@@ -1268,6 +1268,7 @@ take_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
     }
     /* lost a race: w0, w1 are current; the step runs again on them */
   }
+  tok->peek_owed = false; /* the call goes on elsewhere, which fills it */
   return false;
 }
 

@@ -119,9 +119,14 @@ class Metrics(unittest.TestCase):
             v = r.execute_command("TG.POLICY", *args)
             self.assertEqual(v[0], 1)
             self.assertEqual(v[6], -1)
+            # 17 rules (69 arguments, within a request's bound): refused by
+            # the rule count, the connection kept
+            plain = []
+            for i in range(17):
+                plain += ["p%d" % i, "token_bucket", 10, 1000]
             with self.assertRaises(redis.ResponseError):
-                r.execute_command("TG.POLICY", *(args + ["y", "token_bucket",
-                                                         10, 1000]))
+                r.execute_command("TG.POLICY", *plain)
+            self.assertEqual(r.execute_command("PING"), True)
             r.close()
 
 
