@@ -199,7 +199,7 @@ static int submit(tg_nb *nb, const uint64_t *now, tg_nb_req *req) {
   req->delay_ns = req->delay_ms = 0;
   req->denied_by = TG_RULE_NONE;
   req->tightest = 0;
-  int rc = req->flags & ~(TG_NB_RULE | TG_NB_RESERVE)
+  int rc = (req->flags & ~(TG_NB_RULE | TG_NB_RESERVE)) != 0
                ? TG_EINVAL
                : tg__limiter_prepare(nb->lim, op, now, req->key, req->key_len,
                                      req->q, req->cost, c);
