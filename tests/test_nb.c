@@ -936,12 +936,7 @@ static void cut_write_is_resent(void **state) {
   assert_int_equal(tg_nb_connected(nb, 0), 0);
   cut_out(nb, fd, SIZE_MAX);
   cut_pump(nb, fd); /* the handshake */
-  tg_nb_req r;
-  memset(&r, 0, sizeof r);
-  r.key = "k";
-  r.key_len = 1;
-  r.q = &q;
-  r.cost = 1;
+  tg_nb_req r = {.key = "k", .key_len = 1, .q = &q, .cost = 1};
   assert_int_equal(tg_nb_submit(nb, &r), 0);
   cut_out(nb, fd, 5);
   close(fd);
@@ -1554,12 +1549,7 @@ static void all_down_last_code(void **state) {
     tg_nb *nb;
     assert_int_equal(tg_nb_new(&nb, &c), 0);
     tg_quota q = {.limit = 10, .period_ms = 1000};
-    tg_nb_req r;
-    memset(&r, 0, sizeof r);
-    r.key = "k";
-    r.key_len = 1;
-    r.q = &q;
-    r.cost = 1;
+    tg_nb_req r = {.key = "k", .key_len = 1, .q = &q, .cost = 1};
     assert_int_equal(tg_nb_submit(nb, &r), 0);
     unsigned second = 1 - first;
     assert_int_equal(tg_nb_down(nb, first, codes[first]), 0);
