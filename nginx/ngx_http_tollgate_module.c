@@ -608,6 +608,25 @@ static ngx_int_t one_variable(ngx_conf_t *cf, ngx_str_t *v) {
   return index == NGX_ERROR ? -1 : index;
 }
 
+/* The library's verdict on a quota (0 or a TG_E* code): it checks it
+ * fully (a rate above one per ns, a tolerance too long), so ask it at
+ * configuration time rather than refuse every request. */
+static int quota_check(tg_algorithm algorithm, const tg_quota *q) {
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = algorithm;
+  cfg.capacity = 16;
+  cfg.clean_period_ms = 0;
+  tg_limiter *probe;
+  int rc = tg_limiter_new(&probe, &cfg);
+  if (rc != 0)
+    return 0; /* no memory now: the first request will say */
+  uint64_t v;
+  rc = tg_get(probe, "k", 1, q, &v);
+  tg_limiter_destroy(probe);
+  return rc;
+}
+
 /* tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N]
  *   [store=redis://HOST:PORT[/DB] | store=redis+unix:PATH |
  *    store=redis-cluster://HOST:PORT[,HOST:PORT...]] [password=P]
@@ -625,6 +644,10 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
   z->timeout = 100;
   z->on_error = TG_POLICY_FAIL_OPEN;
   ngx_str_t zone_arg = ngx_null_string;
+  /* what only a Redis zone takes, as written (refused below on a
+   * shared-memory zone, whatever the value) */
+  bool redis_opt = false;
+  ssize_t size = 0; /* checked once store= is known: a Redis zone ignores it */
   z->file = cf->conf_file->file.name;
   z->line = cf->conf_file->line;
 
@@ -655,7 +678,7 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         continue;
       }
       ngx_str_t s = {(size_t)(v->data + v->len - colon - 1), colon + 1};
-      ssize_t size = s.len ? ngx_parse_size(&s) : NGX_ERROR;
+      size = s.len ? ngx_parse_size(&s) : NGX_ERROR;
       if (size == NGX_ERROR) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "tollgate_zone: invalid zone size in \"%V\" "
@@ -663,14 +686,6 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                            v);
         return NGX_CONF_ERROR;
       }
-      if (size < (ssize_t)(16 * ngx_pagesize)) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "tollgate_zone: zone \"%V\" is too small: at "
-                           "least %uzk",
-                           &z->name, (size_t)(16 * ngx_pagesize) / 1024);
-        return NGX_CONF_ERROR;
-      }
-      z->size = (size_t)size;
     } else if (ngx_strncmp(v->data, "algorithm=", 10) == 0) {
       ngx_str_t a = {v->len - 10, v->data + 10};
       if (parse_algorithm(&a, &z->algorithm) != NGX_OK) {
@@ -711,6 +726,7 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
       z->password = conf_cstr(cf, v->data + 9, v->len - 9);
       if (z->password == NULL)
         return NGX_CONF_ERROR;
+      redis_opt = true;
     } else if (ngx_strncmp(v->data, "timeout=", 8) == 0) {
       ngx_str_t t = {v->len - 8, v->data + 8};
       ngx_int_t ms = ngx_parse_time(&t, 0);
@@ -722,11 +738,14 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
       }
       z->timeout = (ngx_msec_t)ms;
+      redis_opt = true;
     } else if (v->len == 14 &&
                ngx_strncmp(v->data, "on_error=allow", 14) == 0) {
       z->on_error = TG_POLICY_FAIL_OPEN;
+      redis_opt = true;
     } else if (v->len == 13 && ngx_strncmp(v->data, "on_error=deny", 13) == 0) {
       z->on_error = TG_POLICY_FAIL_CLOSED;
+      redis_opt = true;
     } else if (ngx_strncmp(v->data, "on_error=", 9) == 0) {
       ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                          "tollgate_zone: invalid \"%V\" (on_error=allow or "
@@ -739,6 +758,15 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
       return NGX_CONF_ERROR;
     }
   }
+  if (!z->redis && size > 0 && size < (ssize_t)(16 * ngx_pagesize)) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "tollgate_zone: zone \"%V\" is too small: at "
+                       "least %uzk",
+                       &z->name, (size_t)(16 * ngx_pagesize) / 1024);
+    return NGX_CONF_ERROR;
+  }
+  if (!z->redis)
+    z->size = (size_t)size;
   if (z->name.len && z->size == 0 && !z->redis) {
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "tollgate_zone: invalid zone size in \"%V\" "
@@ -752,8 +780,7 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                        "tollgate_zone: \"zone=NAME:SIZE\" is required");
     return NGX_CONF_ERROR;
   }
-  if (!z->redis && (z->password || z->timeout != 100 ||
-                    z->on_error != TG_POLICY_FAIL_OPEN)) {
+  if (!z->redis && redis_opt) {
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "tollgate_zone: \"password=\", \"timeout=\" and "
                        "\"on_error=\" are for a zone with \"store=redis://"
@@ -771,23 +798,11 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                        "token_bucket or leaky_bucket");
     return NGX_CONF_ERROR;
   }
-  /* The library checks the quota fully (a rate above one per ns, a
-   * tolerance too long): ask it now rather than per request. */
-  tg_config probe_cfg;
-  tg_config_init(&probe_cfg);
-  probe_cfg.algorithm = z->algorithm;
-  probe_cfg.capacity = 16;
-  probe_cfg.clean_period_ms = 0;
-  tg_limiter *probe;
-  if (tg_limiter_new(&probe, &probe_cfg) == 0) {
-    uint64_t v;
-    int rc = tg_get(probe, "k", 1, &z->q, &v);
-    tg_limiter_destroy(probe);
-    if (rc != 0) {
-      ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "tollgate_zone: zone \"%V\": %s",
-                         &z->name, tg_strerror(rc));
-      return NGX_CONF_ERROR;
-    }
+  int qrc = quota_check(z->algorithm, &z->q);
+  if (qrc != 0) {
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "tollgate_zone: zone \"%V\": %s",
+                       &z->name, tg_strerror(qrc));
+    return NGX_CONF_ERROR;
   }
 
   tg_ngx_zone **zp = mcf->zones.elts;
@@ -1030,13 +1045,14 @@ static char *resolve_limit(ngx_conf_t *cf, tg_ngx_main_conf *mcf,
   }
   l->q = l->zone->q;
   l->mode = TG_NGX_HIT;
-  if (l->burst == -1 && l->delay == -1) {
+  if (l->burst == -1 && l->delay == -1 && !l->nodelay) {
     l->resolved = 1;
     return NGX_CONF_OK;
   }
   if (!is_bucket(l->zone->algorithm)) {
     ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
-                  "tollgate: \"burst=\" and \"delay=\" need a zone with "
+                  "tollgate: \"burst=\", \"delay=\" and \"nodelay\" need a "
+                  "zone with "
                   "algorithm=token_bucket or leaky_bucket, and zone \"%V\" "
                   "is %s in %V:%ui",
                   &l->zone_name, tg_algorithm_name(l->zone->algorithm),
@@ -1053,7 +1069,29 @@ static char *resolve_limit(ngx_conf_t *cf, tg_ngx_main_conf *mcf,
     uint64_t t_ns = (l->q.period_ms * 1000000 + l->q.limit - 1) / l->q.limit;
     l->q.burst = d + 1;
     l->mode = TG_NGX_RESERVE;
-    l->max_wait_ms = ((b - d) * t_ns + 999999) / 1000000;
+    /* the queue's longest wait, (B - D) * T, refused when the library
+     * would refuse it (TG_PERIOD_MAX_MS), not wrapped around 2^64 */
+    uint64_t n = b - d;
+    if (n > (TG_PERIOD_MAX_MS * UINT64_C(1000000)) / t_ns) {
+      ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                    "tollgate: \"burst=%O\" on zone \"%V\" queues requests "
+                    "for longer than %uL ms, the longest wait there is, "
+                    "in %V:%ui",
+                    (off_t)b, &l->zone_name, (uint64_t)TG_PERIOD_MAX_MS,
+                    &l->file, l->line);
+      return NGX_CONF_ERROR;
+    }
+    l->max_wait_ms = (n * t_ns + 999999) / 1000000;
+  }
+  /* the line's own quota (burst + 1 or delay + 1) must be one the library
+   * takes, as the zone's was: else every request would be refused */
+  int rc = quota_check(l->zone->algorithm, &l->q);
+  if (rc != 0) {
+    ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                  "tollgate: zone \"%V\" with this line's \"burst=\" or "
+                  "\"delay=\": %s, in %V:%ui",
+                  &l->zone_name, tg_strerror(rc), &l->file, l->line);
+    return NGX_CONF_ERROR;
   }
   l->resolved = 1;
   return NGX_CONF_OK;
@@ -1962,6 +2000,18 @@ static void reservation_answered(tg_ngx_loc_conf *lcf, tg_ngx_ctx *ctx, int rc,
     }
     ctx->state = ok ? TG_NGX_DELAYED_DRY_RUN : TG_NGX_REJECTED_DRY_RUN;
     *delay_ms = 0;
+  } else if (rc != 0 && lcf->dry_run && ctx->rr.r.degraded &&
+             !ctx->rr.r.allowed) {
+    /* a store failure the failure policy denied: let through, as
+     * TG_RULES_SHADOW lets a plain policy's through (tg_hit_rules);
+     * refused input (not degraded) stays refused */
+    ctx->rr.r.shadow_denied = 1;
+    ctx->rr.r.allowed = 1;
+    for (ngx_uint_t i = 0; i < ctx->n; i++) {
+      ctx->rules[i].result.shadow_denied = 1;
+      ctx->rules[i].result.allowed = 1;
+    }
+    *delay_ms = 0;
   }
 }
 
@@ -2251,10 +2301,17 @@ static ngx_int_t decided_slow(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
   }
   if (!res->allowed) {
     ctx->state = TG_NGX_REJECTED;
-    ngx_log_error(lcf->log_level, log, 0,
-                  "tollgate: rejecting request by zone \"%V\", retry after "
-                  "%uL ms",
-                  zname, res->retry_after_ms);
+    if (res->retry_after_ms == TG_NEVER) { /* a cost no wait lets through */
+      ngx_log_error(lcf->log_level, log, 0,
+                    "tollgate: rejecting request by zone \"%V\", which "
+                    "never lets it through",
+                    zname);
+    } else {
+      ngx_log_error(lcf->log_level, log, 0,
+                    "tollgate: rejecting request by zone \"%V\", retry after "
+                    "%uL ms",
+                    zname, res->retry_after_ms);
+    }
     return (ngx_int_t)lcf->status;
   }
   if (delay_ms == 0) {
@@ -2294,8 +2351,10 @@ static ngx_int_t tg_ngx_header_filter(ngx_http_request_t *r) {
   if (r != r->main)
     return next_header_filter(r);
   tg_ngx_ctx *ctx = get_ctx(r);
+  /* nothing decided (a cost that could not be read answers 500 before
+   * any line is decided), or the store failed: no numbers to give */
   if (ctx == NULL || ctx->n == 0 || ctx->headers == TG_NGX_HEADERS_OFF ||
-      ctx->state == TG_NGX_FAILED)
+      ctx->state == TG_NGX_UNDECIDED || ctx->state == TG_NGX_FAILED)
     return next_header_filter(r);
   tg_http_limit limits[TG_RULES_MAX];
   for (ngx_uint_t i = 0; i < ctx->n; i++) {

@@ -110,6 +110,8 @@ location /costvar { tollgate zone=tb cost=$arg_cost;
                     try_files /index.html =404; }
 location /two { tollgate zone=w; tollgate zone=big;
                 try_files /index.html =404; }
+location /twocost { tollgate zone=w; tollgate zone=big cost=$arg_cost;
+                    try_files /index.html =404; }
 location /big { tollgate zone=big;
                 add_header X-Remaining $tollgate_remaining always;
                 try_files /index.html =404; }
@@ -341,6 +343,16 @@ location /free { try_files /index.html =404;
         for bad in ("-1", "3x", "1.5"):
             self.assertEqual(n.request("/costvar?k=cv2&cost=" + bad)[0], 500,
                              bad)
+        # a bad cost on the second line: nothing was decided, so the 500
+        # carries no RateLimit fields (it used to give the first line's
+        # unset numbers: r=0 where none was spent)
+        st, h, _ = n.request("/twocost?k=tc&cost=x")
+        self.assertEqual(st, 500)
+        self.assertNotIn("ratelimit", h)
+        self.assertNotIn("ratelimit-policy", h)
+        st, h, _ = n.request("/twocost?k=tc&cost=1")
+        self.assertEqual(st, 200)
+        self.assertIn("ratelimit", h)
 
     def test_cost_above_the_limit_is_never(self):
         # a cost no wait can admit: refused, $tollgate_retry_after "never",
@@ -661,9 +673,28 @@ class ConfigErrors(unittest.TestCase):
              'tollgate: invalid parameter "whatever"'),
             (ok + "tollgate_zone $a zone=w:1m rate=1/1s;"
              "server { location / { tollgate zone=w burst=3; } }",
-             'tollgate: "burst=" and "delay=" need a zone with '
+             'tollgate: "burst=", "delay=" and "nodelay" need a zone with '
              'algorithm=token_bucket or leaky_bucket, and zone "w" is '
              'fixed_window'),
+            # nodelay alone means nothing on a window either
+            (ok + "tollgate_zone $a zone=s:1m algorithm=sliding_window "
+             "rate=1/1s; server { location / { tollgate zone=s nodelay; } }",
+             'and zone "s" is sliding_window'),
+            # a line's own quota (burst + 1) the library refuses: refused
+            # here, not by a 429 on every request
+            ("tollgate_zone $a zone=day:1m algorithm=token_bucket rate=1r/d;"
+             "server { location / { tollgate zone=day burst=50000 nodelay; "
+             "} }", 'tollgate: zone "day" with this line\'s "burst=" or '
+             '"delay=": invalid quota'),
+            # a queue longer than the longest wait there is, and one whose
+            # length overflowed 64 bits (it used to wrap to 26 s)
+            ("tollgate_zone $a zone=dq:1m algorithm=leaky_bucket rate=1r/d;"
+             "server { location / { tollgate zone=dq burst=20000; } }",
+             'tollgate: "burst=20000" on zone "dq" queues requests for '
+             'longer than'),
+            ("tollgate_zone $a zone=mq:1m algorithm=leaky_bucket rate=1r/m;"
+             "server { location / { tollgate zone=mq burst=307445735; } }",
+             'tollgate: "burst=307445735" on zone "mq" queues requests'),
             (ok + "server { location / { tollgate zone=a; "
              "tollgate zone=a cost=2; } }",
              'tollgate: zone "a" is used twice in one place'),
@@ -727,6 +758,11 @@ class ConfigErrors(unittest.TestCase):
              '"password=", "timeout=" and "on_error=" are for a zone with '
              '"store=redis://..."'),
             ("tollgate_zone $a zone=x:1m rate=1r/s timeout=1s;",
+             '"password=", "timeout=" and "on_error=" are for a zone'),
+            # refused as written, even with the default values
+            ("tollgate_zone $a zone=x:1m rate=1r/s timeout=100ms;",
+             '"password=", "timeout=" and "on_error=" are for a zone'),
+            ("tollgate_zone $a zone=x:1m rate=1r/s on_error=allow;",
              '"password=", "timeout=" and "on_error=" are for a zone'),
         ]
         for http, message in cases:

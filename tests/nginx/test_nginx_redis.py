@@ -530,7 +530,9 @@ class Outage(unittest.TestCase):
                  " rate=1000/1d store=redis://127.0.0.1:%d timeout=3s;\n"
                  "tollgate_zone $arg_k zone=dflt algorithm=fixed_window_per_key"
                  " rate=1000/1d store=redis://127.0.0.1:%d;\n"
-                 % (store, store, self.redis.port, self.redis.port))
+                 "tollgate_zone $arg_k zone=closedq algorithm=leaky_bucket"
+                 " rate=1000r/d %s on_error=deny;\n"
+                 % (store, store, self.redis.port, self.redis.port, store))
         locs = """
 location /open { tollgate zone=open; add_header X-Status $tollgate_status always;
                  try_files /index.html =404; }
@@ -541,6 +543,10 @@ location /closed { tollgate zone=closed; tollgate_status 503;
 location /dflt { tollgate zone=dflt; add_header X-Status $tollgate_status always;
                  try_files /index.html =404; }
 location /slow { tollgate zone=slow; add_header X-Status $tollgate_status always;
+                 try_files /index.html =404; }
+location /dryq { tollgate zone=closed; tollgate zone=closedq burst=2;
+                 tollgate_dry_run on;
+                 add_header X-Status $tollgate_status always;
                  try_files /index.html =404; }
 """
         self.n = server(locs, zones, workers=1)
@@ -611,6 +617,11 @@ location /slow { tollgate zone=slow; add_header X-Status $tollgate_status always
             self.assertEqual(h["x-retry"], "86400")
             for name in ("retry-after", "ratelimit", "ratelimit-policy"):
                 self.assertNotIn(name, h)
+            # a dry run refuses nothing, a failure denied by on_error=deny
+            # included, also in a policy with a line that queues (it used
+            # to answer 429 there)
+            st, h, dt = timed(n, "/dryq?k=a")
+            self.assertEqual((st, h["x-status"]), (200, "FAILED"))
         self.assertIn('zone "closed": cannot reach the store', n.error_log())
         self.redis.start()  # the same port, empty
         self.assertTrue(self.wait_decided("/open?k=b"))
@@ -700,6 +711,9 @@ location /bad { tollgate zone=bad; add_header X-Status $tollgate_status always;
             self.assertEqual((st, h["x-status"]), (200, "FAILED"))
             self.assertRegex(n.error_log(), r'\[error\] .*tollgate: zone '
                              r'"bad": .*the request is let through')
+            # and the log says why (the server's refusal of AUTH)
+            self.assertRegex(n.error_log(), r'tollgate: zone "bad": .*'
+                             r'AUTH or SELECT was refused: .*')
         finally:
             n.stop()
             redis.close()
@@ -802,8 +816,11 @@ class ConfigErrors(unittest.TestCase):
                     "rate=1r/s store=redis://no-such-host.invalid;",
                     'invalid "store=redis://no-such-host.invalid": host not '
                     'found')
-        # a size on a Redis zone: no shared memory, ignored
+        # a size on a Redis zone: no shared memory, ignored (even one too
+        # small for a shared-memory zone)
         rc, out = ngx.check(z.replace("zone=r ", "zone=r:10m ") + ok[len(z):])
+        self.assertEqual(rc, 0, out)
+        rc, out = ngx.check(z.replace("zone=r ", "zone=r:1k ") + ok[len(z):])
         self.assertEqual(rc, 0, out)
         # several Redis lines in one location: one policy, on one store
         z += ("tollgate_zone $arg_k zone=r2 algorithm=fixed_window "
