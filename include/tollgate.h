@@ -91,8 +91,7 @@ TG_EXTERN const char *tg_version_string(void);
   XX(ENOTSUP, -5, "operation not supported by this algorithm")                 \
   XX(ENOMEM, -6, "out of memory")                                              \
   XX(ERANGE, -7, "value out of range for this algorithm")                      \
-  XX(ETIME, -8,                                                                \
-     "time out of range (clock before 1970 or after TG_NOW_MAX_US)")           \
+  XX(ETIME, -8, "time out of range (after TG_NOW_MAX_US)")                     \
   XX(EFULL, -9, "store is full")                                               \
   XX(ESTORE, -10, "store failure")                                             \
   XX(EBUSY, -11, "a lock is held by another caller")                           \
@@ -123,8 +122,9 @@ TG_EXTERN const char *tg_err_name(int err);
  * field is invalid, which segment was refused and why ("owned by uid 1001,
  * not by this process's effective uid 1000"), how many bytes a full tmpfs
  * could not supply... The string is thread-local (like dlerror), valid until
- * the thread's next tg_limiter_new, and "" when that call succeeded or none
- * was made. Never NULL. */
+ * the thread's next tg_limiter_new or tg_nb_input (which says, the same
+ * way, why it failed), and "" when that call succeeded or none was made.
+ * Never NULL. */
 TG_EXTERN const char *tg_last_error(void);
 
 /* ---- Limits ------------------------------------------------------------ */
@@ -1854,7 +1854,9 @@ TG_EXTERN int tg_nb_output(tg_nb *nb, unsigned link, const void **data,
 TG_EXTERN int tg_nb_written(tg_nb *nb, unsigned link, size_t n);
 
 /* Bytes read from a link's connection, any amount. 0, or a negative code
- * after which the link is closed and down (see above): TG_ESTORE. */
+ * after which the link is closed and down (see above): TG_ESTORE, with
+ * tg_last_error() saying why (the server's refusal of AUTH or SELECT,
+ * bytes that are not RESP...). */
 TG_EXTERN int tg_nb_input(tg_nb *nb, unsigned link, const void *data,
                           size_t len);
 

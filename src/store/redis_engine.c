@@ -18,6 +18,7 @@
 #include "redis_value.h"
 
 #include "../atomic.h"
+#include "../error.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -925,12 +926,18 @@ static int item_done(tg__eng *e, tg__elink *L, tg__eitem *it) {
   case TG__EK_LOAD:
     if (top->type == REDIS_REPLY_STRING && top->len == 40)
       memcpy(L->sha, top->str, 40);
-    else if (!L->module && L->hs_rc == TG_OK)
+    else if (!L->module && L->hs_rc == TG_OK) {
       L->hs_rc = TG_ESTORE; /* no script and no module: nothing to run */
+      tg__error_set("SCRIPT LOAD was refused and the server has no "
+                    "tollgate module: nothing to decide with");
+    }
     break;
   default: /* AUTH, SELECT */
-    if (top->type == REDIS_REPLY_ERROR && L->hs_rc == TG_OK)
+    if (top->type == REDIS_REPLY_ERROR && L->hs_rc == TG_OK) {
       L->hs_rc = TG_ESTORE;
+      tg__error_set("the connection's AUTH or SELECT was refused: %.*s",
+                    (int)(top->len < 200 ? top->len : 200), top->str);
+    }
     break;
   }
   if (--L->hs_left > 0)
@@ -945,6 +952,7 @@ int tg__eng_input(tg__eng *e, uint32_t id, const char *data, size_t len) {
   tg__elink *L = id < TG__NODES_MAX ? e->links[id] : NULL;
   if (!L || L->state == L_CLOSED)
     return TG_ESTORE;
+  tg__error_clear(); /* a failure below says why */
   size_t pos = 0;
   while (pos < len) {
     size_t used;
@@ -956,6 +964,8 @@ int tg__eng_input(tg__eng *e, uint32_t id, const char *data, size_t len) {
     tg__eitem *h = L->flight.head;
     if (rc < 0 || !h || h->end > L->base + L->sent) {
       /* not RESP, or a reply to nothing sent: the stream is lost */
+      tg__error_set(rc < 0 ? "the server's bytes are not RESP"
+                           : "a reply to nothing sent");
       tg__eng_closed(e, id, TG_ESTORE);
       return TG_ESTORE;
     }
