@@ -886,6 +886,72 @@ static void reset_writes_fresh_state(void **state) {
   }
 }
 
+/* A tg_set to a fresh state (a full bucket, an empty window) on a key the
+ * store does not hold creates nothing, as on the memory store and Redis:
+ * a later call with an earlier now then finds no state on either, and
+ * both answer alike (the custom store used to write the state, and a call
+ * 5 s earlier found the bucket drained). The same inside a policy. */
+static void set_fresh_creates_nothing(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 1, .period_ms = 1000, .burst = 1};
+  const uint64_t before = T0 - UINT64_C(5000000);
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    if (a == TG_SLIDING_WINDOW)
+      continue; /* not settable */
+    fx f;
+    fx_open(&f, (tg_algorithm)a, TG_POLICY_FAIL_OPEN, 0);
+    tg_config cfg;
+    tg_config_init(&cfg);
+    cfg.algorithm = (tg_algorithm)a;
+    tg_limiter *mem;
+    assert_int_equal(tg_limiter_new(&mem, &cfg), TG_OK);
+    uint64_t fresh = a == TG_TOKEN_BUCKET ? q.burst : 0;
+    /* a per-key window set to 0 opens a window (it is not fresh), on every
+     * store */
+    bool opens = a == TG_FIXED_WINDOW_PER_KEY;
+    ASSERT_RC(tg_set_at(f.lim, T0, "k", 1, &q, fresh), TG_OK);
+    CALLS(f.r, 1, opens, !opens); /* locked, nothing written */
+    assert_int_equal(map_store_live(f.map), opens);
+    ASSERT_RC(tg_set_at(mem, T0, "k", 1, &q, fresh), TG_OK);
+    tg_result rcs, rm;
+    ASSERT_RC(tg_hit_at(f.lim, before, "k", 1, &q, 1, &rcs), TG_OK);
+    ASSERT_RC(tg_hit_at(mem, before, "k", 1, &q, 1, &rm), TG_OK);
+    assert_true(rcs.allowed);
+    assert_int_equal(rcs.allowed, rm.allowed);
+    assert_int_equal(rcs.remaining, rm.remaining);
+    assert_int_equal(rcs.retry_after_ms, rm.retry_after_ms);
+    assert_int_equal(rcs.reset_after_ms, rm.reset_after_ms);
+    /* in a policy of two rules (both keys locked, on the map directly:
+     * rec holds one lock at a time): a key set fresh, then taken 5 s
+     * earlier, is allowed on both stores */
+    tg_custom_store cs2;
+    map_store_callbacks(f.map, &cs2);
+    tg_config_init(&cfg);
+    cfg.algorithm = (tg_algorithm)a;
+    cfg.clock = sim_read;
+    cfg.clock_ctx = &f.clock;
+    cfg.custom_store = &cs2;
+    tg_limiter *pol;
+    assert_int_equal(tg_limiter_new(&pol, &cfg), TG_OK);
+    ASSERT_RC(tg_set_at(pol, T0, "p", 1, &q, fresh), TG_OK);
+    ASSERT_RC(tg_set_at(mem, T0, "p", 1, &q, fresh), TG_OK);
+    assert_int_equal(map_store_live(f.map), 1 + opens); /* "k" (and "p") */
+    tg_rule rules[2] = {
+        {.lim = pol, .key = "p", .key_len = 1, .q = &q, .cost = 1},
+        {.lim = pol, .key = "z", .key_len = 1, .q = &q, .cost = 1}};
+    tg_rules_result out;
+    ASSERT_RC(tg_hit_rules_at(before, rules, 2, 0, &out), TG_OK);
+    tg_result pm;
+    ASSERT_RC(tg_hit_at(mem, before, "p", 1, &q, 1, &pm), TG_OK);
+    assert_true(out.r.allowed);
+    assert_int_equal(rules[0].result.remaining, pm.remaining);
+    assert_int_equal(rules[0].result.reset_after_ms, pm.reset_after_ms);
+    tg_limiter_destroy(pol);
+    tg_limiter_destroy(mem);
+    fx_close(&f);
+  }
+}
+
 static void clean_and_counts(void **state) {
   (void)state;
   fx f;
@@ -942,6 +1008,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(corrupt_out_of_range_sliding_log,
                                       fx_setup_sliding, fx_teardown),
       cmocka_unit_test(reset_writes_fresh_state),
+      cmocka_unit_test(set_fresh_creates_nothing),
       cmocka_unit_test(clean_and_counts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -82,6 +82,11 @@ static int exec_state(custom *s, const tg__call *c, tg__outcome *o) {
   bool changed;
   tg__state before = st;
   int rc = tg__state_step(c, &st, o, &changed);
+  /* a fresh state where the key was absent is not written, as no store
+   * creates a key for a state equivalent to none (a later call with an
+   * earlier now would count it where the others see nothing) */
+  changed = tg__state_store_needed(c->alg, got == TG_CUSTOM_NOT_FOUND, changed,
+                                   &st, c->now_us);
   if (c->tok && (c->op == TG__OP_TAKE || c->op == TG__OP_RESERVE)) {
     /* the receipt tg_cancel (or a policy's undo) gives back from */
     c->tok->taken = rc == TG_OK && changed;
@@ -199,6 +204,7 @@ typedef struct held {
   custom *s;
   const tg__call *c;
   bool locked;
+  bool absent;        /* the store held no state for the key */
   tg__state st;       /* windows, buckets */
   tg__log lg;         /* sliding: over e */
   tg__entry *e;       /* sliding: log_entries entries */
@@ -226,6 +232,7 @@ static int hold(held *h) {
   if (got != TG_CUSTOM_OK && got != TG_CUSTOM_NOT_FOUND)
     return TG_ESTORE;
   h->locked = true;
+  h->absent = got == TG_CUSTOM_NOT_FOUND;
   h->st = (tg__state){0, 0};
   h->lg = (tg__log){h->e, 0, 0, s->log_entries, 0};
   if (got == TG_CUSTOM_NOT_FOUND)
@@ -285,6 +292,8 @@ static int release(held *h, bool take) {
   } else if (take) {
     tg__state before = h->st;
     int rc = tg__state_step(&t, &h->st, &o, &changed);
+    changed = tg__state_store_needed(c->alg, h->absent, changed, &h->st,
+                                     c->now_us); /* as exec_state */
     if (c->tok) {
       /* the receipt tg_cancel_rules gives back from (tg_reserve_rules) */
       c->tok->taken = rc == TG_OK && changed;
@@ -330,7 +339,7 @@ static int custom_exec_rules(tg__store *const *stores, const tg__call *calls,
   size_t order[TG_RULES_MAX];
   *passed = false;
   for (size_t i = 0; i < n; i++) {
-    h[i] = (held){(custom *)stores[i], &calls[i], false, {0, 0},
+    h[i] = (held){(custom *)stores[i], &calls[i], false, false, {0, 0},
                   {NULL, 0, 0, 0, 0},  NULL,      NULL,  0};
     size_t j = i;
     for (; j > 0 && key_cmp(&calls[order[j - 1]], &calls[i]) > 0; j--)
