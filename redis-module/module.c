@@ -604,7 +604,7 @@ static int step_command_any(RedisModuleCtx *ctx, RedisModuleString **argv,
                             int argc, bool writable) {
   if (argc != 10 && !(TAKES_WAITS && argc == 11))
     return RedisModule_ReplyWithError(ctx, "TGARG wrong number of arguments");
-  uint64_t alg, op, now = UINT64_MAX, cap, wait = 0;
+  uint64_t alg, op, now = 0, cap, wait = 0;
   tg_quota q;
   kcall k = {.ctx = ctx, .name = argv[1]};
   if (!num_arg(argv[2], false, &alg) || alg >= TG_ALGORITHM_COUNT ||
@@ -627,7 +627,7 @@ static int step_command_any(RedisModuleCtx *ctx, RedisModuleString **argv,
   if (rc != TG_OK)
     return reply_code(ctx, rc, NULL);
   k.server_us = server_now_us();
-  k.caller_now = now != UINT64_MAX;
+  k.caller_now = arg_of(argv[4]).len > 0; /* "": the server's clock */
   k.c.now_us = k.caller_now ? now : k.server_us;
   if (k.c.now_us > TG_NOW_MAX_US)
     return reply_code(ctx, TG_ETIME, NULL);
@@ -747,9 +747,10 @@ static int steps_command(RedisModuleCtx *ctx, RedisModuleString **argv,
   }
   if (!shaped)
     return RedisModule_ReplyWithError(ctx, "TGARG wrong number of arguments");
-  uint64_t now = UINT64_MAX;
+  uint64_t now = 0;
   if (!num_arg(argv[2 + n], true, &now))
     return RedisModule_ReplyWithError(ctx, "TGARG malformed arguments");
+  bool caller_now = arg_of(argv[2 + n]).len > 0; /* "": the server's clock */
   kcall k[TG_RULES_MAX];
   uint32_t cap[TG_RULES_MAX];
   bool shadow[TG_RULES_MAX];
@@ -776,7 +777,7 @@ static int steps_command(RedisModuleCtx *ctx, RedisModuleString **argv,
     if (rc != TG_OK)
       return reply_code(ctx, rc, NULL);
     k[r].server_us = server_us;
-    k[r].caller_now = now != UINT64_MAX;
+    k[r].caller_now = caller_now;
     k[r].c.now_us = k[r].caller_now ? now : server_us;
     if (k[r].c.now_us > TG_NOW_MAX_US)
       return reply_code(ctx, TG_ETIME, NULL);
