@@ -233,6 +233,28 @@ static void a_request_longer_than_the_limit_is_refused(void **state) {
   assert_int_equal(parse(buf, len), RESP_TOO_BIG);
   assert_true(args * (int)RESP_MAX_BULK <= (int)RESP_MAX_REQUEST + 16 * 1024);
 
+  /* RESP_MAX_REQUEST bytes that end inside a bulk header's digits: the
+   * request can only be longer, and is refused now (a server whose buffer
+   * is full could not read the byte that proves it, and spun) */
+  len = 0;
+  len += (size_t)sprintf(buf, "*6\r\n");
+  for (int i = 0; i < 3; i++) {
+    len += (size_t)sprintf(buf + len, "$16384\r\n");
+    memset(buf + len, 'a', 16384);
+    len += 16384;
+    memcpy(buf + len, "\r\n", 2);
+    len += 2;
+  }
+  len += (size_t)sprintf(buf + len, "$16330\r\n");
+  memset(buf + len, 'b', 16330);
+  len += 16330;
+  memcpy(buf + len, "\r\n$", 3);
+  len += 3;
+  assert_true(len < RESP_MAX_REQUEST);
+  memset(buf + len, '1', RESP_MAX_REQUEST - len);
+  assert_int_equal(parse(buf, RESP_MAX_REQUEST - 1), RESP_INCOMPLETE);
+  assert_int_equal(parse(buf, RESP_MAX_REQUEST), RESP_TOO_BIG);
+
   /* an inline line with no end in sight */
   memset(buf, 'a', RESP_MAX_REQUEST);
   assert_int_equal(parse(buf, RESP_MAX_REQUEST - 1), RESP_INCOMPLETE);

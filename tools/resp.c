@@ -177,6 +177,13 @@ resp_status resp_parse(const char *buf, size_t len, resp_request *req) {
     return RESP_INCOMPLETE;
   resp_status st = buf[0] == '*' ? parse_multibulk(buf, len, req)
                                  : parse_inline(buf, len, req);
+  if (st == RESP_INCOMPLETE && len >= RESP_MAX_REQUEST) {
+    /* RESP_MAX_REQUEST bytes and still no whole request (a header cut
+     * inside its digits, say): it can only be longer. Said now, since
+     * the connection cannot hold the byte that would prove it. */
+    req->error = "Protocol error: request too long";
+    st = RESP_TOO_BIG;
+  }
   if (st != RESP_OK)
     req->argc = 0;
   return st;

@@ -406,8 +406,11 @@ static int conn_readable(server *s, conn *c) {
     }
     dst = c->in + c->in_len;
     room = c->in_cap - c->in_len;
-    if (room == 0) /* cannot happen: the parser refuses such a request */
-      return conn_flush(s, c);
+    if (room == 0) { /* cannot happen: the parser refuses a full buffer
+                        (resp_parse); were it to, not reading would spin */
+      conn_close(s, c, false);
+      return -1;
+    }
   }
   ssize_t n = read(c->it.fd, dst, room);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
