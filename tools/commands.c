@@ -209,40 +209,61 @@ static int parse_tg(const call *c, tg__cmd_id id, tg_args *t) {
  * reaches the limiter. Returns false after writing that reply. A store that
  * cannot say whether the key is fresh lets the request through: the request
  * itself then meets the same failure and answers by the failure policy. */
-static bool may_create(const call *c, tg_args *t) {
+/* Whether the write t would create its key (the key's state is fresh).
+ * A key that cannot be read is not counted: the request goes on to meet
+ * the failure (and, if this call waited for a stuck lock, must not wait
+ * again). */
+static bool creates(const call *c, tg_args *t) {
   cmd_ctx *ctx = c->ctx;
-  if (!ctx->new_keys)
-    return true;
   uint64_t at;
   int rc =
       ctx->store_time
           ? tg_expires_at(t->lim, t->key, t->key_len, &t->q, &at)
           : tg_expires_at_at(t->lim, c->now_us, t->key, t->key_len, &t->q, &at);
   if (rc != TG_OK) {
-    /* the request goes on to meet the failure; if this call waited for a
-     * stuck lock, it must not wait again */
     store_done(ctx, t->alg, t->patient, rc);
     t->lim = pick(ctx, t->alg, &t->patient);
-    return true;
+    return false;
   }
-  if (at != 0)
+  return at == 0;
+}
+
+/* Spends `keys` new-key tokens of the client's budget at once (all or
+ * none); false, with the NEWKEYS error written, when it has not that many. */
+static bool spend_new_keys(const call *c, uint64_t keys) {
+  cmd_ctx *ctx = c->ctx;
+  if (keys == 0)
     return true;
   tg_result r;
   static const unsigned char unknown[1] = {'?'};
   const cmd_session *cl = c->cl;
-  rc = tg_hit_at(ctx->new_keys, c->now_us, cl->who_len ? cl->who : unknown,
-                 cl->who_len ? cl->who_len : 1, &ctx->new_keys_q, 1, &r);
+  int rc = tg_hit_at(ctx->new_keys, c->now_us, cl->who_len ? cl->who : unknown,
+                     cl->who_len ? cl->who_len : 1, &ctx->new_keys_q, keys, &r);
   if (r.allowed) /* TG_OK, or a failure the budget's policy let through */
     return true;
   ctx->stats.new_keys_refused++;
-  char msg[160];
-  snprintf(msg, sizeof msg,
-           "this client may create %" PRIu64 " new keys per %" PRIu64
-           " ms (--max-new-keys-per-client); retry in %" PRIu64 " ms",
-           ctx->new_keys_q.limit, ctx->new_keys_q.period_ms,
-           rc == TG_OK ? r.retry_after_ms : ctx->new_keys_q.period_ms);
+  char msg[200];
+  if (rc == TG_OK && r.retry_after_ms == TG_NEVER)
+    snprintf(msg, sizeof msg,
+             "this client may create %" PRIu64 " new keys per %" PRIu64
+             " ms (--max-new-keys-per-client), and this request would "
+             "create %" PRIu64,
+             ctx->new_keys_q.limit, ctx->new_keys_q.period_ms, keys);
+  else
+    snprintf(msg, sizeof msg,
+             "this client may create %" PRIu64 " new keys per %" PRIu64
+             " ms (--max-new-keys-per-client); retry in %" PRIu64 " ms",
+             ctx->new_keys_q.limit, ctx->new_keys_q.period_ms,
+             rc == TG_OK ? r.retry_after_ms : ctx->new_keys_q.period_ms);
   out_error(c->out, "NEWKEYS", msg);
   return false;
+}
+
+/* A write on t spends a new-key token when it creates the key. */
+static bool may_create(const call *c, tg_args *t) {
+  if (!c->ctx->new_keys)
+    return true;
+  return spend_new_keys(c, creates(c, t) ? 1 : 0);
 }
 
 /* TG.HIT's reply for what tg_hit returned, counted in the stats. */
@@ -317,12 +338,18 @@ static void cmd_policy(const call *c) {
     }
     t[i].lim = pick(ctx, cmd->alg, &t[i].patient);
   }
+  /* the keys it would create are paid for at once, all or none: a
+   * refused policy spends nothing (each rule paying in turn spent the
+   * tokens of the rules before the one refused) */
+  uint64_t fresh = 0;
   for (size_t i = 0; i < n; i++) {
-    if (t[i].cost > 0 && !may_create(c, &t[i]))
-      return;
+    if (ctx->new_keys && t[i].cost > 0 && creates(c, &t[i]))
+      fresh++;
     rules[i] =
         (tg_rule){t[i].lim, t[i].key, t[i].key_len, &t[i].q, t[i].cost, 0, {0}};
   }
+  if (!spend_new_keys(c, fresh))
+    return;
   tg_rules_result out;
   int rc = ctx->store_time ? tg_hit_rules(rules, n, 0, &out)
                            : tg_hit_rules_at(c->now_us, rules, n, 0, &out);

@@ -284,7 +284,9 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
     } else if (OPT("--requirepass")) {
       if (r < 0)
         return -1;
-      o->pass = take_secret(argv[i]);
+      /* the value, in place: argv[i] itself, or what follows "=" in it
+       * (--requirepass=VALUE), which alone is blotted out */
+      o->pass = take_secret(argv[i] + (val - argv[i]));
     } else if (OPT("--shm")) {
       if (r < 0 || check_shm_name(val) != 0)
         return -1;

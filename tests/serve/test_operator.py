@@ -210,6 +210,19 @@ class Password(unittest.TestCase):
     def test_a_password_too_long_is_bad_usage(self):
         p = run("--requirepass", "x" * 513)
         self.assertEqual(p.returncode, 2)
+        p = run("--requirepass=")  # empty: not the option's own text
+        self.assertEqual(p.returncode, 2)
+
+    def test_the_password_given_with_equals_is_its_value(self):
+        with Server(TOLLGATE, "--requirepass=hunter2") as srv:
+            with open("/proc/%d/cmdline" % srv.proc.pid, "rb") as f:
+                cmdline = f.read()
+            self.assertNotIn(b"hunter2", cmdline)
+            self.assertIn(b"--requirepass=", cmdline)
+            r = redis.Redis(port=srv.port, password="hunter2",
+                            socket_timeout=30)
+            self.assertTrue(r.ping())
+            r.close()
 
 
 class Limits(unittest.TestCase):
@@ -258,6 +271,29 @@ class Limits(unittest.TestCase):
                              2)
             for c in (tcp, tcp2, ux, ux2):
                 c.close()
+
+    def test_a_refused_policy_spends_no_new_key_tokens(self):
+        with Server(TOLLGATE, "--max-new-keys-per-client", "2/3600000") as srv:
+            r = redis.Redis(port=srv.port, socket_timeout=30)
+            # three new keys at once are more than the budget: refused,
+            # and the two tokens are still there
+            with self.assertRaises(redis.exceptions.ResponseError) as e:
+                r.execute_command("TG.POLICY", "p1", "token_bucket", 5, HOUR,
+                                  "p2", "token_bucket", 5, HOUR,
+                                  "p3", "token_bucket", 5, HOUR)
+            self.assertIn("would create 3", str(e.exception))
+            self.assertEqual(r.dbsize(), 0)
+            v = r.execute_command("TG.POLICY", "p1", "token_bucket", 5, HOUR,
+                                  "p2", "token_bucket", 5, HOUR)
+            self.assertEqual(v[0], 1)
+            self.assertEqual(r.dbsize(), 2)
+            # spent: a third key is refused, one it has is not new
+            with self.assertRaises(redis.exceptions.ResponseError) as e:
+                r.execute_command("TG.HIT", "q1", "token_bucket", 5, HOUR)
+            self.assertIn("retry in", str(e.exception))
+            self.assertEqual(r.execute_command(
+                "TG.HIT", "p1", "token_bucket", 5, HOUR)[0], 1)
+            r.close()
 
     def test_unix_clients_of_another_uid_have_their_own_budget(self):
         if os.geteuid() != 0:
