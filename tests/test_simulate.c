@@ -272,6 +272,15 @@ static void a_refusal_names_the_limit_and_its_value(void **state) {
   p.quota.limit = UINT64_MAX / 2;
   assert_int_equal(sim_check(&p, &n, why, sizeof why), TG_EINVAL);
   assert_int_equal(sim_check(&p, &n, NULL, 0), TG_EINVAL);
+  /* a quota a bucket refuses (tolerance burst x T beyond its bound) is
+   * refused before any run, naming the algorithm */
+  p = (sim_params){.pattern = SIM_BURSTY,
+                   .quota = {1, 1000000000000, 20000000},
+                   .periods = 1,
+                   .keys = 1};
+  assert_int_equal(sim_check(&p, &n, why, sizeof why), TG_EQUOTA);
+  assert_non_null(strstr(why, "token_bucket"));
+  assert_non_null(strstr(why, "--burst 20000000"));
 }
 
 typedef struct seen {

@@ -69,17 +69,17 @@ int cmd_bench(const char *argv0, int argc, char **argv) {
            "its options\n(--quick, --filter TEXT, --reps N, --min-time S).\n");
     return 0;
   }
-  int first = 0;
-  if (argc >= 1) {
-    int i = 0;
+  /* --bench PATH (or --bench=PATH) anywhere; the rest, in order, is the
+   * benchmark's (argv is rewritten in place, shorter) */
+  int kept = 0;
+  for (int i = 0; i < argc; i++) {
     int r = opt_value("bench", argc, argv, &i, "--bench", &explicit_path);
     if (r < 0)
       return 2;
-    if (r > 0)
-      first = i + 1;
+    if (r == 0)
+      argv[kept++] = argv[i];
   }
-  argc -= first;
-  argv += first;
+  argc = kept;
   /* --help-bench: the benchmark's own --help */
   char help[] = "--help";
   char *help_args[] = {help};

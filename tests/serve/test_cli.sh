@@ -129,6 +129,12 @@ bench=$("$TOLLGATE" bench --quick --filter name=clock 2>&1)
 check "bench runs the benchmark suite" has "$bench" "^name=clock"
 check "bench --bench with a missing program fails" \
   eq "$(status "$TOLLGATE" bench --bench /nonexistent)" "1"
+# --bench anywhere among the options, the others passed on in order
+check "bench --bench after other options runs that program" \
+  eq "$("$TOLLGATE" bench --quick --bench /bin/echo --filter x 2>&1)" \
+  "--quick --filter x"
+check "bench --bench=PATH" \
+  eq "$("$TOLLGATE" bench --bench=/bin/echo a 2>&1)" "a"
 
 check "version" has "$("$TOLLGATE" version)" "^tollgate [0-9]"
 check "-V is version" eq "$("$TOLLGATE" -V)" "$("$TOLLGATE" version)"
