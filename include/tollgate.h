@@ -755,6 +755,12 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
 #define TG_RULE_NONE SIZE_MAX
 /* tg_hit_rules flags: the whole decision in shadow mode. */
 #define TG_RULES_SHADOW 1u
+/* tg_reserve_rules (and tg_nb_submit_rules) flags: every rule's wait is in
+ * nanoseconds, not milliseconds (at most TG_PERIOD_MAX_MS * 10^6, else
+ * TG_EINVAL): for a queue bounded to less than a millisecond, such as
+ * limit_req's burst=B at more than 1,000 per second, where B emission
+ * intervals rounded up to a millisecond would admit more than B. */
+#define TG_RULES_WAIT_NS 2u
 
 /* A rule of a policy. The Out fields need no initial value: tg_hit_rules
  * and tg_reserve_rules write them (except when they refuse the call as a
@@ -952,7 +958,9 @@ typedef struct tg_rules_reservation {
  * receipts to fill. Returns 0 when the call was decided (look at out->ok),
  * else a TG_E* code as tg_hit_rules returns them (an invalid wait: that
  * rule's TG_EINVAL or TG_ENOTSUP), with nothing
- * consumed and no receipt to cancel. flags: 0 or TG_RULES_SHADOW. */
+ * consumed and no receipt to cancel. flags: TG_RULES_SHADOW,
+ * TG_RULES_WAIT_NS, both or 0 (another bit: TG_EINVAL, the call refused
+ * as a whole). */
 TG_EXTERN int tg_reserve_rules(tg_rule *rules, size_t n,
                                const uint64_t *max_wait_ms, unsigned flags,
                                tg_rules_reservation *out, tg_reservation *res);
@@ -1695,7 +1703,8 @@ typedef struct tg_nb_req {
   const tg_quota *q;    /* in: read by tg_nb_submit only */
   uint64_t cost;        /* in */
   unsigned flags;       /* in: 0 (as tg_hit), TG_NB_RULE, TG_NB_RESERVE */
-  uint64_t max_wait_ms; /* in, with TG_NB_RESERVE: as tg_reserve's */
+  uint64_t max_wait_ms; /* in, with TG_NB_RESERVE: as tg_reserve's (in ns
+                           with TG_NB_WAIT_NS) */
   void *data;           /* the caller's, never touched */
   int status;           /* out: what tg_hit (or, with a flag, the call
                            it names) would have returned */
@@ -1721,7 +1730,8 @@ typedef struct tg_nb_rule {
   uint64_t cost;        /* in */
   uint64_t max_wait_ms; /* in: as tg_reserve_rules's max_wait_ms[i]: 0, a
                            plain rule; above 0 (the buckets), the rule
-                           reserves, waiting at most that long */
+                           reserves, waiting at most that long (ns when
+                           the policy's flags have TG_RULES_WAIT_NS) */
   int status;           /* out: as tg_rule's */
   tg_result result;     /* out */
   uint64_t delay_ns;    /* out: the rule's own delay, as its receipt's in
@@ -1729,9 +1739,12 @@ typedef struct tg_nb_rule {
                            this rule's reservation accepted late) */
 } tg_nb_rule;
 
-/* tg_nb_req.flags: decide as a one-rule policy; reserve (see above). */
+/* tg_nb_req.flags: decide as a one-rule policy; reserve (see above);
+ * max_wait_ms is in nanoseconds (at most TG_PERIOD_MAX_MS * 10^6), as
+ * TG_RULES_WAIT_NS says of a policy's waits. */
 #define TG_NB_RULE 1u
 #define TG_NB_RESERVE 2u
+#define TG_NB_WAIT_NS 4u
 
 /* What a link asks of its caller (tg_nb_wants), bits. */
 #define TG_NB_CONNECT 1u /* open a connection to tg_nb_address */
@@ -1756,7 +1769,8 @@ TG_EXTERN int tg_nb_submit(tg_nb *nb, tg_nb_req *req);
 TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
 
 /* Submits a policy: rules[0..n) (1 <= n <= TG_RULES_MAX) decided as one
- * call of tg_hit_rules (flags 0 or TG_RULES_SHADOW) on the store's clock,
+ * call of tg_hit_rules (flags 0 or TG_RULES_SHADOW, with TG_RULES_WAIT_NS
+ * for waits in ns) on the store's clock,
  * or at now_us, in one command to the server (the module's TG.STEPS, or the
  * script's P), so several hosts share the policy's limits. req's key, q,
  * cost, flags and max_wait_ms are not read; when it is done its status is

@@ -48,7 +48,7 @@
 /* How a `tollgate` line decides. */
 typedef enum {
   TG_NGX_HIT = 0, /* allow or reject at once */
-  TG_NGX_RESERVE  /* limit_req's queue: wait up to max_wait_ms, or reject */
+  TG_NGX_RESERVE  /* limit_req's queue: wait up to max_wait_ns, or reject */
 } tg_ngx_mode;
 
 /* One tollgate_zone. */
@@ -124,7 +124,7 @@ typedef struct {
   ngx_flag_t nodelay;
   tg_quota q; /* the quota this line decides with */
   tg_ngx_mode mode;
-  uint64_t max_wait_ms; /* TG_NGX_RESERVE */
+  uint64_t max_wait_ns; /* TG_NGX_RESERVE: exactly (B - D) * T */
   ngx_str_t file;
   ngx_uint_t line;
   unsigned resolved : 1;
@@ -1081,7 +1081,7 @@ static char *resolve_limit(ngx_conf_t *cf, tg_ngx_main_conf *mcf,
                     &l->file, l->line);
       return NGX_CONF_ERROR;
     }
-    l->max_wait_ms = (n * t_ns + 999999) / 1000000;
+    l->max_wait_ns = n * t_ns; /* exact: TG_RULES_WAIT_NS */
   }
   /* the line's own quota (burst + 1 or delay + 1) must be one the library
    * takes, as the zone's was: else every request would be refused */
@@ -2024,13 +2024,14 @@ static int reserve(ngx_http_request_t *r, tg_ngx_loc_conf *lcf, tg_ngx_ctx *ctx,
   uint64_t wait[TG_RULES_MAX];
   for (ngx_uint_t i = 0; i < ctx->n; i++)
     wait[i] = ctx->limits[i]->mode == TG_NGX_RESERVE
-                  ? ctx->limits[i]->max_wait_ms
+                  ? ctx->limits[i]->max_wait_ns
                   : 0; /* a nodelay line: a plain hit */
   ctx->res = ngx_palloc(r->pool, ctx->n * sizeof(tg_reservation));
   if (ctx->res == NULL)
     return TG_ENOMEM;
   tg_rules_reservation out;
-  int rc = tg_reserve_rules(ctx->rules, ctx->n, wait, 0, &out, ctx->res);
+  int rc = tg_reserve_rules(ctx->rules, ctx->n, wait, TG_RULES_WAIT_NS, &out,
+                            ctx->res);
   ctx->rr = out.rules;
   *delay_ms = out.ok ? out.delay_ms : 0;
   uint64_t delay_ns[TG_RULES_MAX];
@@ -2176,16 +2177,17 @@ static ngx_int_t redis_decide(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
                               ru->key_len,
                               ru->q,
                               ru->cost,
-                              l->mode == TG_NGX_RESERVE ? l->max_wait_ms : 0,
+                              l->mode == TG_NGX_RESERVE ? l->max_wait_ns : 0,
                               0,
                               {0},
                               0};
     }
     /* a dry run of lines that queue is applied to the answer, as on
      * shared-memory zones (reservation_answered) */
-    rc = tg_nb_submit_rules(z->nb, &p->req, p->nr, n,
-                            lcf->dry_run && !reserving(ctx) ? TG_RULES_SHADOW
-                                                            : 0);
+    rc = tg_nb_submit_rules(
+        z->nb, &p->req, p->nr, n,
+        TG_RULES_WAIT_NS |
+            (lcf->dry_run && !reserving(ctx) ? TG_RULES_SHADOW : 0u));
     if (rc == TG_EINVAL) /* keys in two slots (the rest nginx -t saw) */
       ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                     "tollgate: zone \"%V\": the location's Redis lines "
@@ -2210,8 +2212,8 @@ static ngx_int_t redis_decide(ngx_http_request_t *r, tg_ngx_loc_conf *lcf,
      * a reservation */
     p->req.flags = TG_NB_RULE;
     if (ctx->limits[0]->mode == TG_NGX_RESERVE) {
-      p->req.flags |= TG_NB_RESERVE;
-      p->req.max_wait_ms = ctx->limits[0]->max_wait_ms;
+      p->req.flags |= TG_NB_RESERVE | TG_NB_WAIT_NS;
+      p->req.max_wait_ms = ctx->limits[0]->max_wait_ns; /* in ns */
     }
     rc = tg_nb_submit(z->nb, &p->req);
     if (rc != 0) { /* refused input: answered, not pending */

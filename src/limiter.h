@@ -185,10 +185,11 @@ int tg__rules_answer(tg_rule *rules, size_t n, unsigned flags, int rc,
 void tg__rules_reserved(unsigned flags, uint64_t delay_ns,
                         tg_rules_reservation *out);
 
-/* A rule's wait, validated as tg_reserve_rules validates max_wait_ms[i]
- * (TG_EINVAL above TG_PERIOD_MAX_MS, TG_ENOTSUP above 0 on an algorithm
- * that does not reserve), into c->wait_ns. */
-int tg__rules_wait(const tg_limiter *lim, uint64_t wait_ms, tg__call *c);
+/* A rule's wait, in ms (in ns when ns is set: TG_RULES_WAIT_NS),
+ * validated as tg_reserve_rules validates max_wait_ms[i] (TG_EINVAL above
+ * TG_PERIOD_MAX_MS, TG_ENOTSUP above 0 on an algorithm that does not
+ * reserve), into c->wait_ns. */
+int tg__rules_wait(const tg_limiter *lim, uint64_t wait, bool ns, tg__call *c);
 
 /* A limiter without a store (its policy, fallback, deny cache and counters
  * only): what tg_limiter_new would check and build, but no connection.

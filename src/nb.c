@@ -199,12 +199,14 @@ static int submit(tg_nb *nb, const uint64_t *now, tg_nb_req *req) {
   req->delay_ns = req->delay_ms = 0;
   req->denied_by = TG_RULE_NONE;
   req->tightest = 0;
-  int rc = (req->flags & ~(TG_NB_RULE | TG_NB_RESERVE)) != 0
+  bool ns = req->flags & TG_NB_WAIT_NS;
+  int rc = (req->flags & ~(TG_NB_RULE | TG_NB_RESERVE | TG_NB_WAIT_NS)) != 0
                ? TG_EINVAL
                : tg__limiter_prepare(nb->lim, op, now, req->key, req->key_len,
                                      req->q, req->cost, c);
   /* the call's input, then its wait, as tg_reserve checks them */
-  if (rc == TG_OK && reserve && req->max_wait_ms > TG_PERIOD_MAX_MS)
+  if (rc == TG_OK && reserve &&
+      req->max_wait_ms > (ns ? TG__WAIT_MAX_NS : TG_PERIOD_MAX_MS))
     rc = TG_EINVAL;
   if (rc != TG_OK) {
     tg__limiter_invalid(nb->lim, rc, req->key, req->key_len, req->q, req->cost,
@@ -213,7 +215,7 @@ static int submit(tg_nb *nb, const uint64_t *now, tg_nb_req *req) {
     return rc;
   }
   if (reserve)
-    c->wait_ns = req->max_wait_ms * UINT64_C(1000000);
+    c->wait_ns = ns ? req->max_wait_ms : req->max_wait_ms * UINT64_C(1000000);
   p->q = *req->q;
   p->when = tg__limiter_when(nb->lim, c);
   p->pol = NULL;
@@ -317,7 +319,8 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
   req->delay_ns = req->delay_ms = 0;
   req->denied_by = TG_RULE_NONE;
   req->tightest = 0;
-  if (!rules || n == 0 || n > TG_RULES_MAX || (flags & ~TG_RULES_SHADOW)) {
+  if (!rules || n == 0 || n > TG_RULES_MAX ||
+      (flags & ~(TG_RULES_SHADOW | TG_RULES_WAIT_NS))) {
     req->status = TG_EINVAL;
     req->result = (tg_result){0};
     req->result.retry_after_ms = TG_NEVER;
@@ -337,7 +340,8 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
                                        ru->key_len, ru->q, ru->cost, &calls[i])
                  : TG_EINVAL;
     if (rc == TG_OK) /* a rule that reserves: its CHECK and TAKE wait */
-      rc = tg__rules_wait(lim, ru->max_wait_ms, &calls[i]);
+      rc = tg__rules_wait(lim, ru->max_wait_ms, flags & TG_RULES_WAIT_NS,
+                          &calls[i]);
     if (rc != TG_OK)
       return policy_refused(req, rules, n, i, rc, true);
     if (misfit == n && !same_server(nb, ru->nb))

@@ -361,19 +361,20 @@ void tg__rules_reserved(unsigned flags, uint64_t delay_ns,
 /* What a policy of reservations (tg_reserve_rules) adds to a decision:
  * NULL for tg_hit_rules, whose code then folds every use of it away. */
 typedef struct reserving {
-  const uint64_t *wait_ms; /* per rule; NULL: 0 for all */
+  const uint64_t *wait_ms; /* per rule, in ms (in ns with TG_RULES_WAIT_NS);
+                              NULL: 0 for all */
   tg_reservation *res;     /* per rule receipts; NULL: none wanted */
   uint64_t delay_ns;       /* out: the largest rule's delay */
   uint32_t consumed;       /* out: bit i: rule i consumed (the call really
                               passed and the rule allowed it) */
 } reserving;
 
-int tg__rules_wait(const tg_limiter *lim, uint64_t wait_ms, tg__call *c) {
-  if (wait_ms > TG_PERIOD_MAX_MS)
+int tg__rules_wait(const tg_limiter *lim, uint64_t wait, bool ns, tg__call *c) {
+  if (wait > (ns ? TG__WAIT_MAX_NS : TG_PERIOD_MAX_MS))
     return TG_EINVAL;
-  if (wait_ms > 0 && !tg__op_supported(lim->cfg.algorithm, TG__OP_RESERVE))
+  if (wait > 0 && !tg__op_supported(lim->cfg.algorithm, TG__OP_RESERVE))
     return TG_ENOTSUP;
-  c->wait_ns = wait_ms * UINT64_C(1000000);
+  c->wait_ns = ns ? wait : wait * UINT64_C(1000000);
   return TG_OK;
 }
 
@@ -393,10 +394,18 @@ static uint64_t rule_reserved(const policy_run *pr, size_t i, tg_rule *ru,
   return delay;
 }
 
+/* The flags a policy takes: a policy of reservations its waits' unit
+ * too. */
+static inline unsigned flags_known(bool reserves) {
+  return TG_RULES_SHADOW | (reserves ? TG_RULES_WAIT_NS : 0u);
+}
+
 /* A call is refused as a whole (its rules left as they were) unless its
  * rules, their count and its flags can be used. */
-static inline bool call_usable(const tg_rule *rules, size_t n, unsigned flags) {
-  return rules && n > 0 && n <= TG_RULES_MAX && !(flags & ~TG_RULES_SHADOW);
+static inline bool call_usable(const tg_rule *rules, size_t n, unsigned flags,
+                               bool reserves) {
+  return rules && n > 0 && n <= TG_RULES_MAX &&
+         !(flags & ~flags_known(reserves));
 }
 
 static inline __attribute__((always_inline)) int
@@ -404,7 +413,7 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
           tg_rules_result *out, reserving *rv) {
   if (!out)
     return TG_EINVAL;
-  if (!call_usable(rules, n, flags)) {
+  if (!call_usable(rules, n, flags, rv != NULL)) {
     *out = (tg_rules_result){{0}, TG_RULE_NONE, 0};
     out->r.retry_after_ms = TG_NEVER;
     return TG_EINVAL;
@@ -431,7 +440,8 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
                                        ru->key_len, ru->q, ru->cost, &pr.c[i])
                  : TG_EINVAL;
     if (rv && rv->wait_ms && rc == TG_OK)
-      rc = tg__rules_wait(ru->lim, rv->wait_ms[i], &pr.c[i]);
+      rc = tg__rules_wait(ru->lim, rv->wait_ms[i], flags & TG_RULES_WAIT_NS,
+                          &pr.c[i]);
     if (rc != TG_OK)
       return tg__rules_refuse(rules, n, i, rc, true, out);
     if (misfit == n &&
@@ -596,7 +606,7 @@ static int reserve_rules(const uint64_t *now, tg_rule *rules, size_t n,
   tg__rules_reserved(flags, rv.delay_ns, out);
   /* a call refused as a whole leaves the rules as they were (their Out
    * fields need no initial value) and its receipts zero */
-  if (res && call_usable(rules, n, flags))
+  if (res && call_usable(rules, n, flags, true))
     for (size_t i = 0; i < n; i++) {
       /* each rule's answer as the call left it (shadow mode's included);
        * ok only where the rule consumed: in shadow mode a call answered

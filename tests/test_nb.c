@@ -1240,7 +1240,7 @@ static void rule_flag_counts_only_admitted_cost(void **state) {
     assert_int_equal(r.retry_after_ms, TG_NEVER);
     assert_int_equal(one_req(&d, now, "s", &q, 10, TG_NB_RULE).remaining, 0);
     /* an unknown flag is invalid input */
-    tg_nb_req bad = {.key = "k", .key_len = 1, .q = &q, .cost = 1, .flags = 4};
+    tg_nb_req bad = {.key = "k", .key_len = 1, .q = &q, .cost = 1, .flags = 8};
     assert_int_equal(tg_nb_submit(nb, &bad), TG_EINVAL);
     assert_int_equal(bad.status, TG_EINVAL);
     assert_int_equal(tg_nb_pending(nb), 0);
@@ -1399,6 +1399,64 @@ static void reserve_spacing_is_exact(void **state) {
       assert_int_equal(r[i].result.retry_after_ms, 250);
     }
   }
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+}
+
+/* Waits in ns (TG_NB_WAIT_NS, TG_RULES_WAIT_NS): at 10,000 per second
+ * (T = 100 us) a wait of 2T holds exactly two in the queue, as a request
+ * and as a policy; in ms the least wait, 1 ms, would hold ten. */
+static void reserve_waits_in_ns(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_LEAKY_BUCKET, "wns");
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  tg_quota q = {.limit = 10000, .period_ms = 1000, .burst = 1};
+  const uint64_t t = 100000;
+  uint64_t now = real_us();
+  tg_nb_req r[6], pr[6];
+  tg_nb_rule ru[6];
+  for (int i = 0; i < 6; i++) {
+    r[i] = (tg_nb_req){.key = "one",
+                       .key_len = 3,
+                       .q = &q,
+                       .cost = 1,
+                       .flags = TG_NB_RESERVE | TG_NB_WAIT_NS,
+                       .max_wait_ms = 2 * t};
+    assert_int_equal(tg_nb_submit_at(nb, now, &r[i]), TG_OK);
+    ru[i] = (tg_nb_rule){.nb = nb,
+                         .key = "pol",
+                         .key_len = 3,
+                         .q = &q,
+                         .cost = 1,
+                         .max_wait_ms = 2 * t};
+    pr[i] = (tg_nb_req){0};
+    assert_int_equal(
+        tg_nb_submit_rules_at(nb, now, &pr[i], &ru[i], 1, TG_RULES_WAIT_NS),
+        TG_OK);
+  }
+  assert_int_equal(nbp_run(&d, 12, 10000, NULL, NULL), 12);
+  for (int i = 0; i < 6; i++) {
+    assert_int_equal(r[i].status, TG_OK);
+    assert_int_equal(pr[i].status, TG_OK);
+    assert_int_equal(r[i].result.allowed, i < 3);
+    assert_int_equal(pr[i].result.allowed, i < 3);
+    if (i < 3) {
+      assert_int_equal(r[i].delay_ns, (uint64_t)i * t);
+      assert_int_equal(pr[i].delay_ns, (uint64_t)i * t);
+    }
+  }
+  /* the longest wait there is, in ns */
+  tg_nb_req bad = {.key = "k",
+                   .key_len = 1,
+                   .q = &q,
+                   .cost = 1,
+                   .flags = TG_NB_RESERVE | TG_NB_WAIT_NS,
+                   .max_wait_ms = TG_PERIOD_MAX_MS * UINT64_C(1000000) + 1};
+  assert_int_equal(tg_nb_submit(nb, &bad), TG_EINVAL);
   nbp_close_all(&d);
   tg_nb_destroy(nb);
 }
@@ -1577,6 +1635,7 @@ int main(void) {
       cmocka_unit_test_setup(rule_flag_counts_only_admitted_cost, server_up),
       cmocka_unit_test_setup(reserve_matches_tg_reserve, server_up),
       cmocka_unit_test_setup(reserve_spacing_is_exact, server_up),
+      cmocka_unit_test_setup(reserve_waits_in_ns, server_up),
       cmocka_unit_test_setup(deny_cache_answers_locally, server_up),
       cmocka_unit_test_setup(fallback_decides_while_down, server_up),
       cmocka_unit_test_setup(shadow_and_hook, server_up),

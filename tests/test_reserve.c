@@ -197,6 +197,48 @@ static void test_nginx(void **state) {
   unmake(&f);
 }
 
+/* limit_req's burst=2 at 10,000 per second (T = 100 us): the queue holds
+ * exactly 2 with the wait in ns (TG_RULES_WAIT_NS, 2T), where a wait in
+ * whole ms (1 ms, 2T rounded up) holds 10. */
+static void test_nginx_fast(void **state) {
+  (void)state;
+  fixture f;
+  make(&f, TG_LEAKY_BUCKET, false);
+  const tg_quota fast = {10000, 1000, 1};
+  const uint64_t t = 100000;
+  for (int unit = 0; unit < 2; unit++) {
+    const char *key = unit ? "ms" : "ns";
+    uint64_t wait = unit ? 1 : 2 * t;
+    unsigned flags = unit ? 0 : TG_RULES_WAIT_NS;
+    unsigned passed = 0;
+    for (uint64_t i = 0; i < 15; i++) {
+      tg_rule ru = {
+          .lim = f.lim, .key = key, .key_len = 2, .q = &fast, .cost = 1};
+      tg_rules_reservation out;
+      tg_reservation res;
+      assert_int_equal(
+          tg_reserve_rules_at(T0, &ru, 1, &wait, flags, &out, &res), 0);
+      if (out.ok) {
+        assert_int_equal(out.delay_ns, passed * t);
+        passed++;
+      }
+    }
+    assert_int_equal(passed, unit ? 11 : 3);
+  }
+  /* a wait above the longest there is, in ns; the flag outside a policy
+   * of reservations */
+  tg_rule ru = {.lim = f.lim, .key = "x", .key_len = 1, .q = &fast, .cost = 1};
+  tg_rules_reservation out;
+  uint64_t too_long = TG_PERIOD_MAX_MS * UINT64_C(1000000) + 1;
+  assert_int_equal(
+      tg_reserve_rules_at(T0, &ru, 1, &too_long, TG_RULES_WAIT_NS, &out, NULL),
+      TG_EINVAL);
+  tg_rules_result hr;
+  assert_int_equal(tg_hit_rules_at(T0, &ru, 1, TG_RULES_WAIT_NS, &hr),
+                   TG_EINVAL);
+  unmake(&f);
+}
+
 /* Cancelling gives back only what no later reservation is scheduled
  * behind, and only until its time has passed; twice is a no-op. */
 static void test_cancel(void **state) {
@@ -276,8 +318,8 @@ static void test_shadow(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_spacing), cmocka_unit_test(test_refused),
-      cmocka_unit_test(test_nginx),   cmocka_unit_test(test_cancel),
-      cmocka_unit_test(test_shadow),
+      cmocka_unit_test(test_nginx),   cmocka_unit_test(test_nginx_fast),
+      cmocka_unit_test(test_cancel),  cmocka_unit_test(test_shadow),
   };
   /* under tests/redis/with_redis.sh, or with_cluster.sh */
   if (getenv("TG_TEST_REDIS_PORT") || cluster_seeds()) {

@@ -535,7 +535,7 @@ static void outputs_need_no_init(kind k, tg_algorithm alg, uint64_t steps) {
     bool misfit = n == 2 && !bad && rnd(12) == 0;
     /* flags out of range: refused as a whole, the rules left as they are */
     bool whole = rnd(15) == 0;
-    unsigned flags = whole ? 2u : rnd(4) == 0 ? TG_RULES_SHADOW : 0u;
+    unsigned flags = whole ? 4u : rnd(4) == 0 ? TG_RULES_SHADOW : 0u;
     tg_rule g[2], z[2], g0[2];
     memset(g, 0xa5, sizeof g);
     const char *gk[2] = {"g-wide", "g-key"}, *zk[2] = {"z-wide", "z-key"};

@@ -1094,6 +1094,49 @@ class CachedTime(unittest.TestCase):
         finally:
             n.stop()
 
+    def test_a_fast_queue_holds_exactly_its_burst(self):
+        # 10,000 r/s (T = 100 us), burst=2: B emission intervals are 0.2
+        # ms, which a wait in whole ms would round up to 1 ms, queueing
+        # ten; tollgate's wait is exact (TG_RULES_WAIT_NS), so the queue
+        # holds 2, as limit_req's. 30 requests at once, on one cached time
+        # (timer_resolution 1s: the queued ones are released at the next
+        # tick); limit_req beside it is the control that the burst met one
+        # moment (a tick in the middle lets both admit more: tried again)
+        zones = ("limit_req_zone $arg_k zone=lrf:1m rate=10000r/s;\n"
+                 "tollgate_zone $arg_k zone=lbf:1m algorithm=leaky_bucket "
+                 "rate=10000r/s;\n")
+        locs = ("limit_req_status 429;\n"
+                "location /lrf { limit_req zone=lrf burst=2;"
+                " try_files /index.html =404; }\n"
+                "location /lbf { tollgate zone=lbf burst=2;"
+                " try_files /index.html =404; }\n")
+        n = server(locs, zones, workers=1, main="timer_resolution 1s;")
+        try:
+            for attempt in range(5):
+                paths = ["/lrf?k=%d" % attempt, "/lbf?k=%d" % attempt] * 30
+                socks = [socket.create_connection(("127.0.0.1", n.port))
+                         for _ in paths]
+                for s, p in zip(socks, paths):
+                    s.sendall(("GET %s HTTP/1.1\r\nHost: x\r\nConnection: "
+                               "close\r\n\r\n" % p).encode())
+                admitted = {"/lrf": 0, "/lbf": 0}
+                for s, p in zip(socks, paths):
+                    s.settimeout(10)
+                    d = b""
+                    while True:
+                        x = s.recv(65536)
+                        if not x:
+                            break
+                        d += x
+                    s.close()
+                    if d.startswith(b"HTTP/1.1 200"):
+                        admitted[p.split("?")[0]] += 1
+                if admitted["/lrf"] == 3:
+                    break
+            self.assertEqual(admitted, {"/lrf": 3, "/lbf": 3})
+        finally:
+            n.stop()
+
     def test_zones_read_nginx_cached_time(self):
         first, second = self.pairs("timer_resolution 60s;")
         self.assertEqual(first, [200, 200, 200])
