@@ -88,7 +88,7 @@ TG_EXTERN const char *tg_version_string(void);
   XX(EKEY, -2, "key is empty or longer than TG_KEY_MAX bytes")                 \
   XX(EQUOTA, -3, "invalid quota (limit 0, period 0 or out of range)")          \
   XX(EOVERFLOW, -4, "arithmetic would overflow 64 bits")                       \
-  XX(ENOTSUP, -5, "operation not supported by this algorithm")                 \
+  XX(ENOTSUP, -5, "operation not supported by this algorithm, store or build") \
   XX(ENOMEM, -6, "out of memory")                                              \
   XX(ERANGE, -7, "value out of range for this algorithm")                      \
   XX(ETIME, -8, "time out of range (after TG_NOW_MAX_US)")                     \
@@ -1907,7 +1907,11 @@ TG_EXTERN int tg_nb_stats(const tg_nb *nb, tg_stats *out, size_t size);
  *   it the client can use no more than r without being denied), or for a
  *   denied result with none remaining, until the call would pass
  *   (retry_after_ms, unless TG_NEVER), in seconds rounded up. An optional
- *   partition key adds ;pk=:BASE64:.
+ *   partition key adds ;pk=:BASE64:. q is the quota's limit (its rate per
+ *   w): a bucket whose burst is above its limit can hold more than that,
+ *   and r then says so (r above q). A number above 999999999999999 (the
+ *   15 digits of a Structured Field Integer) is written as that, in both
+ *   forms, so that no field is one a parser must reject.
  * TG_HTTP_LEGACY: the older form of drafts 00-06, still read by many
  *   clients: RateLimit-Limit (the limit of the limit with the fewest
  *   remaining; with several limits, then every limit as LIMIT;w=SECONDS),

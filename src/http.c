@@ -41,6 +41,16 @@ static void put_u64(writer *w, uint64_t v) {
     put_bytes(w, &tmp[--n], 1);
 }
 
+/* A Structured Field Integer (RFC 9651): at most 15 digits, so a larger
+ * value (a limit of 10^18, a remaining count near 2^64) is written as the
+ * largest one, 999999999999999, rather than as a field a parser rejects
+ * whole. */
+#define SF_INT_MAX UINT64_C(999999999999999)
+
+static void put_sf_int(writer *w, uint64_t v) {
+  put_u64(w, v > SF_INT_MAX ? SF_INT_MAX : v);
+}
+
 /* A Structured Field String: quoted, with \ before " and \. */
 static void put_sf_string(writer *w, const char *s) {
   put(w, "\"");
@@ -145,9 +155,9 @@ int tg_http_headers(char *buf, size_t cap, size_t *len,
         put(&w, ", ");
       put_sf_string(&w, l->name);
       put(&w, ";q=");
-      put_u64(&w, l->q->limit);
+      put_sf_int(&w, l->q->limit);
       put(&w, ";w=");
-      put_u64(&w, window_s(l->q));
+      put_sf_int(&w, window_s(l->q));
       put_pk(&w, l);
     }
     put(&w, "\r\nRateLimit: ");
@@ -157,9 +167,9 @@ int tg_http_headers(char *buf, size_t cap, size_t *len,
         put(&w, ", ");
       put_sf_string(&w, l->name);
       put(&w, ";r=");
-      put_u64(&w, l->r->remaining);
+      put_sf_int(&w, l->r->remaining);
       put(&w, ";t=");
-      put_u64(&w, effective_s(l->r));
+      put_sf_int(&w, effective_s(l->r));
       put_pk(&w, l);
     }
     put(&w, "\r\n");
@@ -167,17 +177,17 @@ int tg_http_headers(char *buf, size_t cap, size_t *len,
   if (flags & TG_HTTP_LEGACY) {
     const tg_http_limit *l = &limits[tight];
     put(&w, "RateLimit-Limit: ");
-    put_u64(&w, l->q->limit);
+    put_sf_int(&w, l->q->limit);
     for (size_t i = 0; n > 1 && i < n; i++) {
       put(&w, ", ");
-      put_u64(&w, limits[i].q->limit);
+      put_sf_int(&w, limits[i].q->limit);
       put(&w, ";w=");
-      put_u64(&w, window_s(limits[i].q));
+      put_sf_int(&w, window_s(limits[i].q));
     }
     put(&w, "\r\nRateLimit-Remaining: ");
-    put_u64(&w, l->r->remaining);
+    put_sf_int(&w, l->r->remaining);
     put(&w, "\r\nRateLimit-Reset: ");
-    put_u64(&w, effective_s(l->r));
+    put_sf_int(&w, effective_s(l->r));
     put(&w, "\r\n");
   }
   *len = w.len;

@@ -153,6 +153,14 @@ static void redis_config_init_sets_the_documented_defaults(void **state) {
     assert_int_equal(tg_nb_tick(NULL), TG_EINVAL);
     rc.cluster_nodes = "127.0.0.1:7000";
     assert_int_equal(tg_limiter_new(&lim, &cfg), TG_ENOTSUP);
+    /* and says why, in words */
+    assert_non_null(strstr(tg_last_error(), "without hiredis"));
+    /* what the header calls invalid stays TG_EINVAL in this build too */
+    assert_int_equal(tg_nb_new(&nb, NULL), TG_EINVAL);
+    tg_config plain;
+    tg_config_init(&plain);
+    assert_int_equal(tg_nb_new(&nb, &plain), TG_EINVAL);
+    assert_int_equal(tg_nb_new(NULL, &cfg), TG_EINVAL);
   }
 }
 

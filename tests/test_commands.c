@@ -274,7 +274,8 @@ static void arguments_are_checked(void **state) {
       {"TG.HIT k fixed_window 3 0", "-TG_EQUOTA "},
       {"TG.HIT k fixed_window 3 1000000000001", "-TG_EQUOTA "},
       {"TG.INC k sliding_window 3 1000",
-       "-TG_ENOTSUP operation not supported by this algorithm\r\n"},
+       "-TG_ENOTSUP operation not supported by this algorithm, store or "
+       "build\r\n"},
       {"TG.SET k sliding_window 3 1000 1", "-TG_ENOTSUP "},
       {"TG.SET k token_bucket 3 1000 4", "-TG_ERANGE "},
       {"NOPE", "-ERR unknown command 'NOPE'\r\n"},

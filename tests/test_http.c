@@ -63,6 +63,28 @@ static void test_draft_examples(void **state) {
          "RateLimit: \"permin\";r=49;t=60, \"perhr\";r=999;t=3600\r\n");
 }
 
+/* Numbers beyond a Structured Field Integer's 15 digits are written as
+ * the largest one (a parser rejects a longer integer, and with it the
+ * whole field); 999999999999999 itself is written as it is. */
+static void test_huge_numbers(void **state) {
+  (void)state;
+  tg_quota q = {UINT64_C(1000000000000000000), 1000, 0};
+  tg_result r = res(true, UINT64_MAX, 0, UINT64_MAX);
+  tg_http_limit l = {"big", &q, &r, NULL, 0};
+  expect(&l, 1, TG_HTTP_IETF | TG_HTTP_LEGACY,
+         "RateLimit-Policy: \"big\";q=999999999999999;w=1\r\n"
+         "RateLimit: \"big\";r=999999999999999;t=999999999999999\r\n"
+         "RateLimit-Limit: 999999999999999\r\n"
+         "RateLimit-Remaining: 999999999999999\r\n"
+         "RateLimit-Reset: 999999999999999\r\n");
+  tg_quota e = {UINT64_C(999999999999999), 1000, 0};
+  tg_result re = res(true, UINT64_C(999999999999998), 0, 1000);
+  tg_http_limit le = {"edge", &e, &re, NULL, 0};
+  expect(&le, 1, TG_HTTP_IETF,
+         "RateLimit-Policy: \"edge\";q=999999999999999;w=1\r\n"
+         "RateLimit: \"edge\";r=999999999999998;t=1\r\n");
+}
+
 /* Appendix B.3: a 429 with Retry-After 20 and the policy's numbers; the
  * older form of the same numbers (drafts 00-06, section "Examples"). */
 static void test_throttled(void **state) {
@@ -155,6 +177,7 @@ static void test_refusals(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_draft_examples),
+      cmocka_unit_test(test_huge_numbers),
       cmocka_unit_test(test_throttled),
       cmocka_unit_test(test_multiple_windows),
       cmocka_unit_test(test_refusals),

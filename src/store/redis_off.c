@@ -6,6 +6,8 @@
  */
 #include "store.h"
 
+#include "../error.h"
+
 int tg__redis_built(void) { return 0; }
 
 int tg__redis_store_new(tg__store **out, const tg_redis_config *rc,
@@ -14,6 +16,8 @@ int tg__redis_store_new(tg__store **out, const tg_redis_config *rc,
   (void)alg;
   (void)log_entries;
   *out = NULL;
+  tg__error_set("this build of tollgate has no Redis store (it was built "
+                "without hiredis)");
   return TG_ENOTSUP;
 }
 

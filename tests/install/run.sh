@@ -63,9 +63,13 @@ check_run() {
   echo "install test: $name: ok ($out)"
 }
 
-# 1. Install exactly what this build tree holds.
-"$cmake" --install "$build_dir" --prefix "$prefix" >"$work/install.log" ||
+# 1. Install exactly what this build tree holds, with a relative --prefix
+# (as a user may type it): tollgate.pc must still name it absolutely, or
+# pkg-config from any other directory points at nothing.
+(cd "$work" && "$cmake" --install "$build_dir" --prefix prefix) >"$work/install.log" ||
   { cat "$work/install.log" >&2; fail "cmake --install failed"; }
+grep -qx "prefix=$prefix" "$prefix/$libdir/pkgconfig/tollgate.pc" ||
+  fail "tollgate.pc does not name the prefix $prefix absolutely: $(grep '^prefix=' "$prefix/$libdir/pkgconfig/tollgate.pc")"
 for f in "include/tollgate.h" "$libdir/libtollgate.a" "$libdir/libtollgate.so" \
   "$libdir/pkgconfig/tollgate.pc" "$libdir/cmake/tollgate/tollgateConfig.cmake" \
   "$libdir/cmake/tollgate/tollgateConfigVersion.cmake"; do
