@@ -502,6 +502,62 @@ static const log_row LOG_STEPS[] = {
      0, 0, 0, 0, 0, FULL2},
 };
 
+/* A step that dies before its header is written: its entries as it left
+ * them, the header as it was. On a full ring whose oldest entry expired,
+ * the new entry lands in that slot; repair must keep every live entry
+ * (it kept the new one alone: the key then admitted its limit again). At
+ * every ring position, and for a step that did not fill the ring. */
+static void log_repair_after_a_half_step(void **state) {
+  (void)state;
+  const tg_quota q = {100, 1000, 0}; /* period 1 s */
+  for (uint32_t cap = 2; cap <= 5; cap++)
+    for (uint32_t head = 0; head < cap; head++)
+      for (uint32_t n = 1; n <= cap; n++) {
+        tg__entry ring[5];
+        memset(ring, 0, sizeof ring);
+        tg__log lg = {ring, head, 0, cap, 0};
+        /* n entries of cost 10, 1 ms apart from T; the oldest expires at
+         * the step's now (T + 1 s + 0.5 ms), the others do not */
+        const uint64_t T = UINT64_C(1700000000000000);
+        for (uint32_t i = 0; i < n; i++) {
+          tg__entry *e = tg__log_at(&lg, i);
+          e->t_us = T + 1000 * i;
+          e->cost = 10;
+          lg.n++;
+          lg.sum += 10;
+        }
+        tg__log published = lg; /* the header in shared memory */
+        tg__call c;
+        memset(&c, 0, sizeof c);
+        c.op = TG__OP_HIT;
+        c.alg = TG_SLIDING_WINDOW;
+        assert_int_equal(tg__quota_prepare(&c.q, &q, c.alg), TG_OK);
+        c.arg = 10;
+        c.now_us = T + 1000500;
+        tg__outcome o;
+        bool changed;
+        assert_int_equal(tg__log_step(&c, &lg, &o, &changed), TG_OK);
+        assert_true(o.r.allowed && changed);
+        /* the process dies here: entries written, header not */
+        tg__log_repair(&published);
+        /* every entry alive at now is kept (live: n - 1 of them), so the
+         * key's live sum is at least theirs */
+        uint64_t live = 0;
+        for (uint32_t i = 0; i < published.n; i++) {
+          const tg__entry *e = tg__log_at(&published, i);
+          if (i > 0)
+            assert_true(e->t_us > tg__log_at(&published, i - 1)->t_us);
+          if (c.now_us - e->t_us < 1000000 && e->t_us < c.now_us)
+            live += e->cost;
+        }
+        assert_int_equal(live, 10 * (uint64_t)(n - 1));
+        uint64_t sum = 0;
+        for (uint32_t i = 0; i < published.n; i++)
+          sum += tg__log_at(&published, i)->cost;
+        assert_int_equal(published.sum, sum);
+      }
+}
+
 static void log_steps(void **state) {
   (void)state;
   const tg_quota q = {3, 1000, 0};
@@ -627,6 +683,7 @@ int main(void) {
       cmocka_unit_test(window_steps),
       cmocka_unit_test(bucket_steps),
       cmocka_unit_test(log_steps),
+      cmocka_unit_test(log_repair_after_a_half_step),
       cmocka_unit_test(lifetimes),
       cmocka_unit_test(rounding_helpers),
   };

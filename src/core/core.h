@@ -293,9 +293,11 @@ bool tg__log_sound_where_read(const tg__log *log, uint64_t period_us,
                               uint64_t now_us);
 
 /* Restores a log whose writer died part way through a step (shared memory):
- * clamps head and n to the ring, keeps, in order, each entry newer than the
- * last one kept (which drops the stale slots a half-written prune or append
- * can expose), and recomputes the sum. */
+ * clamps head and n to the ring; on a full ring whose head entry is newer
+ * than the next (an append into the slot a prune freed, its header not
+ * written), reads from the slot after head; keeps, in order, each entry
+ * newer than the last one kept (which drops the stale slots a half-written
+ * prune or append can expose), and recomputes the sum. */
 void tg__log_repair(tg__log *log);
 
 /* What a sliding-log call saw, all a result needs: the sum of live costs

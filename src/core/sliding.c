@@ -280,6 +280,23 @@ void tg__log_repair(tg__log *log) {
     log->head = 0;
   if (log->n > log->cap)
     log->n = log->cap;
+  /* A step on a full ring that expired its oldest entry writes the new
+   * one into that slot before the header that moves head past it: a death
+   * in between leaves the newest entry at head, every live one after it.
+   * Read from the slot after head, the ring is in order again (the newest
+   * last; the expired entries go at the next prune): the filter below,
+   * reading from head, would keep the newest alone and drop every live
+   * entry (a key then admits its limit again within the period). */
+  if (log->n == log->cap && log->n > 1 &&
+      tg__log_at(log, 0)->t_us > tg__log_at(log, 1)->t_us) {
+    tg__log from = *log;
+    from.head = log->head + 1 == log->cap ? 0 : log->head + 1;
+    bool ordered = true;
+    for (uint32_t i = 1; i < from.n && ordered; i++)
+      ordered = tg__log_at(&from, i)->t_us > tg__log_at(&from, i - 1)->t_us;
+    if (ordered)
+      log->head = from.head;
+  }
   uint32_t k = 0;
   uint64_t sum = 0;
   for (uint32_t i = 0; i < log->n; i++) {

@@ -325,9 +325,12 @@ static inline void log_clear(tg__log_block *b) {
  * never moves entries: it writes an appended or merged entry in place, then
  * head, n and sum (log_store). What a death can leave is an appended entry n
  * does not cover (lost with the call that died: the caller never got its
- * answer), a head advanced with n not yet shrunk (stale slots past the
- * tail, all older than the newest live entry), or a stale sum: repair keeps
- * each entry newer than the last kept and recomputes the sum. */
+ * answer), or on a full ring one written over the oldest slot, which the
+ * step expired, with head not yet past it (the newest entry at head: read
+ * from the next slot), a head advanced with n not yet shrunk (stale slots
+ * past the tail, all older than the newest live entry), or a stale sum:
+ * repair keeps each entry newer than the last kept and recomputes the sum
+ * (tg__log_repair). */
 static __attribute__((unused)) bool log_backed(const tg__table *t,
                                                tg__log_block *b);
 
