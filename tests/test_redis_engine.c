@@ -818,13 +818,21 @@ static void engine_moved_and_ask(void **state) {
   assert_int_equal(r->st.ask, 1);
   assert_int_equal(tg__slotmap_get(r->map, slot), 2);
   open_link(r, 1, false);
+  /* the socket takes ASKING alone, and the server answers it before the
+   * rest is written: its +OK is a reply to what was sent (it was taken
+   * for a reply to nothing, and the link closed with TG_ESTORE) */
+  const char *p;
+  size_t n;
+  tg__eng_output(&r->e, 1, &p, &n);
+  assert_int_equal(n, 16 + strlen(wa));
+  assert_memory_equal(p, "*1\r\n$6\r\nASKING\r\n", 16);
+  assert_memory_equal(p + 16, wa, strlen(wa));
+  tg__eng_written(&r->e, 1, 16);
+  assert_int_equal(feed(r, 1, "+OK\r\n"), TG_OK);
   out = take(r, 1);
-  assert_int_equal(strlen(out), 16 + strlen(wa));
-  assert_memory_equal(out, "*1\r\n$6\r\nASKING\r\n", 16);
-  assert_string_equal(out + 16, wa);
+  assert_string_equal(out, wa);
   free(out);
   free(wa);
-  assert_int_equal(feed(r, 1, "+OK\r\n"), TG_OK);
   assert_null(tg__eng_done(&r->e)); /* ASKING's reply is not the call's */
   assert_int_equal(feed(r, 1, FIRST_HIT), TG_OK);
   assert_ptr_equal(tg__eng_done(&r->e), &a);

@@ -335,6 +335,7 @@ static bool put_call(tg__eng *e, tg__elink *L, tg__ereq *r, list *from,
   if (r->asking) {
     memcpy(L->out + L->len, ASKING, ASKING_LEN);
     L->len += ASKING_LEN;
+    r->ask_end = L->base + L->len;
   }
   r->asked = r->asking;
   L->len += tg__resp_command(L->out + L->len, argc, argv, len);
@@ -962,7 +963,13 @@ int tg__eng_input(tg__eng *e, uint32_t id, const char *data, size_t len) {
     if (rc == 0)
       break;
     tg__eitem *h = L->flight.head;
-    if (rc < 0 || !h || h->end > L->base + L->sent) {
+    /* a reply is due once its command is written: for a call sent after
+     * ASKING, ASKING's +OK once ASKING is (a socket may take it alone) */
+    uint64_t due = !h ? 0
+                   : h->kind == TG__EK_CALL && as_call(h)->asked
+                       ? as_call(h)->ask_end
+                       : h->end;
+    if (rc < 0 || !h || due > L->base + L->sent) {
       /* not RESP, or a reply to nothing sent: the stream is lost */
       tg__error_set(rc < 0 ? "the server's bytes are not RESP"
                            : "a reply to nothing sent");

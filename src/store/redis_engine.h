@@ -88,6 +88,8 @@ typedef struct tg__ereq {
                         TG__NO_NODE */
   uint8_t asking;    /* an ASK sent it here: ASKING goes first */
   uint8_t asked;     /* ASKING's reply is due before the call's own */
+  uint64_t ask_end;  /* with asked: stream offset just past ASKING (its
+                        reply is due once that much is written) */
   uint8_t redirects;
   uint8_t parked; /* waiting for the slot map */
   uint8_t cut;    /* a connection was lost while it was being written: it
