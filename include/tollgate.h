@@ -1565,15 +1565,20 @@ TG_EXTERN int tg_redis_available(void);
  * not count it (tg_hit counts it), and a denial reports the key as the
  * call left it (count and remaining unchanged, retry_after_ms the wait for
  * this cost). The other algorithms decide and answer exactly as without
- * the flag: tg_hit consumes nothing on a refusal there either, and its
- * answers are a one-rule policy's, with one exception on a sliding log
+ * the flag (as tg_hit: the deny cache read and filled, and
+ * TG_POLICY_FALLBACK deciding on the local store when Redis fails, where
+ * tg_hit_rules does neither): tg_hit consumes nothing on a refusal there
+ * either, and its answers are a one-rule policy's, with one exception on a
+ * sliding log
  * whose quota changes between calls: a refused tg_hit drops the entries
  * the old (shorter) period had expired, a refused policy call writes
  * nothing, so they count again under a longer period. On a window it is
  * still one command and one round trip: the script's op p, or TG.STEP's
  * TAKE.
  * On a fixed window such a request neither reads nor fills the deny cache
- * (its denied cost says nothing about a smaller one). This is what the nginx
+ * (its denied cost says nothing about a smaller one); a store failure is
+ * answered by the failure policy as tg_hit's is (the fallback store
+ * included). This is what the nginx
  * module's Redis zones use, so that a Redis zone answers as a shared-memory one
  * does.
  *
@@ -1626,7 +1631,8 @@ TG_EXTERN int tg_redis_available(void);
  *                  COMMAND INFO TG.STEP, SCRIPT LOAD; calls after its
  *                  replies); write what the socket takes and report exactly
  *                  that many bytes with tg_nb_written.
- *   TG_NB_READ     replies are due: hand every byte read to tg_nb_input.
+ *   TG_NB_READ     replies are due (or will be, once the queued bytes are
+ *                  written): hand every byte read to tg_nb_input.
  * A link that wants nothing may keep its connection open.
  *
  * What the caller tells it, and what happens:
@@ -1749,7 +1755,9 @@ typedef struct tg_nb_rule {
 /* What a link asks of its caller (tg_nb_wants), bits. */
 #define TG_NB_CONNECT 1u /* open a connection to tg_nb_address */
 #define TG_NB_WRITE 2u   /* write tg_nb_output's bytes */
-#define TG_NB_READ 4u    /* replies are due: read and tg_nb_input them */
+#define TG_NB_READ                                                             \
+  4u /* replies are due, or will be once the queued                            \
+        bytes are written: read and tg_nb_input them */
 
 /* Makes a client from cfg (copied; cfg->redis must be set). Returns
  * TG_EINVAL for what tg_limiter_new refuses (but pool_size and the other
@@ -1867,10 +1875,11 @@ TG_EXTERN int tg_nb_output(tg_nb *nb, unsigned link, const void **data,
  * reported written for a corrupt stream). */
 TG_EXTERN int tg_nb_written(tg_nb *nb, unsigned link, size_t n);
 
-/* Bytes read from a link's connection, any amount. 0, or a negative code
- * after which the link is closed and down (see above): TG_ESTORE, with
- * tg_last_error() saying why (the server's refusal of AUTH or SELECT,
- * bytes that are not RESP...). */
+/* Bytes read from a link's connection, any amount. 0; TG_EINVAL, nothing
+ * changed, for a link that does not exist or has no open connection
+ * (tg_nb_connected); or a negative code after which the link is closed
+ * and down (see above): TG_ESTORE, with tg_last_error() saying why (the
+ * server's refusal of AUTH or SELECT, bytes that are not RESP...). */
 TG_EXTERN int tg_nb_input(tg_nb *nb, unsigned link, const void *data,
                           size_t len);
 

@@ -615,6 +615,8 @@ int tg_nb_input(tg_nb *nb, unsigned link, const void *data, size_t len) {
   if (!link_ok(nb, link) || (!data && len > 0))
     return TG_EINVAL;
   int rc = tg__eng_input(&nb->eng, link, data, len);
+  if (rc == TG_EINVAL)
+    return rc; /* not connected: nothing read, nothing changed */
   if (rc != TG_OK)
     mark_down(nb, link, rc);
   else

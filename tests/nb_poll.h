@@ -36,8 +36,8 @@
 typedef struct nbp {
   tg_nb *nb;
   int fd[NBP_LINKS];
-  uint64_t heard_ms[NBP_LINKS]; /* last bytes read, or when replies became
-                                   due */
+  uint64_t heard_ms[NBP_LINKS]; /* last bytes read or written, or the
+                                   connection made */
   int timeout_ms;               /* 0: none */
   size_t split;                 /* >0: feed input in pieces of 1..split */
   uint64_t rng;                 /* for the pieces */
@@ -123,7 +123,11 @@ static bool nbp_write(nbp *d, unsigned l) {
     ssize_t w = send(d->fd[l], p, n, MSG_NOSIGNAL);
     if (w < 0)
       return errno == EAGAIN || errno == EINTR;
-    if (!(tg_nb_wants(d->nb, l) & TG_NB_READ))
+    /* the timeout counts from the last bytes written or read: TG_NB_READ
+     * is set as soon as bytes are queued, before they are written, so
+     * "when it became set" would start the clock too early (a new or idle
+     * link then timed out at once on a busy machine) */
+    if (w > 0)
       d->heard_ms[l] = nbp_ms();
     tg_nb_written(d->nb, l, (size_t)w);
     if (!(tg_nb_wants(d->nb, l) & TG_NB_READ))
@@ -195,6 +199,7 @@ static void nbp_turn(nbp *d, int wait_ms) {
         continue;
       }
       tg_nb_connected(d->nb, l);
+      d->heard_ms[l] = nbp_ms();
       w = tg_nb_wants(d->nb, l);
     }
     if (d->fd[l] < 0)

@@ -168,6 +168,14 @@ static void nb_config_is_validated(void **state) {
   assert_int_equal(tg_nb_closed(nb, 0, TG_EKEY), TG_EINVAL);
   assert_int_equal(tg_nb_down(nb, 0, 0), TG_EINVAL);
   assert_int_equal(tg_nb_input(nb, 0, NULL, 1), TG_EINVAL);
+  /* bytes for a link with no connection: refused, and the link is not
+   * marked down (it was: a request then failed at once, TG_ESTORE) */
+  assert_int_equal(tg_nb_input(nb, 0, "+OK\r\n", 5), TG_EINVAL);
+  assert_int_equal(tg_nb_input(nb, 0, NULL, 0), TG_EINVAL);
+  tg_nb_req after = {.key = "k", .key_len = 1, .q = &q, .cost = 1};
+  assert_int_equal(tg_nb_submit(nb, &after), TG_OK);
+  assert_null(tg_nb_done(nb)); /* pending: waits for a connection */
+  assert_int_equal(tg_nb_wants(nb, 0), TG_NB_CONNECT);
   tg_stats st;
   assert_int_equal(tg_nb_stats(nb, &st, sizeof st), TG_OK);
   assert_int_equal(st.moved + st.ask + st.resent + st.deny_cache_hits, 0);

@@ -952,8 +952,9 @@ static int item_done(tg__eng *e, tg__elink *L, tg__eitem *it) {
 int tg__eng_input(tg__eng *e, uint32_t id, const char *data, size_t len) {
   tg__elink *L = id < TG__NODES_MAX ? e->links[id] : NULL;
   if (!L || L->state == L_CLOSED)
-    return TG_ESTORE;
-  tg__error_clear(); /* a failure below says why */
+    return TG_EINVAL; /* no connection to have read from: the caller's
+                         mistake, which changes nothing */
+  tg__error_clear();  /* a failure below says why */
   size_t pos = 0;
   while (pos < len) {
     size_t used;

@@ -166,7 +166,8 @@ void tg__eng_output(tg__eng *e, uint32_t id, const char **data, size_t *len);
 /* n of those bytes were written (handed to the kernel). */
 void tg__eng_written(tg__eng *e, uint32_t id, size_t n);
 
-/* Bytes read from node id's socket. TG_OK, or TG_ESTORE when they are not a
+/* Bytes read from node id's socket. TG_OK; TG_EINVAL, nothing done, when
+ * the link has no open connection; or TG_ESTORE when they are not a
  * valid reply to what was sent, or the handshake was refused (AUTH, SELECT,
  * SCRIPT LOAD): the engine has then closed the link as tg__eng_closed
  * would (calls written in full answered TG_ESTORE), and the driver must
