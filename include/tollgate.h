@@ -845,7 +845,11 @@ TG_EXTERN int tg_hit_rules_at(uint64_t now_us, tg_rule *rules, size_t n,
  * after it was scheduled behind it (their times are promised) and its time
  * has not already passed; so cancelling never lets later calls closer than
  * the rate allows. Cancelling twice, or a refused reservation, does
- * nothing. Shadow mode: the reservation is made as usual, but the answer is
+ * nothing. The exception, as for a policy's give-back (see "Policies"): a
+ * tg_reset or tg_set of the key between the reservation and its cancel;
+ * the cancel can then give back a later reservation's slot (burst 1: a
+ * reservation, a reset, another at once, the first cancelled, and a third
+ * goes at once too), at most the cancelled cost, once. Shadow mode: the reservation is made as usual, but the answer is
  * always ok with delay 0, shadow_denied saying the real answer was a
  * refusal or a delay. On Redis a reservation or a cancel reads the key and
  * writes it back only if it did not change (two round trips; the server's
