@@ -529,7 +529,12 @@ TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
  * back, new keys run on the real time. A horizon beyond now +
  * TG_PERIOD_MAX_MS (or TG_NOW_MAX_US) is corrupt and is cleared, not obeyed.
  * The Redis store keeps a state until its TTL, counted on the server's
- * clock.
+ * clock, and keeps none that is fresh (TTL 0: a full bucket, say after a
+ * tg_cancel gave a reservation back), as a custom store given TTL 0 need
+ * not: a later call with an earlier now then finds no state there and is
+ * answered as a never-seen key (allowed in full), where the memory and
+ * shm stores, which keep the emptied key in its slot, measure from the
+ * later time it saw. Only a now that steps back tells them apart.
  *
  * Supported operations per algorithm (others are TG_ENOTSUP):
  *
@@ -849,11 +854,11 @@ TG_EXTERN int tg_hit_rules_at(uint64_t now_us, tg_rule *rules, size_t n,
  * tg_reset or tg_set of the key between the reservation and its cancel;
  * the cancel can then give back a later reservation's slot (burst 1: a
  * reservation, a reset, another at once, the first cancelled, and a third
- * goes at once too), at most the cancelled cost, once. Shadow mode: the reservation is made as usual, but the answer is
- * always ok with delay 0, shadow_denied saying the real answer was a
- * refusal or a delay. On Redis a reservation or a cancel reads the key and
- * writes it back only if it did not change (two round trips; the server's
- * TIME), as a policy does. */
+ * goes at once too), at most the cancelled cost, once. Shadow mode: the
+ * reservation is made as usual, but the answer is always ok with delay 0,
+ * shadow_denied saying the real answer was a refusal or a delay. On Redis a
+ * reservation or a cancel reads the key and writes it back only if it did not
+ * change (two round trips; the server's TIME), as a policy does. */
 typedef struct tg_reservation {
   /* Reserved: the cost is consumed; go after the delay. */
   bool ok;
