@@ -211,6 +211,18 @@ typedef struct tg_quota {
   uint64_t burst;
 } tg_quota;
 
+/* Whether every call with algorithm alg takes quota q: TG_OK, or the code
+ * such a call would answer. TG_EQUOTA: limit or period_ms is 0, period_ms is
+ * above TG_PERIOD_MAX_MS, or (the two buckets) the rate is above one per
+ * nanosecond or burst * T exceeds TG_TOLERANCE_MAX_NS (see the algorithms
+ * above). TG_EINVAL: q is NULL or alg is not an algorithm. The same check a
+ * call makes, on every store and in the Redis module, and nothing else (no
+ * key, no cost, no limiter): for validating a configuration when it is
+ * read, rather than at its first request. E.g. tg_quota_check(
+ * TG_TOKEN_BUCKET, &(tg_quota){.limit = 1, .period_ms = 1000, .burst =
+ * UINT64_MAX}) is TG_EQUOTA. */
+TG_EXTERN int tg_quota_check(tg_algorithm alg, const tg_quota *q);
+
 /* ---- Result ---------------------------------------------------------------
  * What a decision answers: the verdict, and the numbers an HTTP 429 response
  * (or a RateLimit header, see "HTTP headers") needs. */

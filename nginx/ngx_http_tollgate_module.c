@@ -608,25 +608,6 @@ static ngx_int_t one_variable(ngx_conf_t *cf, ngx_str_t *v) {
   return index == NGX_ERROR ? -1 : index;
 }
 
-/* The library's verdict on a quota (0 or a TG_E* code): it checks it
- * fully (a rate above one per ns, a tolerance too long), so ask it at
- * configuration time rather than refuse every request. */
-static int quota_check(tg_algorithm algorithm, const tg_quota *q) {
-  tg_config cfg;
-  tg_config_init(&cfg);
-  cfg.algorithm = algorithm;
-  cfg.capacity = 16;
-  cfg.clean_period_ms = 0;
-  tg_limiter *probe;
-  int rc = tg_limiter_new(&probe, &cfg);
-  if (rc != 0)
-    return 0; /* no memory now: the first request will say */
-  uint64_t v;
-  rc = tg_get(probe, "k", 1, q, &v);
-  tg_limiter_destroy(probe);
-  return rc;
-}
-
 /* tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N]
  *   [store=redis://HOST:PORT[/DB] | store=redis+unix:PATH |
  *    store=redis-cluster://HOST:PORT[,HOST:PORT...]] [password=P]
@@ -798,7 +779,7 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                        "token_bucket or leaky_bucket");
     return NGX_CONF_ERROR;
   }
-  int qrc = quota_check(z->algorithm, &z->q);
+  int qrc = tg_quota_check(z->algorithm, &z->q);
   if (qrc != 0) {
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "tollgate_zone: zone \"%V\": %s",
                        &z->name, tg_strerror(qrc));
@@ -1085,7 +1066,7 @@ static char *resolve_limit(ngx_conf_t *cf, tg_ngx_main_conf *mcf,
   }
   /* the line's own quota (burst + 1 or delay + 1) must be one the library
    * takes, as the zone's was: else every request would be refused */
-  int rc = quota_check(l->zone->algorithm, &l->q);
+  int rc = tg_quota_check(l->zone->algorithm, &l->q);
   if (rc != 0) {
     ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
                   "tollgate: zone \"%V\" with this line's \"burst=\" or "

@@ -662,6 +662,47 @@ static void bucket_rate_above_one_per_ns_is_equota(void **state) {
   }
 }
 
+/* tg_quota_check answers what a call with the quota answers (TG_OK or
+ * TG_EQUOTA), for every algorithm, on a grid of limits, periods and bursts
+ * around every bound; TG_EINVAL for no quota or no algorithm. */
+static void quota_check_answers_as_a_call(void **state) {
+  (void)state;
+  const uint64_t limits[] = {0,         1, 7, 1000000, 1000001, UINT64_MAX / 2,
+                             UINT64_MAX};
+  const uint64_t periods[] = {
+      0, 1, 2, 1000, TG_PERIOD_MAX_MS, TG_PERIOD_MAX_MS + 1, UINT64_MAX};
+  const uint64_t bursts[] = {0, 1, 3, 1000, 4000000, 4000001, UINT64_MAX};
+  uint64_t equota = 0, ok = 0;
+  for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_algorithm alg = all_algs[a];
+    tg_limiter *lim = new_lim(alg);
+    for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++)
+      for (size_t j = 0; j < sizeof periods / sizeof periods[0]; j++)
+        for (size_t k = 0; k < sizeof bursts / sizeof bursts[0]; k++) {
+          const tg_quota q = {limits[i], periods[j], bursts[k]};
+          uint64_t v;
+          int call = tg_get_at(lim, T0, "k", 1, &q, &v);
+          assert_true(call == TG_OK || call == TG_EQUOTA);
+          assert_int_equal(tg_quota_check(alg, &q), call);
+          if (call == TG_OK)
+            ok++;
+          else
+            equota++;
+        }
+    tg_limiter_destroy(lim);
+  }
+  /* the grid reaches both answers, on buckets through the tolerance too */
+  assert_true(ok > 0 && equota > 0);
+  const tg_quota slow = {.limit = 1, .period_ms = 1000, .burst = 4000000001};
+  assert_int_equal(tg_quota_check(TG_FIXED_WINDOW, &slow), TG_OK);
+  assert_int_equal(tg_quota_check(TG_TOKEN_BUCKET, &slow), TG_EQUOTA);
+  assert_int_equal(tg_quota_check(TG_LEAKY_BUCKET, &slow), TG_EQUOTA);
+  assert_int_equal(tg_quota_check(TG_TOKEN_BUCKET, NULL), TG_EINVAL);
+  assert_int_equal(tg_quota_check((tg_algorithm)TG_ALGORITHM_COUNT, &q5),
+                   TG_EINVAL);
+  assert_int_equal(tg_quota_check((tg_algorithm)-1, &q5), TG_EINVAL);
+}
+
 /* now beyond TG_NOW_MAX_US is TG_ETIME; TG_NOW_MAX_US itself is accepted. */
 static void time_is_checked(void **state) {
   (void)state;
@@ -939,6 +980,7 @@ int main(void) {
       cmocka_unit_test(keys_may_contain_nul_bytes),
       cmocka_unit_test(quota_is_checked),
       cmocka_unit_test(bucket_rate_above_one_per_ns_is_equota),
+      cmocka_unit_test(quota_check_answers_as_a_call),
       cmocka_unit_test(time_is_checked),
       cmocka_unit_test(count_overflow_is_eoverflow),
       cmocka_unit_test(bucket_arithmetic_never_wraps),

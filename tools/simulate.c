@@ -154,20 +154,10 @@ int sim_check(const sim_params *p, uint64_t *n_out, char *why, size_t cap) {
     return TG_EINVAL;
   }
   /* every algorithm must take the quota (a bucket's tolerance, burst x
-   * its emission interval, has its own bound): asked of the library
-   * itself, before any run, so no table is left half made */
+   * its emission interval, has its own bound), before any run, so no
+   * table is left half made */
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
-    tg_config cfg;
-    tg_config_init(&cfg);
-    cfg.algorithm = (tg_algorithm)a;
-    cfg.capacity = 16;
-    cfg.clean_period_ms = 0;
-    tg_limiter *probe;
-    if (tg_limiter_new(&probe, &cfg) != TG_OK)
-      break; /* no memory now: the run will say */
-    uint64_t v;
-    int rc = tg_get_at(probe, SIM_BASE_MS * 1000u, "k", 1, q, &v);
-    tg_limiter_destroy(probe);
+    int rc = tg_quota_check((tg_algorithm)a, q);
     if (rc == TG_EQUOTA) {
       snprintf(why, cap,
                "%s refuses this quota (--limit %" PRIu64 ", --period-ms "

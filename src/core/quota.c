@@ -30,6 +30,13 @@ int tg__quota_prepare(tg__quota *out, const tg_quota *q, tg_algorithm alg) {
   return TG_OK;
 }
 
+int tg_quota_check(tg_algorithm alg, const tg_quota *q) {
+  if (!q || (unsigned)alg >= TG_ALGORITHM_COUNT)
+    return TG_EINVAL;
+  tg__quota p;
+  return tg__quota_prepare(&p, q, alg);
+}
+
 #define OP(o) (1u << (o))
 #define OPS_ALL                                                                \
   (OP(TG__OP_HIT) | OP(TG__OP_GET) | OP(TG__OP_EXPIRES) | OP(TG__OP_CHECK) |   \
