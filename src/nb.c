@@ -204,18 +204,16 @@ static int submit(tg_nb *nb, const uint64_t *now, tg_nb_req *req) {
                ? TG_EINVAL
                : tg__limiter_prepare(nb->lim, op, now, req->key, req->key_len,
                                      req->q, req->cost, c);
-  /* the call's input, then its wait, as tg_reserve checks them */
-  if (rc == TG_OK && reserve &&
-      req->max_wait_ms > (ns ? TG__WAIT_MAX_NS : TG_PERIOD_MAX_MS))
-    rc = TG_EINVAL;
+  /* the call's input, then its wait (bounded and converted to ns as a
+   * policy's rule's), as tg_reserve checks them */
+  if (rc == TG_OK && reserve)
+    rc = tg__rules_wait(nb->lim, req->max_wait_ms, ns, c);
   if (rc != TG_OK) {
     tg__limiter_invalid(nb->lim, rc, req->key, req->key_len, req->q, req->cost,
                         &req->result);
     req->status = rc;
     return rc;
   }
-  if (reserve)
-    c->wait_ns = ns ? req->max_wait_ms : req->max_wait_ms * UINT64_C(1000000);
   p->q = *req->q;
   p->when = tg__limiter_when(nb->lim, c);
   p->pol = NULL;
