@@ -112,6 +112,28 @@ static tg_limiter *pick(const cmd_ctx *ctx, tg_algorithm a, bool *patient) {
   return ctx->lim[a];
 }
 
+/* Algorithm a's counters: its limiter's, plus those of the twin that
+ * answers while a lock is stuck (pick), field by field. False when a is
+ * not served. INFO and /metrics both read them here. */
+static bool algorithm_stats(const cmd_ctx *ctx, int a, tg_stats *st) {
+  if (!ctx->lim[a] || tg_limiter_stats(ctx->lim[a], st, sizeof *st) != 0)
+    return false;
+  tg_stats tw;
+  if (ctx->lim_nowait[a] &&
+      tg_limiter_stats(ctx->lim_nowait[a], &tw, sizeof tw) == 0) {
+    _Static_assert(sizeof(tg_stats) % sizeof(uint64_t) == 0,
+                   "tg_stats holds 64-bit counters only");
+    for (size_t off = 0; off < sizeof tw; off += sizeof(uint64_t)) {
+      uint64_t x, y;
+      memcpy(&x, (const char *)st + off, sizeof x);
+      memcpy(&y, (const char *)&tw + off, sizeof y);
+      x += y;
+      memcpy((char *)st + off, &x, sizeof x);
+    }
+  }
+  return true;
+}
+
 /* Records what a call that went to the store answered: the lock backoff
  * (TG_EBUSY from the waiting limiter means it waited the whole timeout) and
  * the store's health. */
@@ -756,7 +778,7 @@ static void cmd_info(const call *c) {
     /* each limiter's own counters (tg_limiter_stats), by algorithm */
     for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
       tg_stats ls;
-      if (!ctx->lim[a] || tg_limiter_stats(ctx->lim[a], &ls, sizeof ls) != 0)
+      if (!algorithm_stats(ctx, a, &ls))
         continue;
       char k[64];
       const char *an = tg_algorithm_name((tg_algorithm)a);
@@ -1096,8 +1118,7 @@ static void metrics_body(const cmd_ctx *ctx, outbuf *o) {
   tg_stats st[TG_ALGORITHM_COUNT];
   bool have[TG_ALGORITHM_COUNT];
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++)
-    have[a] =
-        ctx->lim[a] && tg_limiter_stats(ctx->lim[a], &st[a], sizeof st[a]) == 0;
+    have[a] = algorithm_stats(ctx, a, &st[a]);
   static const struct {
     const char *name, *text;
     size_t off;
@@ -1152,13 +1173,14 @@ static void metrics_body(const cmd_ctx *ctx, outbuf *o) {
          s->connections_received);
 }
 
+/* extra: header lines, each ending in CRLF, or "" */
 static void http_reply(outbuf *o, const char *status, const char *type,
-                       const outbuf *body, bool head) {
+                       const char *extra, const outbuf *body, bool head) {
   char h[256];
   int n = snprintf(h, sizeof h,
-                   "HTTP/1.1 %s\r\nContent-Type: %s\r\n"
+                   "HTTP/1.1 %s\r\nContent-Type: %s\r\n%s"
                    "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                   status, type, body ? body->len : 0);
+                   status, type, extra, body ? body->len : 0);
   if (n > 0)
     out_raw(o, h, (size_t)n);
   if (body && !head)
@@ -1171,24 +1193,25 @@ void cmd_metrics(const cmd_ctx *ctx, const char *req, size_t len, bool whole,
   bool get = strncmp(req, "GET ", 4) == 0, head = strncmp(req, "HEAD ", 5) == 0;
   const char *path = get ? req + 4 : head ? req + 5 : NULL;
   if (!whole) {
-    http_reply(out, "400 Bad Request", "text/plain", NULL, false);
+    http_reply(out, "400 Bad Request", "text/plain", "", NULL, false);
     return;
   }
   if (!path) {
-    http_reply(out, "405 Method Not Allowed", "text/plain", NULL, false);
+    http_reply(out, "405 Method Not Allowed", "text/plain",
+               "Allow: GET, HEAD\r\n", NULL, false);
     return;
   }
   size_t plen = strcspn(path, " ?\r\n");
   if (plen != 8 || strncmp(path, "/metrics", 8) != 0) {
-    http_reply(out, "404 Not Found", "text/plain", NULL, head);
+    http_reply(out, "404 Not Found", "text/plain", "", NULL, head);
     return;
   }
   outbuf body = {0};
   metrics_body(ctx, &body);
   if (body.failed)
-    http_reply(out, "500 Internal Server Error", "text/plain", NULL, head);
+    http_reply(out, "500 Internal Server Error", "text/plain", "", NULL, head);
   else
-    http_reply(out, "200 OK", "text/plain; version=0.0.4; charset=utf-8", &body,
-               head);
+    http_reply(out, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "",
+               &body, head);
   out_free(&body);
 }

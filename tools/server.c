@@ -461,9 +461,15 @@ static void conn_event(server *s, conn *c, uint32_t events) {
 
 /* ---- accepting ---- */
 
-static void refuse(int fd) {
-  static const char msg[] = "-ERR max number of clients reached\r\n";
-  ssize_t r = write(fd, msg, sizeof msg - 1);
+/* Turns a client away, in its listener's protocol: a RESP error, or for
+ * a scrape an HTTP 503 (what a Prometheus server or curl can read). */
+static void refuse(int fd, bool http) {
+  static const char resp[] = "-ERR max number of clients reached\r\n";
+  static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\n"
+                             "Content-Type: text/plain\r\n"
+                             "Content-Length: 0\r\nConnection: close\r\n\r\n";
+  ssize_t r = http ? write(fd, busy, sizeof busy - 1)
+                   : write(fd, resp, sizeof resp - 1);
   (void)r; /* best effort: the connection is closed either way */
   close(fd);
 }
@@ -521,7 +527,7 @@ static void on_accept(server *s, item *l) {
         close(s->spare_fd);
         fd = accept(l->fd, NULL, NULL);
         if (fd >= 0) {
-          refuse(fd);
+          refuse(fd, l == &s->metrics);
           s->ctx->stats.connections_rejected++;
         }
         s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -529,7 +535,7 @@ static void on_accept(server *s, item *l) {
       return; /* EAGAIN: the backlog is empty */
     }
     if (s->ctx->stats.clients >= s->cfg->max_clients || s->shutting_down) {
-      refuse(fd);
+      refuse(fd, l == &s->metrics);
       s->ctx->stats.connections_rejected++;
       continue;
     }

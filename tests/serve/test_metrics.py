@@ -71,6 +71,34 @@ class Metrics(unittest.TestCase):
             self.assertEqual(info["limiter_fixed_window_denied"], 1)
             r.close()
 
+    def test_refusals_are_http(self):
+        # a 405 names the methods allowed (RFC 9110 requires Allow)
+        with Server(TOLLGATE, "--metrics-port", "0",
+                    "--max-clients", "1") as srv:
+            port = metrics_port(srv)
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            c.request("POST", "/metrics")
+            r = c.getresponse()
+            r.read()
+            c.close()
+            self.assertEqual(r.status, 405)
+            self.assertEqual(r.getheader("Allow"), "GET, HEAD")
+            # a scrape turned away by --max-clients is told so in HTTP
+            r1 = redis.Redis(port=srv.port, socket_timeout=30)
+            self.assertTrue(r1.ping())  # the one client allowed
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            s.close()
+            self.assertTrue(data.startswith(
+                b"HTTP/1.1 503 Service Unavailable\r\n"), data)
+            self.assertIn(b"Content-Length: 0\r\n", data)
+            r1.close()
+
     def test_slow_scraper_does_not_stall_clients(self):
         with Server(TOLLGATE, "--metrics-port", "0") as srv:
             slow = socket.create_connection(("127.0.0.1", metrics_port(srv)))

@@ -29,7 +29,9 @@ deadline that only a server that never acts would miss.
 usage: with_redis.sh run_python.sh test_store_health.py TOLLGATE SHM_HOLDER
 (the Redis cases need tests/redis/with_redis.sh's environment)
 """
+import http.client
 import os
+import re
 import signal
 import socket
 import statistics
@@ -206,8 +208,8 @@ class StuckShmLock(unittest.TestCase):
     def test_other_clients_are_not_stalled(self):
         n = 200
         with Server(TOLLGATE, "--shm", self.name, "--capacity", "1024",
-                    "--lock-timeout-ms", "50",
-                    "--backoff-ms", "600000") as srv:
+                    "--lock-timeout-ms", "50", "--backoff-ms", "600000",
+                    "--metrics-port", "0") as srv:
             s = srv.connect()
             for alg in ("fixed_window", "sliding_window"):
                 v = call(s, "TG.HIT", "old", alg, 1000000, HOUR)
@@ -257,6 +259,28 @@ class StuckShmLock(unittest.TestCase):
             for v in c.answers:
                 self.assertEqual(v[0], 1)
                 self.assertEqual(v[5], 0)
+            # the limiter's counters count every one of these decisions,
+            # those answered while the lock was stuck (by the limiter that
+            # does not wait) too, in INFO and in /metrics alike
+            fields = info(srv)
+            self.assertEqual(fields["limiter_fixed_window_allowed"],
+                             str(1 + len(b.answers)))
+            self.assertEqual(fields["limiter_fixed_window_degraded"], str(n))
+            self.assertEqual(fields["limiter_fixed_window_errors"], str(n))
+            self.assertEqual(fields["limiter_sliding_window_allowed"],
+                             str(1 + len(c.answers)))
+            m = re.search(r"metrics on http://\S+:(\d+)/metrics", srv.banner)
+            conn = http.client.HTTPConnection("127.0.0.1", int(m.group(1)),
+                                              timeout=30)
+            conn.request("GET", "/metrics")
+            text = conn.getresponse().read().decode()
+            conn.close()
+            fw = '{algorithm="fixed_window"'
+            self.assertIn("tollgate_allowed_total%s} %d\n"
+                          % (fw, 1 + len(b.answers)), text)
+            self.assertIn("tollgate_degraded_total%s} %d\n" % (fw, n), text)
+            self.assertIn('tollgate_errors_total%s,code="TG_EBUSY"} %d\n'
+                          % (fw, n), text)
 
             # the process goes on and lets go: new keys are served again,
             # and the log says so, once each way
