@@ -85,9 +85,18 @@ static uint64_t hash_of(const tg__deny_cache *dc, const void *key, size_t n) {
   return tg__siphash(dc->sip, key, n) | 1; /* never 0: 0 marks empty */
 }
 
+static size_t set_of(const tg__deny_cache *dc, uint64_t h) {
+  return (size_t)(h >> 16) & (dc->nsets - 1);
+}
+
+size_t tg__deny_cache_set(const tg__deny_cache *dc, const void *key,
+                          size_t key_len) {
+  return set_of(dc, hash_of(dc, key, key_len));
+}
+
 /* The set of hash h, locked. */
 static entry *lock_set(tg__deny_cache *dc, uint64_t h, pthread_mutex_t **mu) {
-  size_t set = (size_t)(h >> 16) & (dc->nsets - 1);
+  size_t set = set_of(dc, h);
   *mu = &dc->locks[set % dc->nlocks].mu;
   pthread_mutex_lock(*mu);
   return &dc->e[set * WAYS];

@@ -52,6 +52,11 @@ bool tg__deny_cache_get(tg__deny_cache *dc, const tg__call *c, bool mono,
 void tg__deny_cache_put(tg__deny_cache *dc, const tg__call *c, bool mono,
                         uint64_t at_us, const tg_result *r);
 
+/* The set a key's entries live in: a denial stored for one key can only
+ * push out an entry of a key of the same set. */
+size_t tg__deny_cache_set(const tg__deny_cache *dc, const void *key,
+                          size_t key_len);
+
 /* Forgets what the cache knows about a key (a reset or set on it). */
 void tg__deny_cache_forget(tg__deny_cache *dc, const void *key, size_t key_len);
 

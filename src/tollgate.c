@@ -507,22 +507,16 @@ int tg_hit(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
 #define BATCH_STACK 32u
 
 /* A deny cache answers a key from the denials stored before it: a batch
- * item must see those of the items before it, as tg_hit in a loop would.
- * Items go to the store together, so before an item whose key an item
- * still pending names, the pending ones are decided (and their denials
- * stored). Keys are told apart by a 12-bit fingerprint: one shared by two
- * keys only sends the group a little early. */
+ * item must see those of the items before it, as tg_hit in a loop would,
+ * and must not see an entry a pending item's denial will push out. A
+ * denial only pushes out entries of its own set, so before an item whose
+ * cache set a pending item shares (its own key's, always), the pending
+ * ones are decided and their denials stored. Sets beyond 4096 are told
+ * apart modulo 4096: two that fold together only send the group a little
+ * early. */
 typedef struct batch_seen {
   uint64_t bits[64];
 } batch_seen;
-
-static unsigned key_print(const void *key, size_t len) {
-  const unsigned char *p = key;
-  uint64_t h = len * UINT64_C(0x9e3779b97f4a7c15);
-  for (size_t i = 0; i < len; i++)
-    h = (h ^ p[i]) * UINT64_C(0x100000001b3);
-  return (unsigned)(h >> 52);
-}
 
 /* The store's answers to the pending calls calls[0..m), each written like
  * tg_hit's into its item. */
@@ -585,10 +579,11 @@ static int hit_batch(tg_limiter *lim, const uint64_t *now, tg_batch_item *items,
       continue;
     }
     if (lim->deny) {
-      unsigned fp = key_print(it->key, it->key_len);
+      size_t fp = tg__deny_cache_set(lim->deny, it->key, it->key_len) % 4096u;
       if (seen.bits[fp / 64] >> (fp % 64) & 1u) {
-        /* a pending item names this key (or shares its print): decide
-         * those first, then look in the cache they filled */
+        /* a pending item's denial could change what the cache says of
+         * this key: decide those first, then look in the cache they
+         * filled */
         tg__call c = calls[m];
         batch_decide(lim, items, calls, outs, rcs, pos, when, m);
         memset(&seen, 0, sizeof seen);

@@ -939,6 +939,74 @@ static void batch_with_deny_cache_is_serial(void **state) {
   }
 }
 
+/* A deny cache of one set (four entries) shared by six keys: a denial of
+ * one key pushes another's out, so a batch item must not be answered from
+ * an entry a pending item's denial would have replaced. Random batches on
+ * every algorithm against the same calls made one by one: every answer,
+ * every key's count and the cache's hits agree. */
+static void batch_with_a_crowded_deny_cache_is_serial(void **state) {
+  (void)state;
+  const char *keys[] = {"alpha", "beta", "gamma", "delta", "omega", "sigma"};
+  const tg_quota q = {2, 1000, 0};
+  uint64_t seed = 0x9e3779b97f4a7c15u, hits = 0;
+  for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+    tg_limiter *lim[2];
+    for (int v = 0; v < 2; v++) {
+      tg_config cfg;
+      tg_config_init(&cfg);
+      cfg.algorithm = (tg_algorithm)a;
+      cfg.clean_period_ms = 0;
+      cfg.deny_cache_entries = 4;
+      assert_int_equal(tg_limiter_new(&lim[v], &cfg), 0);
+    }
+    uint64_t now = UINT64_C(1700000000000000);
+    for (int round = 0; round < 400; round++) {
+      enum { N = 8 };
+      tg_batch_item it[N];
+      tg_result serial[N];
+      for (size_t i = 0; i < N; i++) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        const char *k = keys[(seed >> 33) % 6];
+        uint64_t cost = 1 + (seed >> 60) % 2;
+        it[i] = (tg_batch_item){k, strlen(k), &q, cost, 0, {0}};
+        assert_int_equal(
+            tg_hit_at(lim[0], now, k, strlen(k), &q, cost, &serial[i]), 0);
+      }
+      assert_int_equal(tg_hit_batch_at(lim[1], now, it, N), 0);
+      for (size_t i = 0; i < N; i++) {
+        const tg_result *x = &serial[i], *y = &it[i].result;
+        if (it[i].status != 0 || x->allowed != y->allowed ||
+            x->count != y->count || x->remaining != y->remaining ||
+            x->retry_after_ms != y->retry_after_ms ||
+            x->reset_after_ms != y->reset_after_ms)
+          fail_msg("%s round %d item %zu (%s): tg_hit allowed %d count %" PRIu64
+                   ", batch allowed %d count %" PRIu64,
+                   tg_algorithm_name((tg_algorithm)a), round, i,
+                   (const char *)it[i].key, x->allowed, x->count, y->allowed,
+                   y->count);
+      }
+      for (size_t k = 0; k < 6; k++) {
+        uint64_t v[2];
+        for (int l = 0; l < 2; l++)
+          assert_int_equal(
+              tg_get_at(lim[l], now, keys[k], strlen(keys[k]), &q, &v[l]), 0);
+        assert_int_equal(v[0], v[1]);
+      }
+      now += 50000; /* 50 ms: some denials expire, others not */
+    }
+    tg_stats st[2];
+    for (int l = 0; l < 2; l++)
+      assert_int_equal(tg_limiter_stats(lim[l], &st[l], sizeof st[l]), 0);
+    assert_int_equal(st[0].deny_cache_hits, st[1].deny_cache_hits);
+    assert_int_equal(st[0].allowed, st[1].allowed);
+    assert_int_equal(st[0].denied, st[1].denied);
+    hits += st[1].deny_cache_hits;
+    tg_limiter_destroy(lim[0]);
+    tg_limiter_destroy(lim[1]);
+  }
+  assert_true(hits > 0); /* the cache answered */
+}
+
 static void many_keys(void **state) {
   (void)state;
   for (size_t a = 0; a < TG_ALGORITHM_COUNT; a++) {
@@ -990,6 +1058,7 @@ int main(void) {
       cmocka_unit_test(key_count_tracks_keys),
       cmocka_unit_test(many_keys),
       cmocka_unit_test(batch_with_deny_cache_is_serial),
+      cmocka_unit_test(batch_with_a_crowded_deny_cache_is_serial),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
