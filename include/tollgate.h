@@ -1303,7 +1303,8 @@ TG_EXTERN int tg_shm_unlink(const char *name);
  * would need), by another format version or in another PID namespace is
  * TG_EMISMATCH, one whose header is not sound TG_ECORRUPT, and the region is
  * left as it was. A region to initialise must have tg_region_bytes(cfg)
- * bytes (TG_EINVAL otherwise). tg_limiter_destroy leaves
+ * bytes, and one to attach to at least the bytes of the table it holds
+ * (TG_EINVAL otherwise). tg_limiter_destroy leaves
  * the region alone (it is the caller's, and so is unmapping it). So a server
  * that re-reads its configuration keeps the counts by creating a new limiter
  * on the same region, and learns from TG_EMISMATCH that the parameters

@@ -195,6 +195,18 @@ static void test_mismatch_and_corrupt(void **state) {
   changed = cfg;
   changed.long_keys = 10;
   assert_int_equal(tg_limiter_new(&other, &changed), TG_EMISMATCH);
+  /* parameters that need fewer bytes, given just those: still a mismatch
+   * (the header is sound), not a corrupt table */
+  changed = cfg;
+  changed.capacity = 500;
+  changed.region_bytes = tg_region_bytes(&changed);
+  assert_true(changed.region_bytes < bytes);
+  assert_int_equal(tg_limiter_new(&other, &changed), TG_EMISMATCH);
+  /* the same parameters with a region_bytes below the table's size */
+  changed = cfg;
+  changed.region_bytes = bytes - 64;
+  assert_int_equal(tg_limiter_new(&other, &changed), TG_EINVAL);
+  assert_non_null(strstr(tg_last_error(), "region_bytes"));
   assert_memory_equal(copy, mem, bytes); /* refusals change nothing */
   free(copy);
 

@@ -167,11 +167,18 @@ int tg__region_store_new(tg__store **out, void *mem, size_t size,
   tg__table t;
   int rc;
   if (size >= sizeof *h && tg__load_acquire(&h->magic) == TG__TABLE_MAGIC) {
-    /* a table already: judged by the size its own header claims, so that
-     * other parameters read as TG_EMISMATCH, whatever they would need */
-    size_t claimed = h->total_bytes <= size ? (size_t)h->total_bytes : size;
+    /* a table already: judged by the size its own header claims (the
+     * check reads the header only), so that other parameters read as
+     * TG_EMISMATCH, whatever either would need; then the region must hold
+     * it */
+    size_t claimed = (size_t)h->total_bytes;
     const char *why;
     rc = tg__table_check_header(h, claimed, &p, &why);
+    if (rc == TG_OK && claimed > size) {
+      tg__error_set("invalid tg_config: region_bytes below the size of the "
+                    "table the region holds");
+      return TG_EINVAL;
+    }
     if (rc == TG_OK)
       rc = tg__table_attach(&t, mem, claimed, &p);
     else
