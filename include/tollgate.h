@@ -1316,9 +1316,12 @@ TG_EXTERN int tg_shm_unlink(const char *name);
  * process killed at any instruction leaves no lock held for good, and every
  * wait is bounded by lock_timeout_ms. A limiter may be created before fork()
  * and used in the children (the table is addressed by offsets, and each
- * child records its own identity in the locks it takes). Growth is bounded
- * by the region: the table never allocates; a new key in a full table is
- * TG_EFULL, answered by the failure policy (or evicts one, TG_FULL_EVICT).
+ * child records its own identity in the locks it takes). A child inherits
+ * no cleaning thread: the parent's cleans the table while the parent
+ * lives (a child may call tg_clean), and tg_limiter_destroy in a child
+ * frees the child's copy without waiting for the parent's thread. Growth is
+ * bounded by the region: the table never allocates; a new key in a full table
+ * is TG_EFULL, answered by the failure policy (or evicts one, TG_FULL_EVICT).
  * Every page of the region must be usable when touched: anonymous memory
  * is; a file mapping on a file system that can fill up is not (use shm_name
  * there, which reserves its pages).

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 void tg__clean_bridge_cb(const tg__clean_item *items, size_t n, void *ctx) {
   const tg__clean_bridge *b = ctx;
@@ -36,6 +37,7 @@ struct tg__cleaner {
   bool stop;         /* guarded by mu */
   uint64_t period_ms;
   tg_limiter *lim;
+  pid_t pid; /* the process the thread runs in */
 };
 
 static void deadline_after(struct timespec *ts, uint64_t ms) {
@@ -70,6 +72,7 @@ int tg__cleaner_start(tg__cleaner **out, tg_limiter *lim, uint64_t period_ms) {
     return TG_ENOMEM;
   c->period_ms = period_ms;
   c->lim = lim;
+  c->pid = getpid();
   pthread_condattr_t ca;
   int ok = pthread_condattr_init(&ca) == 0;
   ok = ok && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0;
@@ -97,6 +100,13 @@ int tg__cleaner_start(tg__cleaner **out, tg_limiter *lim, uint64_t period_ms) {
 void tg__cleaner_stop(tg__cleaner *c) {
   if (!c)
     return;
+  if (getpid() != c->pid) {
+    /* a child of fork(): the thread is its parent's, and the mutex may
+     * have been copied locked (a fork while the thread held it): nothing
+     * here to stop, wake or join */
+    free(c);
+    return;
+  }
   pthread_mutex_lock(&c->mu);
   c->stop = true;
   pthread_cond_signal(&c->cv);

@@ -24,7 +24,9 @@ typedef struct tg__cleaner tg__cleaner;
 /* Starts a thread that calls tg_clean(lim, NULL) every period_ms. */
 int tg__cleaner_start(tg__cleaner **out, tg_limiter *lim, uint64_t period_ms);
 
-/* Stops the thread, waiting for a pass in progress; NULL is a no-op. */
+/* Stops the thread, waiting for a pass in progress; NULL is a no-op. In a
+ * child of the process that started it (fork), where the thread does not
+ * run, only frees it. */
 void tg__cleaner_stop(tg__cleaner *c);
 
 #endif /* TG_CLEANUP_H */

@@ -442,6 +442,53 @@ static void test_processes_share_one_timeline(void **state) {
   munmap(word, 64);
 }
 
+/* A limiter with a cleaning thread, made before fork(): the child has no
+ * such thread, only a copy of its mutex, which the fork may have caught
+ * held (the thread takes it as it starts, and around every wait). The
+ * child uses the limiter and destroys it without waiting for that
+ * thread: every child ends, and the parent's thread still stops. Forked
+ * right after tg_limiter_new, the moment a server forks its workers, and
+ * with a 1 ms period that keeps the thread busy. */
+static void test_fork_with_a_cleaning_thread(void **state) {
+  (void)state;
+  for (int run = 0; run < 60; run++) {
+    tg_config cfg;
+    config(&cfg, TG_TOKEN_BUCKET, 100);
+    cfg.clean_period_ms = run % 2 ? 1 : 60000;
+    size_t bytes;
+    tg_limiter *lim = new_on_region(&cfg, &bytes);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      tg_quota q = {.limit = 3, .period_ms = 1000};
+      tg_result r;
+      int rc = tg_hit_at(lim, T0, "k", 1, &q, 1, &r);
+      tg_limiter_destroy(lim);
+      _exit(rc == 0 && r.allowed ? 0 : 1);
+    }
+    /* a child stuck in tg_limiter_destroy never ends: 30 s is far more
+     * than one hit and a free take */
+    int status = 0;
+    bool ended = false;
+    for (int i = 0; i < 3000 && !ended; i++) {
+      pid_t w = waitpid(pid, &status, WNOHANG);
+      assert_true(w >= 0);
+      if (w == pid)
+        ended = true;
+      else
+        usleep(10000);
+    }
+    if (!ended) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      fail_msg("run %d: the child hung in tg_limiter_destroy", run);
+    }
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    tg_limiter_destroy(lim);
+    munmap(cfg.region, bytes);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes_and_validation),
@@ -450,6 +497,7 @@ int main(void) {
       cmocka_unit_test(test_full),
       cmocka_unit_test(test_processes_one_killed),
       cmocka_unit_test(test_processes_share_one_timeline),
+      cmocka_unit_test(test_fork_with_a_cleaning_thread),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
