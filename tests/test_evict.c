@@ -187,6 +187,27 @@ static void long_keys_evict_a_long_key(void **state) {
     assert_int_equal(get(lim, T0, l1, &later), fresh_value(alg, &later));
     assert_int_not_equal(get(lim, T0, l2, &latest), fresh_value(alg, &latest));
     tg_limiter_destroy(lim);
+
+    /* a full table (every slot and every chunk taken): one key goes for
+     * the new long key, a long one (it frees a chunk and a slot), though
+     * a short key is closer to fresh; before, the short key went for the
+     * slot and then a long key for the chunk */
+    cfg.capacity = 4;
+    assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+    hit(lim, T0, "short", &soon, 1); /* decays first of all */
+    hit(lim, T0, "other", &latest, 1);
+    hit(lim, T0, l1, &later, 1);
+    hit(lim, T0, l2, &latest, 1);
+    assert_int_equal(tg_key_count(lim), 4);
+    hit(lim, T0, l3, &later, 1);
+    assert_int_equal(tg_key_count(lim), 4);
+    assert_int_not_equal(get(lim, T0, "short", &soon), fresh_value(alg, &soon));
+    assert_int_not_equal(get(lim, T0, "other", &latest),
+                         fresh_value(alg, &latest));
+    assert_int_equal(get(lim, T0, l1, &later), fresh_value(alg, &later));
+    assert_int_not_equal(get(lim, T0, l2, &latest), fresh_value(alg, &latest));
+    assert_int_not_equal(get(lim, T0, l3, &later), fresh_value(alg, &later));
+    tg_limiter_destroy(lim);
   }
 }
 

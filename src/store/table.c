@@ -536,6 +536,13 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
   uint64_t i, ctl, chunk = 0, bi = 0;
   if (find(t, k, &i, &ctl) && !settle_slot_locked(t, i, ctl))
     goto out; /* someone else created it meanwhile */
+  /* a long key's chunk first: a long key reclaimed for it frees a slot
+   * too, where a short key reclaimed for the slot would leave the chunk
+   * still to find (a full table evicting two keys for one) */
+  if (k->len > TG__INLINE_KEY &&
+      !(chunk = alloc_or_reclaim_locked(t, chunk_alloc_locked, 0, NEED_CHUNK,
+                                        c->now_us, &rc)))
+    goto out;
   /* one bounded scan; an eviction can lose its CAS to a racing decision,
    * so evicting tries a few more */
   for (int pass = 0; tg__load_relaxed(&h->live) >= t->g.capacity &&
@@ -544,13 +551,10 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
     reclaim_some_locked(t, c->now_us, NEED_SLOT, t->g.evict);
   rc = TG_EFULL;
   if (tg__load_relaxed(&h->live) >= t->g.capacity)
-    goto out;
-  /* arenas before the slot: a reclaim may turn TOMBs into EMPTYs, and the
-   * slot must be the first free one on the key's probe path */
-  if (k->len > TG__INLINE_KEY &&
-      !(chunk = alloc_or_reclaim_locked(t, chunk_alloc_locked, 0, NEED_CHUNK,
-                                        c->now_us, &rc)))
-    goto out;
+    goto fail;
+  /* arenas and reclaims before the slot: a reclaim may turn TOMBs into
+   * EMPTYs, and the slot must be the first free one on the key's probe
+   * path */
   if (sliding && !(bi = take_block_locked(t, log_class_for(t, init_log->n),
                                           c->now_us, &rc)))
     goto fail;
