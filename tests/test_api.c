@@ -164,6 +164,56 @@ static void redis_config_init_sets_the_documented_defaults(void **state) {
   }
 }
 
+/* A bad tg_redis_config is TG_EINVAL, and tg_last_error names the field
+ * (checked before any connection is tried: no server is needed). */
+static void redis_config_errors_name_the_field(void **state) {
+  (void)state;
+  if (!tg_redis_available())
+    skip();
+  static const struct {
+    const char *why;
+    int pool, port, db;
+    const char *prefix, *user, *unix_path, *host, *nodes;
+  } bad[] = {
+      {"pool_size", 0, 6379, 0, "tg", NULL, NULL, "h", NULL},
+      {"pool_size", 1025, 6379, 0, "tg", NULL, NULL, "h", NULL},
+      {"port", 4, 0, 0, "tg", NULL, NULL, "h", NULL},
+      {"port", 4, 65536, 0, "tg", NULL, NULL, "h", NULL},
+      {"db", 4, 6379, -1, "tg", NULL, NULL, "h", NULL},
+      {"key_prefix", 4, 6379, 0, "a{b", NULL, NULL, "h", NULL},
+      {"key_prefix", 4, 6379, 0, "", NULL, NULL, "h", NULL},
+      {"username", 4, 6379, 0, "tg", "u", NULL, "h", NULL},
+      {"host", 4, 6379, 0, "tg", NULL, NULL, "", NULL},
+      {"unix_path", 4, 6379, 0, "tg", NULL, "", "h", NULL},
+      {"cluster_nodes", 4, 6379, 0, "tg", NULL, NULL, "h", "x"},
+      {"db", 4, 6379, 1, "tg", NULL, NULL, "h", "h:7000"},
+      {"unix_path", 4, 6379, 0, "tg", NULL, "/tmp/s", "h", "h:7000"},
+      {"pool_size", 0, 6379, 0, "tg", NULL, NULL, "h", "h:7000"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    tg_redis_config rc;
+    tg_redis_config_init(&rc);
+    rc.pool_size = (uint32_t)bad[i].pool;
+    rc.port = bad[i].port;
+    rc.db = bad[i].db;
+    rc.key_prefix = bad[i].prefix;
+    rc.username = bad[i].user;
+    rc.unix_path = bad[i].unix_path;
+    rc.host = bad[i].host;
+    rc.cluster_nodes = bad[i].nodes;
+    tg_config cfg;
+    tg_config_init(&cfg);
+    cfg.redis = &rc;
+    tg_limiter *lim = (tg_limiter *)&cfg;
+    assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+    assert_null(lim);
+    if (!strstr(tg_last_error(), bad[i].why) ||
+        !strstr(tg_last_error(), "tg_redis_config"))
+      fail_msg("case %zu: tg_last_error \"%s\" does not name %s", i,
+               tg_last_error(), bad[i].why);
+  }
+}
+
 static void limiter_new_rejects_a_bad_config(void **state) {
   (void)state;
   tg_config cfg;
@@ -1035,6 +1085,7 @@ int main(void) {
       cmocka_unit_test(algorithm_names),
       cmocka_unit_test(config_init_sets_the_documented_defaults),
       cmocka_unit_test(redis_config_init_sets_the_documented_defaults),
+      cmocka_unit_test(redis_config_errors_name_the_field),
       cmocka_unit_test(limiter_new_rejects_a_bad_config),
       cmocka_unit_test(limiter_new_accepts_every_algorithm_and_policy),
       cmocka_unit_test(limiter_new_with_null_config_uses_defaults),

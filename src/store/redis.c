@@ -42,6 +42,7 @@
 #include "store.h"
 
 #include "../atomic.h"
+#include "../error.h"
 #include "../mono.h"
 
 #include <errno.h>
@@ -1684,24 +1685,40 @@ int tg__redis_node_new(tg__store **out, const tg_redis_config *rc,
   return rc2;
 }
 
-static bool config_ok(const tg_redis_config *rc) {
-  if (!rc->key_prefix || rc->pool_size < 1 || rc->pool_size > POOL_MAX ||
-      rc->db < 0 || (rc->username && !rc->password))
-    return false;
-  size_t n = strlen(rc->key_prefix);
+int tg__redis_config_check(const tg_redis_config *rc, bool cluster) {
+  const char *bad = NULL;
+  size_t n = rc->key_prefix ? strlen(rc->key_prefix) : 0;
   if (n < 1 || n > PREFIX_MAX || strpbrk(rc->key_prefix, "{}"))
-    return false;
-  if (rc->unix_path)
-    return rc->unix_path[0] != '\0';
-  return rc->host && rc->host[0] != '\0' && rc->port > 0 && rc->port <= 65535;
+    bad = "key_prefix must be 1..128 bytes, without { or }";
+  else if (rc->pool_size < 1 || rc->pool_size > POOL_MAX)
+    bad = "pool_size outside 1..1024";
+  else if (rc->username && !rc->password)
+    bad = "a username without a password";
+  else if (cluster && rc->db != 0)
+    bad = "db must be 0 with cluster_nodes";
+  else if (cluster && rc->unix_path)
+    bad = "unix_path cannot be used with cluster_nodes";
+  else if (rc->db < 0)
+    bad = "db below 0";
+  else if (!cluster && rc->unix_path && rc->unix_path[0] == '\0')
+    bad = "unix_path is empty";
+  else if (!cluster && !rc->unix_path && (!rc->host || rc->host[0] == '\0'))
+    bad = "host is empty";
+  else if (!cluster && !rc->unix_path && (rc->port <= 0 || rc->port > 65535))
+    bad = "port outside 1..65535";
+  if (!bad)
+    return TG_OK;
+  tg__error_set("invalid tg_redis_config: %s", bad);
+  return TG_EINVAL;
 }
 
 int tg__redis_store_new(tg__store **out, const tg_redis_config *rc,
                         tg_algorithm alg, uint32_t log_entries) {
   if (rc->cluster_nodes)
     return tg__redis_cluster_new(out, rc, alg, log_entries);
-  if (!config_ok(rc))
-    return TG_EINVAL;
+  int bad = tg__redis_config_check(rc, false);
+  if (bad != TG_OK)
+    return bad;
   redis_store *s =
       calloc(1, sizeof *s + (size_t)rc->pool_size * sizeof s->conns[0]);
   if (!s)

@@ -35,6 +35,7 @@
 #include "redis_engine.h"
 
 #include "../atomic.h"
+#include "../error.h"
 #include "../mono.h"
 
 #include <errno.h>
@@ -732,9 +733,9 @@ static const tg__store_ops cluster_ops = {
 
 int tg__redis_cluster_new(tg__store **out, const tg_redis_config *rc,
                           tg_algorithm alg, uint32_t log_entries) {
-  if (rc->pool_size < 1 || rc->pool_size > POOL_MAX || rc->db != 0 ||
-      rc->unix_path || (rc->username && !rc->password))
-    return TG_EINVAL;
+  int bad = tg__redis_config_check(rc, true);
+  if (bad != TG_OK)
+    return bad;
   cluster_store *s = calloc(1, sizeof *s);
   if (!s)
     return TG_ENOMEM;
@@ -747,6 +748,9 @@ int tg__redis_cluster_new(tg__store **out, const tg_redis_config *rc,
   s->command_timeout_ms = rc->command_timeout_ms;
   s->backoff_ms = rc->reconnect_backoff_ms;
   int err = tg__cluster_seeds(&s->map, rc->cluster_nodes);
+  if (err == TG_EINVAL)
+    tg__error_set("invalid tg_redis_config: cluster_nodes must be 1..64 "
+                  "comma-separated HOST:PORT");
   if (err == TG_OK)
     err = tg__redis_codec_new(&s->codec, rc->key_prefix, alg, log_entries);
   if (err == TG_OK &&

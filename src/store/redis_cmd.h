@@ -30,6 +30,12 @@ typedef struct tg__redis_args {
   int nnum;
 } tg__redis_args;
 
+/* Checks a tg_redis_config as tg_limiter_new takes it, for one server or
+ * (cluster) for cluster_nodes: TG_EINVAL with tg_last_error naming the
+ * field (cluster_nodes itself is parsed by tg__cluster_seeds), else
+ * TG_OK. */
+int tg__redis_config_check(const tg_redis_config *rc, bool cluster);
+
 /* A Redis store used only for its key names and command encoding: it holds
  * no connection and must never execute a call. TG_EINVAL for a bad prefix
  * (1..128 bytes, no "{" or "}"), TG_ENOMEM. Destroy it with its ops. */
