@@ -643,7 +643,12 @@ TG_EXTERN size_t tg_store_bytes(const tg_limiter *lim);
  * batch over keys not in cache waits for their memory accesses together
  * rather than one after another (other stores simply loop). The batch is not
  * atomic as a whole: each item is its own decision. Items may name the same
- * key; later items see earlier ones. */
+ * key; later items see earlier ones. With a deny cache (deny_cache_entries),
+ * an item that shares a cache set with an item not yet sent sends the items
+ * before it first, so that it sees their denials: a batch of k distinct keys
+ * then takes more than one round trip when two of its keys share one of the
+ * cache's sets (a quarter of its entries; about k^2 / (2 x sets) such
+ * pairs). */
 typedef struct tg_batch_item {
   const void *key;   /* in: key bytes */
   size_t key_len;    /* in */
