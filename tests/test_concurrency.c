@@ -26,6 +26,14 @@
  *      admitted, and all of it still in the log.
  *   g. tg_clock_latest from threads whose clocks lag one another: each sees
  *      one timeline that never goes back, and the word ends at the latest.
+ *   h. a reclaim racing the creation of the key it reclaims: threads whose
+ *      clocks lag a cleaning thread's by half a period create and hit new
+ *      fixed-window keys in a tiny table, the cleaner reclaims each full
+ *      window as soon as it exists: a key then lives at most once in its
+ *      first window and once in the next (the horizon sends a lagging call
+ *      to the next), so it admits at most twice its limit a round. A call
+ *      that had found the key absent before a reclaim must not publish the
+ *      window it made then (its count restarting at 1).
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -560,6 +568,113 @@ static void g_clock_latest_one_timeline(void **state) {
   assert_int_equal(word, latest);
 }
 
+/* h: see the top of the file. Rounds of H_KEYS new keys, every call's now
+ * in the round's first window [B, B + P), the cleaner at B + 1.5 P. */
+#define H_ROUNDS 8000
+#define H_KEYS 4
+#define H_LIMIT 2
+#define H_HITS 24 /* per thread per round */
+#define H_P_US UINT64_C(1000000)
+
+typedef struct reclaim_race {
+  tg_limiter *lim;
+  pthread_barrier_t *bar;
+  uint64_t *base;        /* the round's B, written by the main thread */
+  unsigned *allowed;     /* [H_ROUNDS][H_KEYS], this thread's */
+  unsigned errors, seed; /* errors: calls that did not return TG_OK */
+} reclaim_race;
+
+static unsigned h_stop;
+
+static void *h_hitter(void *arg) {
+  reclaim_race *w = arg;
+  uint64_t s = w->seed * UINT64_C(0x9e3779b97f4a7c15) + 1;
+  for (int r = 0; r < H_ROUNDS; r++) {
+    pthread_barrier_wait(w->bar);
+    uint64_t b = __atomic_load_n(w->base, __ATOMIC_ACQUIRE);
+    for (int j = 0; j < H_HITS; j++) {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      int k = (int)(s % H_KEYS);
+      uint64_t now = b + (s >> 8) % H_P_US;
+      char key[32];
+      int n = snprintf(key, sizeof key, "r%d-k%d", r, k);
+      const tg_quota q = {.limit = H_LIMIT, .period_ms = 1000};
+      tg_result res;
+      if (tg_hit_at(w->lim, now, key, (size_t)n, &q, 1, &res) != TG_OK)
+        w->errors++;
+      else
+        w->allowed[r * H_KEYS + k] += res.allowed;
+    }
+    pthread_barrier_wait(w->bar);
+  }
+  return NULL;
+}
+
+static void *h_cleaner(void *arg) {
+  reclaim_race *w = arg;
+  while (!__atomic_load_n(&h_stop, __ATOMIC_ACQUIRE)) {
+    uint64_t b = __atomic_load_n(w->base, __ATOMIC_ACQUIRE);
+    (void)tg_clean_at(w->lim, b + H_P_US + H_P_US / 2, NULL);
+  }
+  return NULL;
+}
+
+static void h_reclaim_races_creation(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_FIXED_WINDOW;
+  cfg.capacity = 8;
+  cfg.clean_period_ms = 0;
+  cfg.key_older_than_ms = 0;
+  cfg.on_failure = TG_POLICY_ERROR;
+  tg_limiter *lim = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, THREADS + 1);
+  uint64_t base = T0;
+  reclaim_race w[THREADS];
+  pthread_t th[THREADS], cl;
+  for (int i = 0; i < THREADS; i++) {
+    w[i] = (reclaim_race){lim, &bar, &base, NULL, 0, (unsigned)i + 1};
+    w[i].allowed = calloc(H_ROUNDS * H_KEYS, sizeof *w[i].allowed);
+    assert_non_null(w[i].allowed);
+    assert_int_equal(pthread_create(&th[i], NULL, h_hitter, &w[i]), 0);
+  }
+  __atomic_store_n(&h_stop, 0, __ATOMIC_RELEASE);
+  assert_int_equal(pthread_create(&cl, NULL, h_cleaner, &w[0]), 0);
+  for (int r = 0; r < H_ROUNDS; r++) {
+    __atomic_store_n(&base, T0 + (uint64_t)r * 2 * H_P_US, __ATOMIC_RELEASE);
+    pthread_barrier_wait(&bar); /* the round starts */
+    pthread_barrier_wait(&bar); /* and ends */
+  }
+  __atomic_store_n(&h_stop, 1, __ATOMIC_RELEASE);
+  for (int i = 0; i < THREADS; i++)
+    pthread_join(th[i], NULL);
+  pthread_join(cl, NULL);
+  pthread_barrier_destroy(&bar);
+  unsigned over = 0, errors = 0, total = 0;
+  for (int r = 0; r < H_ROUNDS; r++)
+    for (int k = 0; k < H_KEYS; k++) {
+      unsigned sum = 0;
+      for (int i = 0; i < THREADS; i++)
+        sum += w[i].allowed[r * H_KEYS + k];
+      total += sum;
+      if (sum > 2 * H_LIMIT && over++ < 5)
+        print_error("round %d key %d admitted %u, at most %d\n", r, k, sum,
+                    2 * H_LIMIT);
+    }
+  for (int i = 0; i < THREADS; i++) {
+    errors += w[i].errors;
+    free(w[i].allowed);
+  }
+  tg_limiter_destroy(lim);
+  assert_int_equal(errors, 0);
+  assert_int_equal(over, 0);
+  /* and the keys did admit: most rounds reach a key's first limit */
+  assert_true(total >= (unsigned)H_ROUNDS * H_KEYS * H_LIMIT / 2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_fixed_window_exact),
@@ -577,6 +692,7 @@ int main(void) {
       cmocka_unit_test(e_sliding_logs_grow_their_arena),
       cmocka_unit_test(f_sliding_logs_grow_under_contention),
       cmocka_unit_test(g_clock_latest_one_timeline),
+      cmocka_unit_test(h_reclaim_races_creation),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -517,11 +517,13 @@ static uint64_t take_block_locked(tg__table *t, unsigned cls, uint64_t now_us,
 }
 
 /* Creates the key with its first state already in place: `init` (windows,
- * buckets) or the entries of `init_log` (sliding), then the key, then the
- * ctrl word, so nobody (a cleaner included) ever sees it half made. Sets
- * *published when this call created it; if the key exists already (someone
- * created it meanwhile) nothing is written and the caller runs its step on
- * the existing state. */
+ * buckets) or the entries of `init_log` (sliding), computed at c's time,
+ * then the key, then the ctrl word, so nobody (a cleaner included) ever
+ * sees it half made. Sets *published when this call created it; if the
+ * key exists already (someone created it meanwhile), or a reclaim has
+ * raised the horizon past c's time since the caller evaluated it (see
+ * absent_call), nothing is written and the caller evaluates the call
+ * again. */
 static int insert(tg__table *t, const kref *k, const tg__call *c,
                   const tg__state *init, const tg__log *init_log,
                   bool *published, tg__wait *wt) {
@@ -536,6 +538,14 @@ static int insert(tg__table *t, const kref *k, const tg__call *c,
   uint64_t i, ctl, chunk = 0, bi = 0;
   if (find(t, k, &i, &ctl) && !settle_slot_locked(t, i, ctl))
     goto out; /* someone else created it meanwhile */
+  /* the caller evaluated the absent key at c's time before it had the
+   * lock: a reclaim since then may have raised the horizon past it, and
+   * the state made at that time may be one the reclaim ended (a full
+   * window, counted again from 1). Nothing published: the caller
+   * evaluates it again, at the horizon. */
+  tg__call again;
+  if (absent_call(t, c, &again) != c)
+    goto out;
   /* a long key's chunk first: a long key reclaimed for it frees a slot
    * too, where a short key reclaimed for the slot would leave the chunk
    * still to find (a full table evicting two keys for one) */

@@ -18,8 +18,11 @@
  * word says whether the slot is EMPTY, LIVE or a TOMB, and carries the key
  * length, 16 bits of the key's hash and a 32-bit generation. The generation
  * is repeated inside the state, so once a slot is reclaimed for another
- * key, a CAS prepared against the old
- * key's state can never succeed: no ABA.
+ * key, a CAS prepared against the old key's state fails: for buckets and
+ * logs until the generation wraps (2^32 reuses); a window keeps 10 bits
+ * of it, so a CAS stalled over 1,024 reuses of its slot could land on a
+ * key with the same window end and count (docs/DESIGN.md, "State
+ * encodings").
  *
  * Concurrency contract:
  *   - lookups and updates of existing keys are lock-free: probe, validate the
