@@ -2236,11 +2236,22 @@ static ngx_int_t tg_ngx_handler(ngx_http_request_t *r) {
     ctx->resume = 0;
     return ctx->resume_rc;
   }
-  if (lcf->limits == NULL || get_ctx(r) != NULL)
-    return NGX_DECLINED; /* not limited, or decided already */
+  if (lcf->limits == NULL)
+    return NGX_DECLINED; /* not limited */
+  /* decided already (before an internal redirect)? Only a decision with a
+   * rule counts: a location whose keys were all empty, or whose cost was
+   * not a number, decided nothing, and the location a redirect leads to
+   * still limits the request, as limit_req's does */
+  ctx = get_ctx(r);
+  if (ctx != NULL && ctx->n > 0)
+    return NGX_DECLINED;
   ctx = new_ctx(r, lcf);
-  if (ctx == NULL || collect_rules(r, lcf, ctx) != NGX_OK)
+  if (ctx == NULL)
     return NGX_HTTP_INTERNAL_SERVER_ERROR;
+  if (collect_rules(r, lcf, ctx) != NGX_OK) {
+    ctx->n = 0; /* nothing was decided */
+    return NGX_HTTP_INTERNAL_SERVER_ERROR;
+  }
   if (ctx->n == 0) {
     ctx->state = TG_NGX_PASSED;
     return NGX_DECLINED;

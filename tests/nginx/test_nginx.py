@@ -80,6 +80,9 @@ tollgate_zone $arg_k zone=r3:1m rate=5r/h;
 tollgate_zone $arg_k zone=r4:1m rate=100r/d;
 tollgate_zone $arg_k zone=r5:1m rate=1000/15m;
 tollgate_zone $arg_k zone=r6:1m rate=100/30s;
+tollgate_zone $arg_k zone=ek:1m algorithm=fixed_window_per_key rate=3/1d;
+tollgate_zone $arg_ip zone=fb:1m algorithm=fixed_window_per_key rate=1/1d;
+tollgate_zone $arg_ip zone=fb2:1m algorithm=fixed_window_per_key rate=1/1d;
 """
         locs = """
 location /on { tollgate zone=w; try_files /index.html =404; }
@@ -144,6 +147,11 @@ location /rate/3 { tollgate zone=r3; try_files /index.html =404; }
 location /rate/4 { tollgate zone=r4; try_files /index.html =404; }
 location /rate/5 { tollgate zone=r5; try_files /index.html =404; }
 location /rate/6 { tollgate zone=r6; try_files /index.html =404; }
+location /emptyk { tollgate zone=ek; try_files /nope @fallback; }
+location @fallback { tollgate zone=fb; try_files /index.html =404; }
+location /badcost { tollgate zone=ek cost=$arg_c;
+                    error_page 500 = @fallback2; try_files /index.html =404; }
+location @fallback2 { tollgate zone=fb2; try_files /index.html =404; }
 location /free { try_files /index.html =404;
                  add_header X-Status "[$tollgate_status]" always; }
 """
@@ -402,6 +410,16 @@ location /free { try_files /index.html =404;
         self.assertEqual([g[0] for g in got], [200, 200, 200, 429])
         self.assertEqual([g[1]["x-remaining"] for g in got[:3]],
                          ["2", "1", "0"])
+
+    def test_a_location_that_decided_nothing_leaves_it_to_the_next(self):
+        # every key empty: not limited there, but the location an internal
+        # redirect leads to still limits the request (as limit_req's)
+        got = [self.n.request("/emptyk?ip=a")[0] for _ in range(3)]
+        self.assertEqual(got, [200, 429, 429])
+        # a cost that is not a number: a 500 that decided nothing, and the
+        # error_page location limits the request
+        got = [self.n.request("/badcost?k=b&c=abc&ip=b")[0] for _ in range(3)]
+        self.assertEqual(got, [200, 429, 429])
 
     def test_log_level(self):
         for _ in range(4):
