@@ -933,6 +933,29 @@ static void key_count_tracks_keys(void **state) {
 }
 
 /* Many keys in one limiter (the table grows) keep their own state. */
+/* Two limiters of algorithm alg with a deny cache of `entries`: one for
+ * calls made one by one, one for the same calls in batches. */
+static void deny_cache_pair(tg_algorithm alg, uint64_t entries,
+                            tg_limiter *lim[2]) {
+  for (int v = 0; v < 2; v++) {
+    tg_config cfg;
+    tg_config_init(&cfg);
+    cfg.algorithm = alg;
+    cfg.clean_period_ms = 0;
+    cfg.deny_cache_entries = entries;
+    assert_int_equal(tg_limiter_new(&lim[v], &cfg), 0);
+  }
+}
+
+/* A batch item decided as tg_hit decided the same call (answer x). */
+static bool same_as_serial(const tg_batch_item *it, const tg_result *x) {
+  const tg_result *y = &it->result;
+  return it->status == 0 && x->allowed == y->allowed && x->count == y->count &&
+         x->remaining == y->remaining &&
+         x->retry_after_ms == y->retry_after_ms &&
+         x->reset_after_ms == y->reset_after_ms;
+}
+
 /* A batch answers as tg_hit on each item in order, with a deny cache too:
  * an item sees the denials the items before it stored (a batch used to
  * send every item to the store first, so a later item on a denied key was
@@ -946,14 +969,7 @@ static void batch_with_deny_cache_is_serial(void **state) {
   const uint64_t now = UINT64_C(1700000000000000);
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
     tg_limiter *lim[2];
-    for (int v = 0; v < 2; v++) {
-      tg_config cfg;
-      tg_config_init(&cfg);
-      cfg.algorithm = (tg_algorithm)a;
-      cfg.clean_period_ms = 0;
-      cfg.deny_cache_entries = 64;
-      assert_int_equal(tg_limiter_new(&lim[v], &cfg), 0);
-    }
+    deny_cache_pair((tg_algorithm)a, 64, lim);
     tg_result serial[N];
     tg_batch_item it[N];
     for (size_t i = 0; i < N; i++) {
@@ -964,10 +980,7 @@ static void batch_with_deny_cache_is_serial(void **state) {
     assert_int_equal(tg_hit_batch_at(lim[1], now, it, N), 0);
     for (size_t i = 0; i < N; i++) {
       const tg_result *x = &serial[i], *y = &it[i].result;
-      if (it[i].status != 0 || x->allowed != y->allowed ||
-          x->count != y->count || x->remaining != y->remaining ||
-          x->retry_after_ms != y->retry_after_ms ||
-          x->reset_after_ms != y->reset_after_ms)
+      if (!same_as_serial(&it[i], x))
         fail_msg("%s item %zu (%s): tg_hit allowed %d count %" PRIu64
                  " retry %" PRIu64 ", batch allowed %d count %" PRIu64
                  " retry %" PRIu64,
@@ -1001,14 +1014,7 @@ static void batch_with_a_crowded_deny_cache_is_serial(void **state) {
   uint64_t seed = 0x9e3779b97f4a7c15u, hits = 0;
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
     tg_limiter *lim[2];
-    for (int v = 0; v < 2; v++) {
-      tg_config cfg;
-      tg_config_init(&cfg);
-      cfg.algorithm = (tg_algorithm)a;
-      cfg.clean_period_ms = 0;
-      cfg.deny_cache_entries = 4;
-      assert_int_equal(tg_limiter_new(&lim[v], &cfg), 0);
-    }
+    deny_cache_pair((tg_algorithm)a, 4, lim);
     uint64_t now = UINT64_C(1700000000000000);
     for (int round = 0; round < 400; round++) {
       enum { N = 8 };
@@ -1025,10 +1031,7 @@ static void batch_with_a_crowded_deny_cache_is_serial(void **state) {
       assert_int_equal(tg_hit_batch_at(lim[1], now, it, N), 0);
       for (size_t i = 0; i < N; i++) {
         const tg_result *x = &serial[i], *y = &it[i].result;
-        if (it[i].status != 0 || x->allowed != y->allowed ||
-            x->count != y->count || x->remaining != y->remaining ||
-            x->retry_after_ms != y->retry_after_ms ||
-            x->reset_after_ms != y->reset_after_ms)
+        if (!same_as_serial(&it[i], x))
           fail_msg("%s round %d item %zu (%s): tg_hit allowed %d count %" PRIu64
                    ", batch allowed %d count %" PRIu64,
                    tg_algorithm_name((tg_algorithm)a), round, i,

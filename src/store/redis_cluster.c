@@ -52,7 +52,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define POOL_MAX 1024u
 #define READ_CHUNK 16384u
 /* The shortest wait between two map refreshes no call is waiting for. */
 #define REFRESH_GAP_MIN_MS 100u

@@ -36,6 +36,16 @@ def get(port, path, method="GET"):
     return r.status, r.getheader("Content-Type"), body
 
 
+def read_to_close(sock):
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
 def sample(text, name, alg):
     m = re.search(r'^%s\{algorithm="%s"\} (\d+)$' % (name, alg), text, re.M)
     return int(m.group(1)) if m else None
@@ -87,12 +97,7 @@ class Metrics(unittest.TestCase):
             r1 = redis.Redis(port=srv.port, socket_timeout=30)
             self.assertTrue(r1.ping())  # the one client allowed
             s = socket.create_connection(("127.0.0.1", port), timeout=30)
-            data = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+            data = read_to_close(s)
             s.close()
             self.assertTrue(data.startswith(
                 b"HTTP/1.1 503 Service Unavailable\r\n"), data)
@@ -109,12 +114,7 @@ class Metrics(unittest.TestCase):
                 "TG.HIT", "k", "token_bucket", 5, 1000)[0], 1)
             self.assertLess(time.monotonic() - t, 5)
             slow.sendall(b"ics HTTP/1.1\r\nHost: x\r\n\r\n")
-            data = b""
-            while True:
-                chunk = slow.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+            data = read_to_close(slow)
             self.assertTrue(data.startswith(b"HTTP/1.1 200 OK\r\n"))
             slow.close()
             r.close()
