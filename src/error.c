@@ -41,7 +41,17 @@ const char *tg_err_name(int err) {
 /* One per thread, so concurrent tg_limiter_new calls never mix details. */
 static _Thread_local char detail[256];
 
+static _Thread_local int muted;
+
+int tg__error_mute(int on) {
+  int was = muted;
+  muted = on;
+  return was;
+}
+
 void tg__error_set(const char *fmt, ...) {
+  if (muted)
+    return;
   va_list ap;
   va_start(ap, fmt);
   /* clang-analyzer 14 reports ap uninitialised here although va_start just
@@ -51,7 +61,10 @@ void tg__error_set(const char *fmt, ...) {
   va_end(ap);
 }
 
-void tg__error_clear(void) { detail[0] = '\0'; }
+void tg__error_clear(void) {
+  if (!muted)
+    detail[0] = '\0';
+}
 
 int tg__error_isset(void) { return detail[0] != '\0'; }
 

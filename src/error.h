@@ -17,4 +17,10 @@ void tg__error_clear(void);
 /* True when a detail has been written since the last clear. */
 int tg__error_isset(void);
 
+/* While muted (on != 0), the calling thread's set and clear change
+ * nothing: for code shared with tg_nb_input (the Redis engine) when a
+ * decision runs it, since a decision leaves tg_last_error as it was.
+ * Returns the previous setting, for the caller to restore. */
+int tg__error_mute(int on);
+
 #endif /* TG_ERROR_H */

@@ -313,6 +313,21 @@ static void cluster_config_is_validated(void **state) {
   assert_true(r.degraded && !r.allowed);
   assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_ECONNECT);
   tg_limiter_destroy(lim);
+  /* a decision leaves tg_last_error as the last tg_limiter_new left it:
+   * connecting, the handshake and the replies write nothing there */
+  tg_limiter *live =
+      limiter(TG_FIXED_WINDOW, prefix_of("why"), TG_POLICY_ERROR, 1);
+  tg_redis_config_init(&rc);
+  rc.cluster_nodes = "h:0";
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  char why[256];
+  snprintf(why, sizeof why, "%s", tg_last_error());
+  assert_true(why[0] != '\0');
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(tg_hit(live, "k", 1, &q, 1, &r), TG_OK);
+    assert_string_equal(tg_last_error(), why);
+  }
+  tg_limiter_destroy(live);
 }
 
 /* ---- exact across processes

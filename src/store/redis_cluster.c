@@ -319,7 +319,11 @@ static int pump_in(pooled *k, uint32_t id, uint64_t now, bool *answered,
     }
     k->last_ms[id] = now;
     *answered = true;
+    /* a decision leaves tg_last_error as it was (only tg_limiter_new and
+     * tg_nb_input write it) */
+    int was = tg__error_mute(1);
     int rc = tg__eng_input(&k->eng, id, buf, (size_t)n);
+    (void)tg__error_mute(was);
     if (rc != TG_OK)
       return rc; /* not RESP, or the handshake refused */
     if ((size_t)n < sizeof buf)
