@@ -238,6 +238,7 @@ static int limiter_new(tg_limiter **out, const tg_config *cfg, bool shell) {
   lim->stats = tg__stats_new();
   if (!lim->stats) {
     free(lim);
+    tg__error_set("out of memory");
     return TG_ENOMEM;
   }
   lim->bridge = (tg__clean_bridge){cfg->algorithm, cfg->before_clean,
