@@ -660,16 +660,26 @@ static void forget(tg_limiter *lim, const void *key, size_t key_len) {
     tg__deny_cache_forget(lim->deny, key, key_len);
 }
 
+/* A set forgets the key's cached denial once it has run (invalid input
+ * changes nothing, the cache included); after, not before, so that a
+ * denial cached from the old state while the set ran goes too. */
+static int set_then_forget(tg_limiter *lim, const uint64_t *now,
+                           const void *key, size_t key_len, const tg_quota *q,
+                           uint64_t value) {
+  int rc = run_value(lim, TG__OP_SET, now, key, key_len, q, value, NULL);
+  if (!tg__input_error(rc))
+    forget(lim, key, key_len);
+  return rc;
+}
+
 int tg_set_at(tg_limiter *lim, uint64_t now_us, const void *key, size_t key_len,
               const tg_quota *q, uint64_t value) {
-  forget(lim, key, key_len);
-  return run_value(lim, TG__OP_SET, &now_us, key, key_len, q, value, NULL);
+  return set_then_forget(lim, &now_us, key, key_len, q, value);
 }
 
 int tg_set(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
            uint64_t value) {
-  forget(lim, key, key_len);
-  return run_value(lim, TG__OP_SET, NULL, key, key_len, q, value, NULL);
+  return set_then_forget(lim, NULL, key, key_len, q, value);
 }
 
 int tg_expires_at_at(tg_limiter *lim, uint64_t now_us, const void *key,
@@ -699,8 +709,9 @@ int tg_reset(tg_limiter *lim, const void *key, size_t key_len) {
     return TG_EINVAL;
   if (key_len == 0 || key_len > TG_KEY_MAX)
     return TG_EKEY;
-  forget(lim, key, key_len);
-  return lim->store->ops->reset(lim->store, key, key_len);
+  int rc = lim->store->ops->reset(lim->store, key, key_len);
+  forget(lim, key, key_len); /* after, as a set does */
+  return rc;
 }
 
 void tg__limiter_done_slow(tg_limiter *lim, int rc, tg_result *r, bool shadow,

@@ -932,7 +932,6 @@ static void key_count_tracks_keys(void **state) {
   }
 }
 
-/* Many keys in one limiter (the table grows) keep their own state. */
 /* Two limiters of algorithm alg with a deny cache of `entries`: one for
  * calls made one by one, one for the same calls in batches. */
 static void deny_cache_pair(tg_algorithm alg, uint64_t entries,
@@ -954,6 +953,46 @@ static bool same_as_serial(const tg_batch_item *it, const tg_result *x) {
          x->remaining == y->remaining &&
          x->retry_after_ms == y->retry_after_ms &&
          x->reset_after_ms == y->reset_after_ms;
+}
+
+/* A tg_set refused for its input leaves the key's cached denial (invalid
+ * input changes nothing); one that runs forgets it. A fixed window's
+ * refused set has a quota of limit 0 (TG_EQUOTA), a sliding log's is
+ * TG_ENOTSUP. */
+static void refused_set_keeps_the_deny_cache(void **state) {
+  (void)state;
+  const tg_quota q = {1, 10000, 0}, zero = {0, 10000, 0};
+  const uint64_t now = UINT64_C(1700000000000000);
+  const tg_algorithm algs[] = {TG_FIXED_WINDOW, TG_SLIDING_WINDOW};
+  for (size_t a = 0; a < 2; a++) {
+    tg_limiter *lim[2];
+    deny_cache_pair(algs[a], 64, lim);
+    tg_limiter_destroy(lim[1]);
+    tg_result r;
+    assert_int_equal(tg_hit_at(lim[0], now, "k", 1, &q, 1, &r), 0);
+    assert_true(r.allowed);
+    assert_int_equal(tg_hit_at(lim[0], now, "k", 1, &q, 1, &r), 0);
+    assert_false(r.allowed); /* cached */
+    bool window = algs[a] == TG_FIXED_WINDOW;
+    assert_int_equal(tg_set_at(lim[0], now, "k", 1, window ? &zero : &q, 0),
+                     window ? TG_EQUOTA : TG_ENOTSUP);
+    tg_stats st;
+    assert_int_equal(tg_limiter_stats(lim[0], &st, sizeof st), 0);
+    uint64_t before = st.deny_cache_hits;
+    assert_int_equal(tg_hit_at(lim[0], now, "k", 1, &q, 1, &r), 0);
+    assert_false(r.allowed);
+    assert_int_equal(tg_limiter_stats(lim[0], &st, sizeof st), 0);
+    assert_int_equal(st.deny_cache_hits, before + 1);
+    if (window) {
+      uint64_t v;
+      assert_int_equal(tg_get_at(lim[0], now, "k", 1, &q, &v), 0);
+      assert_int_equal(v, 2); /* the cached denial was not counted */
+      assert_int_equal(tg_set_at(lim[0], now, "k", 1, &q, 0), 0);
+      assert_int_equal(tg_hit_at(lim[0], now, "k", 1, &q, 1, &r), 0);
+      assert_true(r.allowed); /* a set that ran forgot the denial */
+    }
+    tg_limiter_destroy(lim[0]);
+  }
 }
 
 /* A batch answers as tg_hit on each item in order, with a deny cache too:
@@ -1111,6 +1150,7 @@ int main(void) {
       cmocka_unit_test(windows_ignore_burst),
       cmocka_unit_test(key_count_tracks_keys),
       cmocka_unit_test(many_keys),
+      cmocka_unit_test(refused_set_keeps_the_deny_cache),
       cmocka_unit_test(batch_with_deny_cache_is_serial),
       cmocka_unit_test(batch_with_a_crowded_deny_cache_is_serial),
   };
