@@ -21,7 +21,11 @@
  *   4. within its reach the horizon still does its job: a clock stepping
  *      back 30 s does not revive a reclaimed window's count; 2 minutes back
  *      (beyond the 1-minute period) the call runs at its own time;
- *   5. a bucket's reach is its tolerance, not its period.
+ *   5. a bucket's reach is its tolerance, not its period;
+ *   6. and a reservation's state reaches its wait further;
+ *   7. a sliding log whose entries are at now 0 is live, not a log that
+ *      never kept one: a cleaning pass keeps it (tollgate.h, "Cleanup":
+ *      reclaiming changes no answer).
  * Each runs on the memory store and on a shared segment.
  */
 #include <setjmp.h>
@@ -314,6 +318,59 @@ static void bucket_reach_is_its_tolerance(void **state) {
   }
 }
 
+/* ---- 6. ---- */
+
+static void reservation_reach_is_its_wait(void **state) {
+  (void)state;
+  /* one a second, burst 1: five reservations queue the key 4 s ahead, its
+   * state fresh again only at T0 + 5 s, though a bucket's tolerance (the
+   * reach of every key the table created) is 1 s */
+  const tg_quota one = {.limit = 1, .period_ms = 1000, .burst = 1};
+  for (int shared = 0; shared < 2; shared++) {
+    tg_limiter *lim = make(TG_TOKEN_BUCKET, shared);
+    for (int i = 0; i < 5; i++) {
+      tg_reservation res;
+      assert_int_equal(tg_reserve_at(lim, T0, "r", 1, &one, 1, 10000, &res),
+                       TG_OK);
+      assert_true(res.ok);
+      assert_int_equal(res.delay_ms, (uint64_t)i * 1000);
+    }
+    size_t removed = 0;
+    assert_int_equal(tg_clean_at(lim, T0 + 6 * S_US, &removed), TG_OK);
+    assert_int_equal(removed, 1); /* the horizon is T0 + 5 s */
+    /* the clock steps back to T0 + 2 s: the queue's slots are not given
+     * out again. The first call is evaluated at the horizon (a full bucket
+     * there), the rest find that state; the key held would allow none */
+    int allowed = 0;
+    for (uint64_t t = T0 + 2 * S_US; t < T0 + 5 * S_US; t += 10000)
+      allowed += hit(lim, t, "r", &one, 1).allowed;
+    assert_int_equal(allowed, 1);
+    tg_limiter_destroy(lim);
+    unlink_seg(NULL);
+  }
+}
+
+/* ---- 7. ---- */
+
+static void sliding_entries_at_zero_are_live(void **state) {
+  (void)state;
+  const tg_quota week = {.limit = 3, .period_ms = 7 * 86400000ull};
+  for (int shared = 0; shared < 2; shared++) {
+    tg_limiter *lim = make(TG_SLIDING_WINDOW, shared);
+    for (int i = 0; i < 3; i++)
+      assert_true(hit(lim, 0, "z", &week, 1).allowed);
+    size_t removed = 9;
+    assert_int_equal(tg_clean_at(lim, 2 * 86400 * S_US, &removed), TG_OK);
+    assert_int_equal(removed, 0); /* live for 5 more days */
+    tg_result r = hit(lim, 2 * 86400 * S_US, "z", &week, 1);
+    assert_false(r.allowed);
+    assert_int_equal(r.count, 3);
+    assert_int_equal(r.retry_after_ms, 5 * 86400000ull);
+    tg_limiter_destroy(lim);
+    unlink_seg(NULL);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(clock_jump_forward_and_back, unlink_seg),
@@ -322,6 +379,8 @@ int main(void) {
       cmocka_unit_test_teardown(reset_key_is_absent_stepping_back, unlink_seg),
       cmocka_unit_test_teardown(within_reach_still_applies, unlink_seg),
       cmocka_unit_test_teardown(bucket_reach_is_its_tolerance, unlink_seg),
+      cmocka_unit_test_teardown(reservation_reach_is_its_wait, unlink_seg),
+      cmocka_unit_test_teardown(sliding_entries_at_zero_are_live, unlink_seg),
   };
   return cmocka_run_group_tests(tests, NULL, unlink_seg);
 }

@@ -64,13 +64,17 @@ static void encode(tg_algorithm alg, const tg__state *st, uint32_t g,
 
 /* ---- log blocks and their locks ---- */
 
-/* When the log stops mattering, us: its newest entry plus the period, or,
+/* When the log stops mattering, us: its newest entry plus the period (an
+ * entry at now 0 included: a replay or a test clock may start there), or,
  * for a log emptied by pruning, its last entry's; 0 for a log that never
- * kept one (or was reset). Block lock held. */
+ * kept one (or was reset), and for an emptied one whose last entry was at
+ * 0 (last_us cannot tell the two apart; such a log expired before now
+ * reached its period anyway). Block lock held. */
 static uint64_t log_expiry(const tg__table *t, tg__log_block *b, uint64_t idx) {
   tg__log lg = log_view(t, b, idx);
-  uint64_t last = lg.n ? tg__log_at(&lg, lg.n - 1)->t_us : b->last_us;
-  return last ? last + b->period_us : 0;
+  if (lg.n)
+    return tg__log_at(&lg, lg.n - 1)->t_us + b->period_us;
+  return b->last_us ? b->last_us + b->period_us : 0;
 }
 
 /* Starts fetching a log block's first lines together: the header (lock,
@@ -202,11 +206,13 @@ static void block_release_locked(tg__table *t, uint64_t idx) {
 
 /* How long after the call that wrote it the call's state may matter, us:
  * a window or log ends a period after its last write, a bucket's TAT lies
- * at most its tolerance ahead of the call. */
+ * at most its tolerance ahead of the call, and a reservation's its wait
+ * further. */
 static uint64_t call_reach_us(const tg__call *c) {
-  uint64_t r = c->alg == TG_TOKEN_BUCKET || c->alg == TG_LEAKY_BUCKET
-                   ? tg__div_ceil(c->q.tau_ns, 1000)
-                   : c->q.period_us;
+  uint64_t r =
+      c->alg == TG_TOKEN_BUCKET || c->alg == TG_LEAKY_BUCKET
+          ? tg__div_ceil(c->q.tau_ns, 1000) + tg__div_ceil(c->wait_ns, 1000)
+          : c->q.period_us;
   return r < PERIOD_MAX_US ? r : PERIOD_MAX_US;
 }
 
@@ -1235,6 +1241,11 @@ static __attribute__((noinline)) int exec_rule(tg__table *t, const tg__call *c,
 
 int tg__table_rule(tg__table *t, const tg__call *c, tg__outcome *o) {
   int rc;
+  /* a reservation may push a held key's state further ahead than any key
+   * the table created (call_reach_us): the horizon must reach that far
+   * before the state is written, so before its key can be reclaimed */
+  if (c->wait_ns)
+    raise_max(&t->h->reach_us, call_reach_us(c));
   if (c->op == TG__OP_TAKE) {
     if (take_as_checked(t, c))
       return TG_OK;
