@@ -258,8 +258,13 @@ typedef struct tg_result {
  * its fields come first; tg_config and tg_config_init end the section. */
 
 /* The clock: returns microseconds since the Unix epoch. Called at most once
- * per operation, from the calling thread; must be thread-safe if the
- * limiter is shared. Tests inject their own to drive time by hand. */
+ * per operation, from the calling thread; and by the cleaning thread, from
+ * its own, at each pass (clean_period_ms > 0 on a memory or shm store). So
+ * it must be thread-safe if the limiter is shared or cleans in the
+ * background, and must not answer from the calling thread's own state (an
+ * event loop's cached time): with such a clock set clean_period_ms to 0 and
+ * call tg_clean from the loop. Tests inject their own to drive time by
+ * hand. */
 typedef uint64_t (*tg_clock_fn)(void *ctx);
 
 /* CLOCK_REALTIME in us (the default). ctx is ignored. */
@@ -541,12 +546,14 @@ TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
  * back, new keys run on the real time. A horizon beyond now +
  * TG_PERIOD_MAX_MS (or TG_NOW_MAX_US) is corrupt and is cleared, not obeyed.
  * The Redis store keeps a state until its TTL, counted on the server's
- * clock, and keeps none that is fresh (TTL 0: a full bucket, say after a
- * tg_cancel gave a reservation back), as a custom store given TTL 0 need
- * not: a later call with an earlier now then finds no state there and is
- * answered as a never-seen key (allowed in full), where the memory and
- * shm stores, which keep the emptied key in its slot, measure from the
- * later time it saw. Only a now that steps back tells them apart.
+ * clock, and a fresh one (TTL 0: a full bucket, say after a tg_cancel gave
+ * a reservation back) not at all after tg_cancel and only for the TTL's
+ * slack after a write (2 ms, or 1 s with a now you gave: see the Redis
+ * store), as a custom store given TTL 0 need not keep one either: a later
+ * call with an earlier now then may find no state there and is answered as
+ * a never-seen key (allowed in full), where the memory and shm stores,
+ * which keep the emptied key in its slot, measure from the later time they
+ * saw. Only a now that steps back tells them apart.
  *
  * Supported operations per algorithm (others are TG_ENOTSUP):
  *
@@ -1598,11 +1605,11 @@ TG_EXTERN int tg_redis_available(void);
  * the flag (as tg_hit: the deny cache read and filled, and
  * TG_POLICY_FALLBACK deciding on the local store when Redis fails, where
  * tg_hit_rules does neither): tg_hit consumes nothing on a refusal there
- * either, and its answers are a one-rule policy's, with one exception on a
- * sliding log
- * whose quota changes between calls: a refused tg_hit drops the entries
- * the old (shorter) period had expired, a refused policy call writes
- * nothing, so they count again under a longer period. On a window it is
+ * either, and its answers are a one-rule policy's, but on a sliding log
+ * after a refusal: a refused tg_hit drops the entries expired at its now,
+ * a refused policy call writes nothing, so those entries count again for a
+ * later call under a longer period (a quota that changes between calls)
+ * or at an earlier now (a clock that stepped back). On a window it is
  * still one command and one round trip: the script's op p, or TG.STEP's
  * TAKE.
  * On a fixed window such a request neither reads nor fills the deny cache
