@@ -1332,6 +1332,68 @@ static void unresponsive_server_fails_fast(void **state) {
   assert_int_equal(sent, 1);
 }
 
+/* Calls queued for the one pooled connection while the first waits on a
+ * stopped server: once it times out, the pool is down, and those already
+ * waiting return at once as later ones do; none sends its command and
+ * waits a timeout of its own. */
+typedef struct queued {
+  tg_limiter *lim;
+  pthread_barrier_t *go;
+  int rc;
+} queued;
+
+static void *queued_call(void *arg) {
+  queued *x = arg;
+  tg_quota q = {.limit = 5, .period_ms = 1000};
+  tg_result r;
+  pthread_barrier_wait(x->go);
+  x->rc = tg_hit(x->lim, "k", 1, &q, 1, &r);
+  return NULL;
+}
+
+static void queued_calls_fail_fast(void **state) {
+  (void)state;
+  redisContext *c = admin();
+  enum { T = 4 };
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_TOKEN_BUCKET;
+  tg_redis_config rc;
+  tg_redis_config_init(&rc);
+  rc.port = rs_port();
+  rc.key_prefix = "queue";
+  rc.connect_timeout_ms = 400;
+  rc.command_timeout_ms = 400;
+  rc.reconnect_backoff_ms = 600000;
+  rc.pool_size = 1;
+  cfg.redis = &rc;
+  tg_limiter *lim = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  tg_quota q = {.limit = 5, .period_ms = 1000};
+  tg_result r;
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 0, &r), TG_OK); /* connected */
+  assert_true(rs_ok(c, "CONFIG RESETSTAT"));
+  assert_true(rs_pause());
+  pthread_barrier_t go;
+  assert_int_equal(pthread_barrier_init(&go, NULL, T), 0);
+  queued x[T];
+  pthread_t th[T];
+  for (int i = 0; i < T; i++) {
+    x[i] = (queued){lim, &go, TG_OK};
+    assert_int_equal(pthread_create(&th[i], NULL, queued_call, &x[i]), 0);
+  }
+  for (int i = 0; i < T; i++)
+    pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&go);
+  settle_after_resume();
+  long sent = sent_to_server(c);
+  tg_limiter_destroy(lim);
+  redisFree(c);
+  for (int i = 0; i < T; i++)
+    assert_int_equal(x[i].rc, TG_ETIMEDOUT);
+  assert_int_equal(sent, 1); /* the one that waited, and no other */
+}
+
 /* Threads calling while the server stays stopped: after the backoff, one
  * call at a time probes it (waits for its timeout) while the others return
  * at once. Probes are therefore at least backoff + timeout apart, which
@@ -1810,6 +1872,7 @@ int main(void) {
       cmocka_unit_test_setup(restart_mid_stream, server_up),
       cmocka_unit_test_setup(unresponsive_server_times_out, server_up),
       cmocka_unit_test_setup(unresponsive_server_fails_fast, server_up),
+      cmocka_unit_test_setup(queued_calls_fail_fast, server_up),
       cmocka_unit_test_setup(one_probe_at_a_time, server_up),
       cmocka_unit_test_setup(error_replies, server_up),
       cmocka_unit_test_setup(busy_server, server_up),

@@ -624,6 +624,31 @@ static void settle(redis_store *s, int rc, bool open_failed, bool probe) {
     tg__store_release(&s->probing, 0);
 }
 
+/* Takes a connection for a call gate() let through. A call that waited for
+ * it behind one that found the server down answers that failure at once,
+ * as a call arriving then would (a probe goes on: it is the one trying).
+ * Returns TG_OK with *out locked, or the failure's code with nothing held. */
+static int take(redis_store *s, bool probe, conn **out) {
+  conn *k = acquire(s);
+  if (!probe) {
+    uint64_t until = tg__load_acquire(&s->down_until_ms);
+    if (until != 0 && tg__mono_ms() < until) {
+      pthread_mutex_unlock(&k->mu);
+      return -(int)tg__load_relaxed(&s->down_rc);
+    }
+  }
+  *out = k;
+  return TG_OK;
+}
+
+/* Lets go of k after recording how the call went: the record first, so
+ * that a call waiting for k sees the pool down when it takes it. */
+static void give_back(redis_store *s, conn *k, int rc, bool open_failed,
+                      bool probe) {
+  settle(s, rc, open_failed, probe);
+  pthread_mutex_unlock(&k->mu);
+}
+
 /* Sends call c and reads its reply; once more if it did not run (see
  * not_run). */
 static int eval(const redis_store *s, conn *k, const tg__call *c,
@@ -950,9 +975,11 @@ static int multi(redis_store *s, mkey *m, size_t n, const tg__call *orig,
                  size_t *failed) {
   bool probe;
   int rc = gate(s, &probe);
+  conn *k = NULL;
+  if (rc == TG_OK)
+    rc = take(s, probe, &k);
   if (rc != TG_OK)
     return rc;
-  conn *k = acquire(s);
   rc = conn_open(s, k);
   bool open_failed = rc != TG_OK;
   bool done = false;
@@ -996,8 +1023,7 @@ static int multi(redis_store *s, mkey *m, size_t n, const tg__call *orig,
                                     (uint64_t)(uintptr_t)k % 9973u)};
     nanosleep(&ts, NULL);
   }
-  pthread_mutex_unlock(&k->mu);
-  settle(s, rc, open_failed, probe);
+  give_back(s, k, rc, open_failed, probe);
   return rc;
 }
 
@@ -1398,16 +1424,17 @@ static int redis_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
     return TG_ENOTSUP; /* a policy's steps: redis_exec_rules decides them */
   bool probe;
   int rc = gate(s, &probe);
+  conn *k = NULL;
+  if (rc == TG_OK)
+    rc = take(s, probe, &k);
   if (rc != TG_OK)
     return rc;
-  conn *k = acquire(s);
   redisReply *r = NULL;
   rc = conn_open(s, k);
   bool open_failed = rc != TG_OK;
   if (rc == TG_OK)
     rc = eval(s, k, c, &r);
-  pthread_mutex_unlock(&k->mu);
-  settle(s, rc, open_failed, probe);
+  give_back(s, k, rc, open_failed, probe);
   if (rc == TG_OK) {
     rc = outcome(c, r, o);
     freeReplyObject(r);
@@ -1484,6 +1511,9 @@ static void batch_chunk(redis_store *s, const tg__call *calls, size_t m,
   }
   bool probe;
   int orc = gate(s, &probe);
+  conn *k = NULL;
+  if (orc == TG_OK)
+    orc = take(s, probe, &k);
   if (orc != TG_OK) {
     for (size_t i = 0; i < m; i++)
       rc[i] = orc;
@@ -1493,7 +1523,6 @@ static void batch_chunk(redis_store *s, const tg__call *calls, size_t m,
     idx[i] = i;
     rc[i] = TG_OK;
   }
-  conn *k = acquire(s);
   orc = conn_open(s, k);
   bool open_failed = orc != TG_OK;
   int failed = orc; /* the connection's failure, if any: for settle() */
@@ -1521,8 +1550,7 @@ static void batch_chunk(redis_store *s, const tg__call *calls, size_t m,
       }
     }
   }
-  pthread_mutex_unlock(&k->mu);
-  settle(s, failed, open_failed, probe);
+  give_back(s, k, failed, open_failed, probe);
   for (size_t i = 0; i < m; i++) {
     if (replies[i]) {
       if (rc[i] == TG_OK)
@@ -1554,11 +1582,13 @@ static int redis_reset(tg__store *base, const void *key, size_t key_len) {
   redis_store *s = (redis_store *)base;
   bool probe;
   int rc = gate(s, &probe);
+  conn *k = NULL;
+  if (rc == TG_OK)
+    rc = take(s, probe, &k);
   if (rc != TG_OK)
     return rc;
   char name[NAME_MAX_BYTES];
   size_t name_len = make_name(s, name, key, key_len);
-  conn *k = acquire(s);
   rc = conn_open(s, k);
   bool open_failed = rc != TG_OK;
   redisReply *r = NULL;
@@ -1567,8 +1597,7 @@ static int redis_reset(tg__store *base, const void *key, size_t key_len) {
     size_t len[] = {3, name_len};
     rc = command(k, 2, argv, len, &r);
   }
-  pthread_mutex_unlock(&k->mu);
-  settle(s, rc, open_failed, probe);
+  give_back(s, k, rc, open_failed, probe);
   if (rc == TG_OK) {
     if (r->type == REDIS_REPLY_ERROR)
       rc = reply_error(r);
