@@ -31,6 +31,7 @@
 
 #include <cmocka.h>
 
+#include "fds.h"
 #include "nb_poll.h"
 #include "store/redis_slots.h"
 #include "tollgate.h"
@@ -314,7 +315,9 @@ static void cluster_config_is_validated(void **state) {
   assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_ECONNECT);
   tg_limiter_destroy(lim);
   /* a decision leaves tg_last_error as the last tg_limiter_new left it:
-   * connecting, the handshake and the replies write nothing there */
+   * connecting, the handshake and the replies write nothing there; and the
+   * connections it opens are not inherited across exec */
+  int inheritable = inheritable_sockets();
   tg_limiter *live =
       limiter(TG_FIXED_WINDOW, prefix_of("why"), TG_POLICY_ERROR, 1);
   tg_redis_config_init(&rc);
@@ -327,6 +330,7 @@ static void cluster_config_is_validated(void **state) {
     assert_int_equal(tg_hit(live, "k", 1, &q, 1, &r), TG_OK);
     assert_string_equal(tg_last_error(), why);
   }
+  assert_int_equal(inheritable_sockets(), inheritable);
   tg_limiter_destroy(live);
 }
 

@@ -29,6 +29,7 @@
 
 #include "core/core.h"
 #include "differential.h"
+#include "fds.h"
 #include "redis_server.h"
 #include "store/redis_value.h"
 #include "tollgate.h"
@@ -1756,7 +1757,10 @@ static void fork_child_reconnects(void **state) {
   tg_quota q = {.limit = 1000000, .period_ms = 3600000};
   uint64_t now = real_us();
   tg_result r;
+  int inheritable = inheritable_sockets();
   assert_int_equal(tg_hit_at(lim, now, "f", 1, &q, 1, &r), TG_OK); /* open */
+  /* the child may exec: the connection is not inherited then */
+  assert_int_equal(inheritable_sockets(), inheritable);
   enum { N = 2000 };
   pid_t pid = fork();
   assert_true(pid >= 0);

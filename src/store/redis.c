@@ -46,6 +46,7 @@
 #include "../mono.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <hiredis/sds.h>
 #include <pthread.h>
@@ -558,7 +559,10 @@ static int conn_open(const redis_store *s, conn *k) {
   } else {
     k->ctx = ctx;
     k->pid = pid;
-    rc = handshake(s, k);
+    /* not inherited by a program the process execs (hiredis 0.14 opens
+     * its sockets without SOCK_CLOEXEC) */
+    rc = fcntl(ctx->fd, F_SETFD, FD_CLOEXEC) == 0 ? handshake(s, k)
+                                                  : TG_ECONNECT;
   }
   if (rc != TG_OK)
     conn_close(k);

@@ -163,7 +163,7 @@ static int dial(const cluster_store *s, const tg__node *d, int *rc) {
     return -1;
   int fd = -1;
   for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0)
       continue;
     int err = 0;
