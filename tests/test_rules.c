@@ -877,6 +877,82 @@ static void test_full_one(void **state) {
       }
 }
 
+/* A rule given back because a later rule failed leaves its key as the
+ * call found it: a window the take opened is closed again, so the next
+ * calls open their own (a count of 0 alone would leave a window ending a
+ * period after the failed call, giving a burst of two limits across its
+ * end). Checked against a twin limiter the failed call never touched, on
+ * a new key and on one whose window had ended, for every algorithm, on
+ * the memory store and a shared segment. */
+static void test_give_back_restores(void **state) {
+  (void)state;
+  const tg_quota q = {5, 10000, 5};
+  for (int shm = 0; shm < 2; shm++)
+    for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
+      tg_limiter *lim[2], *full;
+      char name[64] = "";
+      for (int i = 0; i < 3; i++) {
+        tg_config cfg;
+        tg_config_init(&cfg);
+        cfg.algorithm = i < 2 ? (tg_algorithm)a : TG_FIXED_WINDOW;
+        cfg.clean_period_ms = 0;
+        cfg.on_failure = TG_POLICY_FAIL_CLOSED;
+        if (i == 2)
+          cfg.capacity = 1;
+        if (shm && i == 0) {
+          snprintf(name, sizeof name, "/tg-rules-back-%ld", (long)getpid());
+          tg_shm_unlink(name);
+          cfg.shm_name = name;
+        }
+        assert_int_equal(tg_limiter_new(i < 2 ? &lim[i] : &full, &cfg), 0);
+        if (shm && i == 0)
+          tg_shm_unlink(name);
+      }
+      tg_result h;
+      assert_int_equal(tg_hit_at(full, T0, "occupy", 6, &q, 1, &h), 0);
+      /* "old": a window (or log, or bucket) that ended before the call */
+      for (int i = 0; i < 2; i++)
+        assert_int_equal(tg_hit_at(lim[i], T0 - MS(20000), "old", 3, &q, 2, &h),
+                         0);
+      const char *keys[] = {"new", "old"};
+      for (int k = 0; k < 2; k++) {
+        tg_rule r[2] = {rule(lim[0], keys[k], &q, 1),
+                        rule(full, "more", &q, 1)};
+        tg_rules_result out;
+        assert_int_equal(tg_hit_rules_at(T0, r, 2, 0, &out), TG_EFULL);
+        assert_false(out.r.allowed);
+        assert_int_equal(out.denied_by, 1);
+        uint64_t e[2];
+        for (int i = 0; i < 2; i++)
+          assert_int_equal(tg_expires_at_at(lim[i], T0, keys[k], 3, &q, &e[i]),
+                           0);
+        assert_int_equal(e[0], e[1]);
+        /* the next calls, close to where the failed call's window would
+         * have ended, answer as on the untouched twin */
+        for (uint64_t t = T0 + MS(9900); t <= T0 + MS(10100); t += MS(25)) {
+          tg_result got[2];
+          for (int i = 0; i < 2; i++)
+            assert_int_equal(tg_hit_at(lim[i], t, keys[k], 3, &q, 1, &got[i]),
+                             0);
+          if (got[0].allowed != got[1].allowed ||
+              got[0].count != got[1].count ||
+              got[0].remaining != got[1].remaining ||
+              got[0].retry_after_ms != got[1].retry_after_ms ||
+              got[0].reset_after_ms != got[1].reset_after_ms)
+            fail_msg("%s %s key %s at +%" PRIu64 " ms: allowed %d/%d count "
+                     "%" PRIu64 "/%" PRIu64 " reset %" PRIu64 "/%" PRIu64,
+                     shm ? "shm" : "memory", tg_algorithm_name((tg_algorithm)a),
+                     keys[k], (t - T0) / 1000, got[0].allowed, got[1].allowed,
+                     got[0].count, got[1].count, got[0].reset_after_ms,
+                     got[1].reset_after_ms);
+        }
+      }
+      for (int i = 0; i < 2; i++)
+        tg_limiter_destroy(lim[i]);
+      tg_limiter_destroy(full);
+    }
+}
+
 /* Refusals: nothing is decided, the offending rule is named. */
 /* A window rule that allowed a call another rule denied reports its key
  * as the call left it, nothing consumed: the count before the call and
@@ -2042,6 +2118,7 @@ int main(void) {
       cmocka_unit_test(test_shadow_one),
       cmocka_unit_test(test_denied_keeps_log),
       cmocka_unit_test(test_full_one),
+      cmocka_unit_test(test_give_back_restores),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_denied_numbers),
       cmocka_unit_test(test_misfit_named),

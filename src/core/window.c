@@ -121,7 +121,12 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
     if (!k || !k->taken || tg__win_end(st) != tg__win_end(&k->after) ||
         count == 0 || c->arg == 0)
       return TG_OK;
-    tg__win_set_count(st, count > c->arg ? count - c->arg : 0);
+    uint64_t left = count > c->arg ? count - c->arg : 0;
+    if (left == 0 && tg__win_end(&k->before) != tg__win_end(&k->after))
+      *st = k->before; /* the take opened this window, and nothing else
+                          counts in it: the key as the take found it */
+    else
+      tg__win_set_count(st, left);
     *changed = true;
     return TG_OK;
   }
