@@ -870,7 +870,8 @@ static void engine_redirections_are_bounded(void **state) {
   }
   assert_ptr_equal(tg__eng_done(&r->e), &a);
   assert_int_equal(a.status, TG_ESTORE);
-  assert_int_equal(r->st.moved, TG__REDIRECTS_MAX + 1);
+  /* the redirects followed: the last MOVED ended the call instead */
+  assert_int_equal(r->st.moved, TG__REDIRECTS_MAX);
   rig_free(r);
 }
 

@@ -815,11 +815,14 @@ static void slots_done(tg__eng *e, tg__elink *L) {
 /* ---- calls' replies ---- */
 
 /* Sends r again to node (it did not run), within its budget. */
-static void resend(tg__eng *e, tg__ereq *r, uint32_t node) {
+/* Sends r again to node, counted in *why (moved, ask, resent) only when it
+ * is sent: a call out of redirects is answered TG_ESTORE instead. */
+static void resend(tg__eng *e, tg__ereq *r, uint32_t node, uint64_t *why) {
   if (++r->redirects > TG__REDIRECTS_MAX) {
     complete(e, r, TG_ESTORE);
     return;
   }
+  count(e, why);
   enqueue(e, r, node, true);
 }
 
@@ -835,8 +838,7 @@ static void call_done(tg__eng *e, tg__elink *L, tg__ereq *r) {
       L->module = false;
       if (!L->reloading)
         L->need_reload = true;
-      count(e, &e->cfg.stats->resent);
-      resend(e, r, L->id);
+      resend(e, r, L->id, &e->cfg.stats->resent);
       return;
     }
     tg__redirect rd;
@@ -852,8 +854,9 @@ static void call_done(tg__eng *e, tg__elink *L, tg__ereq *r) {
         complete(e, r, TG_ESTORE);
         return;
       }
+      uint64_t *why = &e->cfg.stats->moved;
       if (rd.ask) {
-        count(e, &e->cfg.stats->ask);
+        why = &e->cfg.stats->ask;
         r->asking = 1;
         r->moved_by = TG__NO_NODE; /* a MOVED after it is not a way back */
       } else if (node == r->moved_by) {
@@ -866,18 +869,16 @@ static void call_done(tg__eng *e, tg__elink *L, tg__ereq *r) {
          * which of the two it is cannot be told from here, so each is
          * asked in turn (the source answers MOVED again), within the
          * call's redirects. The map is left for the refresh. */
-        count(e, &e->cfg.stats->moved);
         e->want_refresh = true;
         r->asking = 1;
         r->moved_by = L->id;
       } else {
-        count(e, &e->cfg.stats->moved);
         tg__slotmap_set(e->cfg.map, rd.slot, node);
         e->want_refresh = true;
         r->asking = 0;
         r->moved_by = L->id;
       }
-      resend(e, r, node);
+      resend(e, r, node, why);
       return;
     }
     if (e->cfg.cluster && starts(t, "CLUSTERDOWN"))
