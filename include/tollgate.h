@@ -1384,10 +1384,9 @@ TG_EXTERN size_t tg_region_bytes(const tg_config *cfg);
  * TG.STEP), and sends each call as the module's TG.STEP command (TG.STEP_RO
  * for calls that cannot write) instead of the script: the same step,
  * compiled, in the server, on the same values and key names, with the same
- * answers and failure codes (but one: every call on a sliding log may drop
- * its expired entries, so the store sends it as TG.STEP, which a server
- * over maxmemory refuses, TG_ESTORE, where the script, writing only when
- * an entry did expire, answers a read); nothing to configure (a user whose ACL
+ * answers and failure codes (over maxmemory both refuse, TG_ESTORE, only a
+ * call that would write: a refusal on a bucket, or on a sliding log none of
+ * whose entries expired, is answered); nothing to configure (a user whose ACL
  * forbids COMMAND gets the script). A connection keeps what it found until
  * it reconnects, except that one whose module is unloaded turns to the
  * script at once and sends the call again (it did not run). The module's

@@ -98,8 +98,15 @@ static tg__cmd_arg arg_of(RedisModuleString *s) {
   return a;
 }
 
+/* Not a library status: the call would write while the server is over
+ * maxmemory (kcall.oom), and is refused as the server refuses a write. */
+#define REFUSED_OOM (-1000)
+
 /* A library status as an error reply: the code's name, then its message. */
 static int reply_code(RedisModuleCtx *ctx, int rc, const char *detail) {
+  if (rc == REFUSED_OOM)
+    return RedisModule_ReplyWithError(
+        ctx, "OOM command not allowed when used memory > 'maxmemory'.");
   char buf[256];
   (void)snprintf(buf, sizeof buf, "%s %s%s", tg_err_name(rc), tg_strerror(rc),
                  detail ? detail : "");
@@ -124,7 +131,19 @@ typedef struct kcall {
   bool caller_now;         /* now came from the caller, not the clock */
   uint64_t server_us;      /* the server's clock when the call began */
   const char *corrupt;     /* set when the value is refused: why */
+  bool oom;                /* over maxmemory: a store is REFUSED_OOM */
+  bool would_store;        /* the call (a write) stores a value, or would
+                              have had it been allowed to write */
 } kcall;
+
+/* Whether the server is over maxmemory now. The library's commands are
+ * registered without deny-oom, so that, as the script does, they refuse
+ * only a call that writes, and answer one that only reads (a bucket's
+ * refusal, a denied policy) as usual. */
+static bool over_maxmemory(RedisModuleCtx *ctx) {
+  return RedisModule_GetContextFlags &&
+         (RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_OOM) != 0;
+}
 
 /* The absolute expiry, ms, of a state that stops mattering at expiry_us. */
 static long long expire_at_ms(const kcall *k, uint64_t expiry_us) {
@@ -142,6 +161,8 @@ static long long expire_at_ms(const kcall *k, uint64_t expiry_us) {
  * PXAT at. */
 static int store_value(const kcall *k, RedisModuleKey *key, size_t cur,
                        const char *value, size_t len, long long at_ms) {
+  if (k->oom)
+    return REFUSED_OOM; /* nothing written */
   if (cur != len && RedisModule_StringTruncate(key, len) != REDISMODULE_OK)
     return TG_ESTORE;
   char *p = RedisModule_StringDMA(key, &cur, REDISMODULE_WRITE);
@@ -236,8 +257,10 @@ static int run_state(kcall *k, state_result *sr) {
   if (rc == TG_OK) {
     bool changed;
     sr->rc = tg__state_step(&k->c, &st, &sr->o, &changed);
-    if (k->may_write &&
-        tg__state_store_needed(alg, v == NULL, changed, &st, k->c.now_us)) {
+    k->would_store =
+        tg__call_writes(&k->c) &&
+        tg__state_store_needed(alg, v == NULL, changed, &st, k->c.now_us);
+    if (k->may_write && k->would_store) {
       char buf[TG__RV_STATE_MAX];
       size_t n = tg__rv_format_state(alg, &st, buf);
       rc = store_value(k, key, v ? len : SIZE_MAX, buf, n,
@@ -304,6 +327,8 @@ static int run_log(kcall *k, uint32_t cap, log_result *lr) {
     else
       lr->rc = tg__log_decide(&k->c, &lg, &lr->v, &changed);
     lr->left = lg.n;
+    /* an emptied log is deleted: DEL is allowed over maxmemory */
+    k->would_store = tg__call_writes(&k->c) && (changed || pruned) && lg.n > 0;
     if (k->may_write && (changed || pruned)) {
       if (lg.n == 0) {
         delete_value(k, key);
@@ -633,6 +658,7 @@ static int step_command_any(RedisModuleCtx *ctx, RedisModuleString **argv,
     return reply_code(ctx, TG_ETIME, NULL);
   k.c.key = RedisModule_StringPtrLen(argv[1], &k.c.key_len);
   k.may_write = writable && tg__call_writes(&k.c);
+  k.oom = k.may_write && over_maxmemory(ctx);
   char now_s[24];
   size_t now_len = tg__u64_dec(now_s, k.c.now_us);
   if (k.c.alg == TG_SLIDING_WINDOW) {
@@ -814,6 +840,19 @@ static int steps_command(RedisModuleCtx *ctx, RedisModuleString **argv,
       return reply_code(ctx, rc, NULL);
     pass = pass && (o[r].r.allowed || shadow[r]);
   }
+  /* over maxmemory, a policy that passes and would write is refused before
+   * the reply starts (the takes below cannot fail then): each take is
+   * tried first without writing */
+  for (uint64_t r = 0; pass && r < n && over_maxmemory(ctx); r++) {
+    if (!o[r].r.allowed)
+      continue;
+    k[r].c.op = TG__OP_TAKE;
+    tg__outcome dry;
+    (void)run_rule(&k[r], cap[r], &dry); /* may_write is still false */
+    k[r].c.op = TG__OP_CHECK;
+    if (k[r].would_store)
+      return reply_code(ctx, REFUSED_OOM, NULL);
+  }
   /* the reply's values are those the checks saw: read before any take */
   RedisModule_ReplyWithArray(ctx, (long)n + 2);
   char now_s[24];
@@ -905,9 +944,13 @@ MODULE_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx,
                                 "write deny-oom getkeys-api", 0, 0,
                                 0) != REDISMODULE_OK)
     return REDISMODULE_ERR;
+  /* the library's commands check maxmemory themselves, on a write only
+   * (over_maxmemory), when the server can tell them */
+  bool own_oom = RedisModule_GetContextFlags != NULL;
   if (RedisModule_CreateCommand(ctx, "tg.steps", steps_command,
-                                "write deny-oom getkeys-api", 0, 0,
-                                0) != REDISMODULE_OK)
+                                own_oom ? "write getkeys-api"
+                                        : "write deny-oom getkeys-api",
+                                0, 0, 0) != REDISMODULE_OK)
     return REDISMODULE_ERR;
     /* TG.PROTOCOL: what the library's non-blocking client asks (COMMAND
      * INFO) to know this module takes waits; its answer, 2, is that level */
@@ -917,8 +960,8 @@ MODULE_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx,
     return REDISMODULE_ERR;
 #endif
   if (RedisModule_CreateCommand(ctx, "tg.step", step_command,
-                                "write deny-oom fast", 1, 1,
-                                1) != REDISMODULE_OK ||
+                                own_oom ? "write fast" : "write deny-oom fast",
+                                1, 1, 1) != REDISMODULE_OK ||
       RedisModule_CreateCommand(ctx, "tg.step_ro", step_ro_command,
                                 "readonly fast", 1, 1, 1) != REDISMODULE_OK)
     return REDISMODULE_ERR;

@@ -85,6 +85,11 @@ static int (*RedisModule_Replicate)(RedisModuleCtx *ctx, const char *cmd,
 static long long (*RedisModule_Milliseconds)(void);
 /* The server's clock in us (Redis 7.0+; optional: ms * 1000 without it). */
 static long long (*RedisModule_Microseconds)(void);
+/* The context's flags (optional: the library's commands then leave the
+ * out-of-memory check to the server, before they run). */
+static int (*RedisModule_GetContextFlags)(RedisModuleCtx *ctx);
+/* ... of which: the server is over maxmemory. */
+#define REDISMODULE_CTX_FLAGS_OOM (1 << 10)
 /* A string the module owns; with a NULL ctx it lives until FreeString. */
 static RedisModuleString *(*RedisModule_CreateString)(RedisModuleCtx *ctx,
                                                       const char *ptr,
@@ -113,6 +118,7 @@ static const char *api_init(RedisModuleCtx *ctx) {
   (void)API_GET(IsModuleNameBusy);
   (void)API_GET(SetAbsExpire);
   (void)API_GET(Microseconds);
+  (void)API_GET(GetContextFlags);
 #define REQUIRE(name)                                                          \
   if (!API_GET(name))                                                          \
     return "RedisModule_" #name;

@@ -1482,6 +1482,53 @@ static void one_probe_at_a_time(void **state) {
   assert_true(calls > 4 * sent); /* most calls returned at once */
 }
 
+/* Over maxmemory the server refuses a write, not a call: a call that
+ * writes nothing (a bucket's refusal, a sliding log's with no entry
+ * expired, a denied policy, a read) is answered as usual; one that would
+ * write is TG_ESTORE. The same with the script and the module. */
+static void over_maxmemory_reads_answer(void **state) {
+  (void)state;
+  redisContext *c = admin();
+  tg_limiter *tb = redis_limiter(TG_TOKEN_BUCKET, "oomb");
+  tg_limiter *sl = redis_limiter(TG_SLIDING_WINDOW, "ooms");
+  const tg_quota q = {.limit = 1, .period_ms = 600000, .burst = 1};
+  tg_result r;
+  assert_int_equal(tg_hit(tb, "k", 1, &q, 1, &r), TG_OK);
+  assert_int_equal(tg_hit(sl, "k", 1, &q, 1, &r), TG_OK);
+  assert_true(rs_ok(c, "CONFIG SET maxmemory-policy noeviction"));
+  assert_true(rs_ok(c, "CONFIG SET maxmemory 1"));
+  int rc[7];
+  tg_result res[7];
+  rc[0] = tg_hit(tb, "k", 1, &q, 1, &res[0]);
+  rc[1] = tg_hit(sl, "k", 1, &q, 1, &res[1]);
+  tg_rule rules[2] = {{tb, "k", 1, &q, 1, 0, {0}}, {sl, "k", 1, &q, 1, 0, {0}}};
+  tg_rules_result out;
+  rc[2] = tg_hit_rules(rules, 2, 0, &out);
+  res[2] = out.r;
+  uint64_t v = 0;
+  rc[3] = tg_get(tb, "k", 1, &q, &v);
+  /* writes: a new key on each, and a policy that passes */
+  rc[4] = tg_hit(tb, "new", 3, &q, 1, &res[4]);
+  rc[5] = tg_hit(sl, "new", 3, &q, 1, &res[5]);
+  tg_rule pass[2] = {{tb, "p", 1, &q, 1, 0, {0}}, {sl, "p", 1, &q, 1, 0, {0}}};
+  rc[6] = tg_hit_rules(pass, 2, 0, &out);
+  assert_true(rs_ok(c, "CONFIG SET maxmemory 0"));
+  tg_limiter_destroy(tb);
+  tg_limiter_destroy(sl);
+  redisFree(c);
+  for (int i = 0; i < 3; i++) {
+    if (rc[i] != TG_OK)
+      fail_msg("call %d: %s, expected a refusal read from the server", i,
+               tg_err_name(rc[i]));
+    assert_false(res[i].allowed);
+  }
+  assert_int_equal(rc[3], TG_OK);
+  for (int i = 4; i < 7; i++)
+    if (rc[i] != TG_ESTORE)
+      fail_msg("call %d: %s, expected TG_ESTORE (a write refused)", i,
+               tg_err_name(rc[i]));
+}
+
 static void error_replies(void **state) {
   (void)state;
   redisContext *c = admin();
@@ -1878,6 +1925,7 @@ int main(void) {
       cmocka_unit_test_setup(unresponsive_server_fails_fast, server_up),
       cmocka_unit_test_setup(queued_calls_fail_fast, server_up),
       cmocka_unit_test_setup(one_probe_at_a_time, server_up),
+      cmocka_unit_test_setup(over_maxmemory_reads_answer, server_up),
       cmocka_unit_test_setup(error_replies, server_up),
       cmocka_unit_test_setup(busy_server, server_up),
       cmocka_unit_test_setup(auth_and_database, server_up),
