@@ -258,7 +258,8 @@ typedef struct tg_result {
  * its fields come first; tg_config and tg_config_init end the section. */
 
 /* The clock: returns microseconds since the Unix epoch. Called at most once
- * per operation, from the calling thread; and by the cleaning thread, from
+ * per operation (each item of a batch is one), from the calling thread; and
+ * by the cleaning thread, from
  * its own, at each pass (clean_period_ms > 0 on a memory or shm store). So
  * it must be thread-safe if the limiter is shared or cleans in the
  * background, and must not answer from the calling thread's own state (an
