@@ -322,32 +322,47 @@ static void bucket_reach_is_its_tolerance(void **state) {
 
 static void reservation_reach_is_its_wait(void **state) {
   (void)state;
-  /* one a second, burst 1: five reservations queue the key 4 s ahead, its
-   * state fresh again only at T0 + 5 s, though a bucket's tolerance (the
-   * reach of every key the table created) is 1 s */
+  /* one a second, burst 1: a hit, then four reservations (one at a time,
+   * or as one-rule policies) queue the key 4 s ahead, its state fresh
+   * again only at T0 + 5 s, though a bucket's tolerance (the reach of
+   * every key the table created) is 1 s. The hit creates the key, so the
+   * reach must come from the reservations themselves. */
   const tg_quota one = {.limit = 1, .period_ms = 1000, .burst = 1};
-  for (int shared = 0; shared < 2; shared++) {
-    tg_limiter *lim = make(TG_TOKEN_BUCKET, shared);
-    for (int i = 0; i < 5; i++) {
-      tg_reservation res;
-      assert_int_equal(tg_reserve_at(lim, T0, "r", 1, &one, 1, 10000, &res),
-                       TG_OK);
-      assert_true(res.ok);
-      assert_int_equal(res.delay_ms, (uint64_t)i * 1000);
+  for (int shared = 0; shared < 2; shared++)
+    for (int policy = 0; policy < 2; policy++) {
+      tg_limiter *lim = make(TG_TOKEN_BUCKET, shared);
+      assert_true(hit(lim, T0, "r", &one, 1).allowed);
+      for (int i = 1; i <= 4; i++) {
+        if (policy) {
+          tg_rule rule = {lim, "r", 1, &one, 1, 0, {0}};
+          tg_rules_reservation res;
+          const uint64_t wait = 10000;
+          assert_int_equal(
+              tg_reserve_rules_at(T0, &rule, 1, &wait, 0, &res, NULL), TG_OK);
+          assert_true(res.ok);
+          assert_int_equal(res.delay_ms, (uint64_t)i * 1000);
+        } else {
+          tg_reservation res;
+          assert_int_equal(tg_reserve_at(lim, T0, "r", 1, &one, 1, 10000, &res),
+                           TG_OK);
+          assert_true(res.ok);
+          assert_int_equal(res.delay_ms, (uint64_t)i * 1000);
+        }
+      }
+      size_t removed = 0;
+      assert_int_equal(tg_clean_at(lim, T0 + 6 * S_US, &removed), TG_OK);
+      assert_int_equal(removed, 1); /* the horizon is T0 + 5 s */
+      /* the clock steps back to T0 + 2 s: the queue's slots are not given
+       * out again. The first call is evaluated at the horizon (a full
+       * bucket there), the rest find that state; the key held would allow
+       * none */
+      int allowed = 0;
+      for (uint64_t t = T0 + 2 * S_US; t < T0 + 5 * S_US; t += 10000)
+        allowed += hit(lim, t, "r", &one, 1).allowed;
+      assert_int_equal(allowed, 1);
+      tg_limiter_destroy(lim);
+      unlink_seg(NULL);
     }
-    size_t removed = 0;
-    assert_int_equal(tg_clean_at(lim, T0 + 6 * S_US, &removed), TG_OK);
-    assert_int_equal(removed, 1); /* the horizon is T0 + 5 s */
-    /* the clock steps back to T0 + 2 s: the queue's slots are not given
-     * out again. The first call is evaluated at the horizon (a full bucket
-     * there), the rest find that state; the key held would allow none */
-    int allowed = 0;
-    for (uint64_t t = T0 + 2 * S_US; t < T0 + 5 * S_US; t += 10000)
-      allowed += hit(lim, t, "r", &one, 1).allowed;
-    assert_int_equal(allowed, 1);
-    tg_limiter_destroy(lim);
-    unlink_seg(NULL);
-  }
 }
 
 /* ---- 7. ---- */

@@ -1381,6 +1381,11 @@ table_policy(tg__table *const *ts, tg__call *calls, size_t n, uint32_t shadow,
 int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
                      uint32_t shadow, tg__outcome *o, tg__outcome *took,
                      tg__policy_marks *pm) {
+  /* a policy of reservations: each waiting rule's reach, as
+   * tg__table_rule raises it for one reservation, before any write */
+  for (size_t i = 0; i < n; i++)
+    if (__builtin_expect(calls[i].wait_ns != 0, 0))
+      raise_max(&ts[i]->h->reach_us, call_reach_us(&calls[i]));
   if (n == 1)
     return table_policy(ts, calls, 1, shadow, o, took, pm);
   if (n == 2)
