@@ -129,11 +129,11 @@ typedef struct kcall {
   tg__call c;              /* now_us set */
   bool may_write;          /* the command may write and the call can */
   bool caller_now;         /* now came from the caller, not the clock */
-  uint64_t server_us;      /* the server's clock when the call began */
-  const char *corrupt;     /* set when the value is refused: why */
   bool oom;                /* over maxmemory: a store is REFUSED_OOM */
   bool would_store;        /* the call (a write) stores a value, or would
                               have had it been allowed to write */
+  uint64_t server_us;      /* the server's clock when the call began */
+  const char *corrupt;     /* set when the value is refused: why */
 } kcall;
 
 /* Whether the server is over maxmemory now. The library's commands are

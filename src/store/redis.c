@@ -631,18 +631,20 @@ static void settle(redis_store *s, int rc, bool open_failed, bool probe) {
 /* Takes a connection for a call gate() let through. A call that waited for
  * it behind one that found the server down answers that failure at once,
  * as a call arriving then would (a probe goes on: it is the one trying).
- * Returns TG_OK with *out locked, or the failure's code with nothing held. */
-static int take(redis_store *s, bool probe, conn **out) {
+ * Returns the connection locked, or NULL with the failure's code in *rc. */
+static conn *take(redis_store *s, bool probe, int *rc) {
   conn *k = acquire(s);
   if (!probe) {
     uint64_t until = tg__load_acquire(&s->down_until_ms);
     if (until != 0 && tg__mono_ms() < until) {
       pthread_mutex_unlock(&k->mu);
-      return -(int)tg__load_relaxed(&s->down_rc);
+      int down = -(int)tg__load_relaxed(&s->down_rc);
+      *rc = down != TG_OK ? down : TG_ECONNECT;
+      return NULL;
     }
   }
-  *out = k;
-  return TG_OK;
+  *rc = TG_OK;
+  return k;
 }
 
 /* Lets go of k after recording how the call went: the record first, so
@@ -979,10 +981,8 @@ static int multi(redis_store *s, mkey *m, size_t n, const tg__call *orig,
                  size_t *failed) {
   bool probe;
   int rc = gate(s, &probe);
-  conn *k = NULL;
-  if (rc == TG_OK)
-    rc = take(s, probe, &k);
-  if (rc != TG_OK)
+  conn *k = rc == TG_OK ? take(s, probe, &rc) : NULL;
+  if (!k)
     return rc;
   rc = conn_open(s, k);
   bool open_failed = rc != TG_OK;
@@ -1428,10 +1428,8 @@ static int redis_exec(tg__store *base, const tg__call *c, tg__outcome *o) {
     return TG_ENOTSUP; /* a policy's steps: redis_exec_rules decides them */
   bool probe;
   int rc = gate(s, &probe);
-  conn *k = NULL;
-  if (rc == TG_OK)
-    rc = take(s, probe, &k);
-  if (rc != TG_OK)
+  conn *k = rc == TG_OK ? take(s, probe, &rc) : NULL;
+  if (!k)
     return rc;
   redisReply *r = NULL;
   rc = conn_open(s, k);
@@ -1515,10 +1513,8 @@ static void batch_chunk(redis_store *s, const tg__call *calls, size_t m,
   }
   bool probe;
   int orc = gate(s, &probe);
-  conn *k = NULL;
-  if (orc == TG_OK)
-    orc = take(s, probe, &k);
-  if (orc != TG_OK) {
+  conn *k = orc == TG_OK ? take(s, probe, &orc) : NULL;
+  if (!k) {
     for (size_t i = 0; i < m; i++)
       rc[i] = orc;
     goto out;
@@ -1586,10 +1582,8 @@ static int redis_reset(tg__store *base, const void *key, size_t key_len) {
   redis_store *s = (redis_store *)base;
   bool probe;
   int rc = gate(s, &probe);
-  conn *k = NULL;
-  if (rc == TG_OK)
-    rc = take(s, probe, &k);
-  if (rc != TG_OK)
+  conn *k = rc == TG_OK ? take(s, probe, &rc) : NULL;
+  if (!k)
     return rc;
   char name[NAME_MAX_BYTES];
   size_t name_len = make_name(s, name, key, key_len);
