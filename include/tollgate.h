@@ -548,9 +548,10 @@ TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
  * TG_PERIOD_MAX_MS (or TG_NOW_MAX_US) is corrupt and is cleared, not obeyed.
  * The Redis store keeps a state until its TTL, counted on the server's
  * clock, and a fresh one (TTL 0: a full bucket, say after a tg_cancel gave
- * a reservation back) not at all after tg_cancel and only for the TTL's
- * slack after a write (2 ms, or 1 s with a now you gave: see the Redis
- * store), as a custom store given TTL 0 need not keep one either: a later
+ * a reservation back) not at all after tg_cancel and after a write only
+ * for the TTL's slack (the script's 2 ms, the module's rounding up to the
+ * ms, or 1 s with a now you gave: see the Redis store), as a custom store
+ * given TTL 0 need not keep one either: a later
  * call with an earlier now then may find no state there and is answered as
  * a never-seen key (allowed in full), where the memory and shm stores,
  * which keep the emptied key in its slot, measure from the later time they
