@@ -122,8 +122,9 @@ TG_EXTERN const char *tg_err_name(int err);
  * field is invalid, which segment was refused and why ("owned by uid 1001,
  * not by this process's effective uid 1000"), how many bytes a full tmpfs
  * could not supply... The string is thread-local (like dlerror), valid until
- * the thread's next tg_limiter_new or tg_nb_input (which says, the same
- * way, why it failed), and "" when that call succeeded or none was made.
+ * the thread's next tg_limiter_new, tg_nb_new or tg_nb_input (which say,
+ * the same way, why they failed), and "" when that call succeeded or none
+ * was made.
  * Never NULL. */
 TG_EXTERN const char *tg_last_error(void);
 
@@ -1799,8 +1800,9 @@ typedef struct tg_nb_rule {
 
 /* Makes a client from cfg (copied; cfg->redis must be set). Returns
  * TG_EINVAL for what tg_limiter_new refuses (but pool_size and the other
- * I/O settings it does not use, see above), a NULL argument or no redis;
- * TG_ENOTSUP in a build without hiredis; TG_ENOMEM. Connects nothing. */
+ * I/O settings it does not use, see above), a NULL argument or no redis,
+ * with tg_last_error() saying which; TG_ENOTSUP in a build without
+ * hiredis; TG_ENOMEM. Connects nothing. */
 TG_EXTERN int tg_nb_new(tg_nb **out, const tg_config *cfg);
 /* Frees everything; pending requests are abandoned (the caller's memory,
  * never touched again). The caller closes its sockets. NULL: no-op. */

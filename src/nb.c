@@ -20,8 +20,10 @@
  */
 #include "tollgate.h"
 
+#include "error.h"
 #include "limiter.h"
 #include "mono.h"
+#include "store/redis_cmd.h"
 #include "store/redis_engine.h"
 
 #include <stdlib.h>
@@ -82,17 +84,19 @@ static bool store_code(int code) {
 /* Seeds (or the one server) as nodes 0.. of the map. */
 static int add_nodes(tg_nb *nb, const tg_redis_config *rc) {
   if (!rc->cluster_nodes) {
+    /* the address was checked (tg__redis_config_check) */
     const char *h = rc->unix_path ? rc->unix_path : rc->host;
-    if (!h || !*h || (!rc->unix_path && (rc->port < 1 || rc->port > 65535)))
-      return TG_EINVAL;
-    return tg__slotmap_node(&nb->map, h, strlen(h),
-                            rc->unix_path ? 0 : rc->port) == TG__NO_NODE
-               ? TG_EINVAL
-               : TG_OK;
+    if (tg__slotmap_node(&nb->map, h, strlen(h),
+                         rc->unix_path ? 0 : rc->port) != TG__NO_NODE)
+      return TG_OK;
+    tg__error_set("out of memory"); /* the first node: the map is empty */
+    return TG_ENOMEM;
   }
-  if (rc->unix_path || rc->db != 0)
-    return TG_EINVAL;
-  return tg__cluster_seeds(&nb->map, rc->cluster_nodes);
+  int err = tg__cluster_seeds(&nb->map, rc->cluster_nodes);
+  if (err == TG_EINVAL)
+    tg__error_set("invalid tg_redis_config: cluster_nodes must be 1..64 "
+                  "comma-separated HOST:PORT");
+  return err;
 }
 
 void tg_nb_destroy(tg_nb *nb) {
@@ -118,11 +122,19 @@ int tg_nb_new(tg_nb **out, const tg_config *cfg) {
   if (!out)
     return TG_EINVAL;
   *out = NULL;
-  if (!cfg || !cfg->redis)
+  tg__error_clear();
+  if (!cfg || !cfg->redis) {
+    tg__error_set("tg_nb_new needs a tg_config whose redis is set");
     return TG_EINVAL;
+  }
   const tg_redis_config *rc = cfg->redis;
-  if (rc->db < 0 || (rc->username && !rc->password))
-    return TG_EINVAL;
+  /* what tg_limiter_new checks, but the pool: the caller owns the
+   * connections */
+  tg_redis_config checked = *rc;
+  checked.pool_size = 1;
+  int bad = tg__redis_config_check(&checked, rc->cluster_nodes != NULL);
+  if (bad != TG_OK)
+    return bad;
   tg_nb *nb = calloc(1, sizeof *nb);
   if (!nb)
     return TG_ENOMEM;

@@ -98,6 +98,14 @@ static long long decisions_run(redisContext *c) {
 /* ---- validation ------------------------------------------------------------
  */
 
+/* tg_nb_new refuses cfg, and says why in tg_last_error, as tg_limiter_new
+ * does. */
+static void refused(tg_nb **nb, const tg_config *cfg) {
+  assert_int_equal(tg_nb_new(nb, cfg), TG_EINVAL);
+  if (tg_last_error()[0] == '\0')
+    fail_msg("tg_nb_new refused a config without saying why");
+}
+
 static void nb_config_is_validated(void **state) {
   (void)state;
   tg_nb *nb = (tg_nb *)state;
@@ -105,35 +113,38 @@ static void nb_config_is_validated(void **state) {
   tg_redis_config rc;
   assert_int_equal(tg_nb_new(NULL, NULL), TG_EINVAL);
   assert_int_equal(tg_nb_new(&nb, NULL), TG_EINVAL); /* Redis only */
+  assert_true(tg_last_error()[0] != '\0');
   assert_null(nb);
   tg_config_init(&cfg);
-  assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+  refused(&nb, &cfg);
   config(&cfg, &rc, TG_FIXED_WINDOW, "v");
   rc.key_prefix = "a{b";
-  assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+  refused(&nb, &cfg);
   config(&cfg, &rc, TG_FIXED_WINDOW, "v");
   rc.port = 0;
-  assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+  refused(&nb, &cfg);
   config(&cfg, &rc, TG_FIXED_WINDOW, "v");
   rc.username = "u";
-  assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+  refused(&nb, &cfg);
   config(&cfg, &rc, TG_FIXED_WINDOW, "v");
   cfg.on_failure = (tg_policy)9;
-  assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+  refused(&nb, &cfg);
   static const char *const bad_seeds[] = {"", "h", "h:1,", "h:0", "h:1,,h:2"};
   for (size_t i = 0; i < sizeof bad_seeds / sizeof bad_seeds[0]; i++) {
     config(&cfg, &rc, TG_FIXED_WINDOW, "v");
     rc.cluster_nodes = bad_seeds[i];
-    assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+    refused(&nb, &cfg);
   }
   config(&cfg, &rc, TG_FIXED_WINDOW, "v");
   rc.cluster_nodes = "127.0.0.1:1";
   rc.db = 2; /* a Cluster has one database */
-  assert_int_equal(tg_nb_new(&nb, &cfg), TG_EINVAL);
+  refused(&nb, &cfg);
   assert_null(nb);
 
   config(&cfg, &rc, TG_FIXED_WINDOW, "v");
+  rc.pool_size = 0; /* not used: the caller owns the connections */
   nb = nb_make(&cfg);
+  assert_string_equal(tg_last_error(), ""); /* a success clears it */
   tg_quota q = {.limit = 1, .period_ms = 1000};
   tg_nb_req req = {.key = "", .key_len = 0, .q = &q, .cost = 1};
   /* refused at once, and not pending: tg_nb_done never returns it */
