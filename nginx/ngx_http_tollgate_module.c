@@ -612,6 +612,28 @@ static ngx_int_t one_variable(ngx_conf_t *cf, ngx_str_t *v) {
  *   [store=redis://HOST:PORT[/DB] | store=redis+unix:PATH |
  *    store=redis-cluster://HOST:PORT[,HOST:PORT...]] [password=P]
  *   [timeout=TIME] [on_error=allow|deny] */
+/* The name of parameter v: up to its "=" included, or the whole word. */
+static size_t param_name_len(const ngx_str_t *v) {
+  u_char *eq = ngx_strlchr(v->data, v->data + v->len, '=');
+  return eq ? (size_t)(eq - v->data) + 1 : v->len;
+}
+
+/* Refuses value[i] when a parameter of the same name came before it, from
+ * value[from] on: the second would silently replace the first. */
+static ngx_int_t given_twice(ngx_conf_t *cf, const char *directive,
+                             const ngx_str_t *value, ngx_uint_t from,
+                             ngx_uint_t i) {
+  size_t n = param_name_len(&value[i]);
+  for (ngx_uint_t j = from; j < i; j++)
+    if (param_name_len(&value[j]) == n &&
+        ngx_strncmp(value[j].data, value[i].data, n) == 0) {
+      ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "%s: \"%*s\" is given twice",
+                         directive, n, value[i].data);
+      return NGX_ERROR;
+    }
+  return NGX_OK;
+}
+
 static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                                    void *conf) {
   tg_ngx_main_conf *mcf =
@@ -643,6 +665,8 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 
   for (ngx_uint_t i = 2; i < cf->args->nelts; i++) {
     ngx_str_t *v = &value[i];
+    if (given_twice(cf, "tollgate_zone", value, 2, i) != NGX_OK)
+      return NGX_CONF_ERROR;
     if (ngx_strncmp(v->data, "zone=", 5) == 0) {
       u_char *colon = ngx_strlchr(v->data + 5, v->data + v->len, ':');
       z->name.data = v->data + 5;
@@ -696,11 +720,6 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
       z->q.burst = (uint64_t)b;
     } else if (ngx_strncmp(v->data, "store=", 6) == 0) {
       ngx_str_t st = {v->len - 6, v->data + 6};
-      if (z->redis) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "tollgate_zone: \"store=\" is given twice");
-        return NGX_CONF_ERROR;
-      }
       if (parse_store(cf, z, &st) != NGX_OK)
         return NGX_CONF_ERROR;
     } else if (ngx_strncmp(v->data, "password=", 9) == 0 && v->len > 9) {
@@ -908,6 +927,8 @@ static char *tg_ngx_limit_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 
   for (ngx_uint_t i = 1; i < cf->args->nelts; i++) {
     ngx_str_t *v = &value[i];
+    if (given_twice(cf, "tollgate", value, 1, i) != NGX_OK)
+      return NGX_CONF_ERROR;
     if (ngx_strncmp(v->data, "zone=", 5) == 0) {
       l->zone_name.data = v->data + 5;
       l->zone_name.len = v->len - 5;

@@ -669,6 +669,13 @@ class ConfigErrors(unittest.TestCase):
              'tollgate_zone: "burst=" needs algorithm=token_bucket'),
             ("tollgate_zone $a zone=a:1m rate=1r/s bogus=1;",
              'tollgate_zone: invalid parameter "bogus=1"'),
+            # a second value would silently replace the first
+            ("tollgate_zone $a zone=a:1m rate=10r/s zone=b:1m;",
+             'tollgate_zone: "zone=" is given twice'),
+            ("tollgate_zone $a zone=a:1m rate=10r/s rate=5r/s;",
+             'tollgate_zone: "rate=" is given twice'),
+            (ok + "server { location / { tollgate zone=a cost=1 cost=2; } }",
+             'tollgate: "cost=" is given twice'),
             ("tollgate_zone $a zone=a:1m rate=1r/s;"
              "tollgate_zone $b zone=a:1m rate=1r/s;",
              'tollgate_zone: zone "a" is already defined'),
