@@ -608,10 +608,6 @@ static ngx_int_t one_variable(ngx_conf_t *cf, ngx_str_t *v) {
   return index == NGX_ERROR ? -1 : index;
 }
 
-/* tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N]
- *   [store=redis://HOST:PORT[/DB] | store=redis+unix:PATH |
- *    store=redis-cluster://HOST:PORT[,HOST:PORT...]] [password=P]
- *   [timeout=TIME] [on_error=allow|deny] */
 /* The name of parameter v: up to its "=" included, or the whole word. */
 static size_t param_name_len(const ngx_str_t *v) {
   u_char *eq = ngx_strlchr(v->data, v->data + v->len, '=');
@@ -634,6 +630,10 @@ static ngx_int_t given_twice(ngx_conf_t *cf, const char *directive,
   return NGX_OK;
 }
 
+/* tollgate_zone KEY zone=NAME:SIZE algorithm=ALG rate=RATE [burst=N]
+ *   [store=redis://HOST:PORT[/DB] | store=redis+unix:PATH |
+ *    store=redis-cluster://HOST:PORT[,HOST:PORT...]] [password=P]
+ *   [timeout=TIME] [on_error=allow|deny] */
 static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                                    void *conf) {
   tg_ngx_main_conf *mcf =

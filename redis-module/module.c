@@ -843,7 +843,8 @@ static int steps_command(RedisModuleCtx *ctx, RedisModuleString **argv,
   /* over maxmemory, a policy that passes and would write is refused before
    * the reply starts (the takes below cannot fail then): each take is
    * tried first without writing */
-  for (uint64_t r = 0; pass && r < n && over_maxmemory(ctx); r++) {
+  bool oom = pass && over_maxmemory(ctx);
+  for (uint64_t r = 0; oom && r < n; r++) {
     if (!o[r].r.allowed)
       continue;
     k[r].c.op = TG__OP_TAKE;

@@ -1083,8 +1083,11 @@ static void batch_matches_single_calls(void **state) {
 /* ---- failures ------------------------------------------------------------ */
 
 /* A limiter with short timeouts and backoff, for the failure tests. */
-static tg_limiter *fragile(tg_algorithm alg, const char *prefix,
-                           tg_policy policy, uint32_t pool) {
+/* A limiter on the test server with short timeouts (connect and command)
+ * and backoff_ms between probes of a server found down. */
+static tg_limiter *fragile_with(tg_algorithm alg, const char *prefix,
+                                tg_policy policy, uint32_t pool,
+                                uint32_t timeout_ms, uint32_t backoff_ms) {
   tg_config cfg;
   tg_config_init(&cfg);
   cfg.algorithm = alg;
@@ -1093,14 +1096,19 @@ static tg_limiter *fragile(tg_algorithm alg, const char *prefix,
   tg_redis_config_init(&rc);
   rc.port = rs_port();
   rc.key_prefix = prefix;
-  rc.connect_timeout_ms = 300;
-  rc.command_timeout_ms = 300;
-  rc.reconnect_backoff_ms = 50;
+  rc.connect_timeout_ms = timeout_ms;
+  rc.command_timeout_ms = timeout_ms;
+  rc.reconnect_backoff_ms = backoff_ms;
   rc.pool_size = pool;
   cfg.redis = &rc;
   tg_limiter *lim = NULL;
   assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
   return lim;
+}
+
+static tg_limiter *fragile(tg_algorithm alg, const char *prefix,
+                           tg_policy policy, uint32_t pool) {
+  return fragile_with(alg, prefix, policy, pool, 300, 50);
 }
 
 /* Calls until one succeeds (the limiter must recover by itself), at most
@@ -1284,21 +1292,9 @@ static uint64_t mono_ms(void) {
 static void unresponsive_server_fails_fast(void **state) {
   (void)state;
   redisContext *c = admin();
-  tg_config cfg;
-  tg_config_init(&cfg);
-  cfg.algorithm = TG_TOKEN_BUCKET;
-  cfg.on_failure = TG_POLICY_FAIL_CLOSED;
-  tg_redis_config rc;
-  tg_redis_config_init(&rc);
-  rc.port = rs_port();
-  rc.key_prefix = "fast";
-  rc.connect_timeout_ms = 300;
-  rc.command_timeout_ms = 300;
-  rc.reconnect_backoff_ms = 600000; /* no probe during the test */
-  rc.pool_size = 4;
-  cfg.redis = &rc;
-  tg_limiter *lim = NULL;
-  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  /* a backoff of 10 minutes: no probe during the test */
+  tg_limiter *lim = fragile_with(TG_TOKEN_BUCKET, "fast", TG_POLICY_FAIL_CLOSED,
+                                 4, 300, 600000);
   tg_quota q = {.limit = 5, .period_ms = 1000};
   tg_result r;
   for (int i = 0; i < 8; i++) /* every pooled connection opened */
@@ -1356,20 +1352,8 @@ static void queued_calls_fail_fast(void **state) {
   (void)state;
   redisContext *c = admin();
   enum { T = 4 };
-  tg_config cfg;
-  tg_config_init(&cfg);
-  cfg.algorithm = TG_TOKEN_BUCKET;
-  tg_redis_config rc;
-  tg_redis_config_init(&rc);
-  rc.port = rs_port();
-  rc.key_prefix = "queue";
-  rc.connect_timeout_ms = 400;
-  rc.command_timeout_ms = 400;
-  rc.reconnect_backoff_ms = 600000;
-  rc.pool_size = 1;
-  cfg.redis = &rc;
-  tg_limiter *lim = NULL;
-  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  tg_limiter *lim = fragile_with(TG_TOKEN_BUCKET, "queue", TG_POLICY_FAIL_OPEN,
+                                 1, 400, 600000);
   tg_quota q = {.limit = 5, .period_ms = 1000};
   tg_result r;
   assert_int_equal(tg_hit(lim, "k", 1, &q, 0, &r), TG_OK); /* connected */
@@ -1426,20 +1410,8 @@ static void one_probe_at_a_time(void **state) {
   (void)state;
   redisContext *c = admin();
   enum { T = 4, TIMEOUT = 200, BACKOFF = 100 };
-  tg_config cfg;
-  tg_config_init(&cfg);
-  cfg.algorithm = TG_FIXED_WINDOW;
-  tg_redis_config rc;
-  tg_redis_config_init(&rc);
-  rc.port = rs_port();
-  rc.key_prefix = "probe";
-  rc.connect_timeout_ms = TIMEOUT;
-  rc.command_timeout_ms = TIMEOUT;
-  rc.reconnect_backoff_ms = BACKOFF;
-  rc.pool_size = T;
-  cfg.redis = &rc;
-  tg_limiter *lim = NULL;
-  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  tg_limiter *lim = fragile_with(TG_FIXED_WINDOW, "probe", TG_POLICY_FAIL_OPEN,
+                                 T, TIMEOUT, BACKOFF);
   tg_quota q = {.limit = 5, .period_ms = 1000};
   tg_result r;
   for (int i = 0; i < 2 * T; i++)

@@ -814,9 +814,9 @@ static void slots_done(tg__eng *e, tg__elink *L) {
 
 /* ---- calls' replies ---- */
 
-/* Sends r again to node (it did not run), within its budget. */
-/* Sends r again to node, counted in *why (moved, ask, resent) only when it
- * is sent: a call out of redirects is answered TG_ESTORE instead. */
+/* Sends r again to node (it did not run), within its budget, counted in
+ * *why (moved, ask, resent) only when it is sent: a call out of redirects
+ * is answered TG_ESTORE instead. */
 static void resend(tg__eng *e, tg__ereq *r, uint32_t node, uint64_t *why) {
   if (++r->redirects > TG__REDIRECTS_MAX) {
     complete(e, r, TG_ESTORE);

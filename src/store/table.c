@@ -222,6 +222,15 @@ static void raise_max(uint64_t *w, uint64_t v) {
     ;
 }
 
+/* A reservation may push a held key's state its wait further ahead than
+ * any key the table created reaches (the reach raised at insert): the
+ * horizon must reach that far before the state is written, so before its
+ * key can be reclaimed. */
+static inline void reach_wait(tg__table *t, const tg__call *c) {
+  if (__builtin_expect(c->wait_ns != 0, 0))
+    raise_max(&t->h->reach_us, call_reach_us(c));
+}
+
 /* Publishes, before the reclaim that needs it, that no call may evaluate an
  * absent key earlier than expiry_us. */
 static void raise_horizon(tg__table *t, uint64_t expiry_us) {
@@ -1241,11 +1250,7 @@ static __attribute__((noinline)) int exec_rule(tg__table *t, const tg__call *c,
 
 int tg__table_rule(tg__table *t, const tg__call *c, tg__outcome *o) {
   int rc;
-  /* a reservation may push a held key's state further ahead than any key
-   * the table created (call_reach_us): the horizon must reach that far
-   * before the state is written, so before its key can be reclaimed */
-  if (c->wait_ns)
-    raise_max(&t->h->reach_us, call_reach_us(c));
+  reach_wait(t, c);
   if (c->op == TG__OP_TAKE) {
     if (take_as_checked(t, c))
       return TG_OK;
@@ -1381,11 +1386,8 @@ table_policy(tg__table *const *ts, tg__call *calls, size_t n, uint32_t shadow,
 int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
                      uint32_t shadow, tg__outcome *o, tg__outcome *took,
                      tg__policy_marks *pm) {
-  /* a policy of reservations: each waiting rule's reach, as
-   * tg__table_rule raises it for one reservation, before any write */
-  for (size_t i = 0; i < n; i++)
-    if (__builtin_expect(calls[i].wait_ns != 0, 0))
-      raise_max(&ts[i]->h->reach_us, call_reach_us(&calls[i]));
+  for (size_t i = 0; i < n; i++) /* a policy of reservations */
+    reach_wait(ts[i], &calls[i]);
   if (n == 1)
     return table_policy(ts, calls, 1, shadow, o, took, pm);
   if (n == 2)
