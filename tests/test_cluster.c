@@ -20,7 +20,10 @@
  *     pass, at the importing node after ASKING;
  *   - a master killed: its slots' decisions are degraded (the failure
  *     policy's answer) while the other masters' stay exact, until the
- *     replica is promoted; then the same limiter is exact again.
+ *     replica is promoted; then the same limiter is exact again. The
+ *     non-blocking client too, with calls on the dying master's link
+ *     (written and unanswered, one cut part-way, others queued): each
+ *     completes once, none runs on the promoted replica.
  * No sleep is an assertion: every wait polls for a state, with a generous
  * bound for a loaded two-core machine.
  */
@@ -706,10 +709,12 @@ static void reshard_while_traffic_runs(void **state) {
 
 /* A non-blocking client of the cluster (from its seeds), names under
  * prefix. */
-static tg_nb *nb_client(tg_algorithm alg, const char *prefix) {
+static tg_nb *nb_client_with(tg_algorithm alg, const char *prefix,
+                             tg_policy policy) {
   tg_config cfg;
   tg_config_init(&cfg);
   cfg.algorithm = alg;
+  cfg.on_failure = policy;
   tg_redis_config rc;
   tg_redis_config_init(&rc);
   rc.cluster_nodes = seeds;
@@ -718,6 +723,10 @@ static tg_nb *nb_client(tg_algorithm alg, const char *prefix) {
   tg_nb *nb = NULL;
   assert_int_equal(tg_nb_new(&nb, &cfg), TG_OK);
   return nb;
+}
+
+static tg_nb *nb_client(tg_algorithm alg, const char *prefix) {
+  return nb_client_with(alg, prefix, TG_POLICY_FAIL_OPEN);
 }
 
 static void nb_on_the_cluster(void **state) {
@@ -1113,6 +1122,202 @@ static void *fexact(void *arg) {
   return NULL;
 }
 
+/* The non-blocking client while the master dies: calls that sit on its
+ * link when it goes (written in full and unanswered, one cut part-way
+ * through its bytes, others still queued) each complete exactly once,
+ * with the failure policy's answer, and none is sent again to the node
+ * that takes the slot over; calls for the other masters stay exact. */
+enum { NB_L = 3, NB_KEYS = 10, NB_PER_KEY = 20, NB_FLOOD = 250 };
+
+typedef struct nb_dying {
+  tg_nb *nb;
+  nbp d;
+  const char *prefix;
+  int victim;
+  unsigned vlink;
+  tg_quota q;
+  char vkeys[NB_KEYS][24], okeys[NB_KEYS][24];
+  tg_nb_req v[NB_FLOOD], o[NB_KEYS * NB_PER_KEY];
+  long done_v[NB_FLOOD], done_o[NB_KEYS * NB_PER_KEY], stray;
+} nb_dying;
+
+static void nb_dying_done(tg_nb_req *r, void *ctx) {
+  nb_dying *x = ctx;
+  if (r >= x->v && r < x->v + NB_FLOOD)
+    x->done_v[r - x->v]++;
+  else if (r >= x->o && r < x->o + NB_KEYS * NB_PER_KEY)
+    x->done_o[r - x->o]++;
+  else
+    x->stray++;
+}
+
+/* Whether the node on `port` holds none of the flood's keys: no call of
+ * the flood ever ran there. */
+static bool flood_absent_on(const nb_dying *x, int port) {
+  for (int k = 0; k < NB_KEYS; k++) {
+    char name[96];
+    size_t nl =
+        name_of(x->prefix, x->vkeys[k], strlen(x->vkeys[k]), "fw", name);
+    redisReply *r = on(port, "EXISTS %b", name, nl);
+    bool absent = r && r->type == REDIS_REPLY_INTEGER && r->integer == 0;
+    if (r)
+      freeReplyObject(r);
+    if (!absent)
+      return false;
+  }
+  return true;
+}
+
+/* Before the kill: the victim stopped (SIGSTOP), so that what is written
+ * to it stays unanswered; the other master's calls answered meanwhile. */
+static void nb_dying_before(nb_dying *x, int victim, const char *other_key,
+                            pid_t pid) {
+  memset(x, 0, sizeof *x);
+  x->prefix = prefix_of("fonb");
+  x->victim = victim;
+  x->q = (tg_quota){.limit = NB_L, .period_ms = 3600000};
+  x->nb = nb_client_with(TG_FIXED_WINDOW, x->prefix, TG_POLICY_FAIL_CLOSED);
+  nbp_init(&x->d, x->nb);
+  for (int k = 0; k < NB_KEYS; k++) {
+    /* "victim}..." hashes as "victim" (the name's braces close at the
+     * first '}'): the victim's slot; the others other_key's */
+    snprintf(x->vkeys[k], sizeof x->vkeys[k], "victim}nb%d", k);
+    snprintf(x->okeys[k], sizeof x->okeys[k], "%s}nb%d", other_key, k);
+  }
+  /* links to both masters, by a call on each (keys outside the counts) */
+  tg_quota big = {.limit = 1000000000, .period_ms = 3600000};
+  char ow[24];
+  snprintf(ow, sizeof ow, "%s}w", other_key);
+  tg_nb_req warm[2] = {
+      {.key = "victim}w", .key_len = 8, .q = &big, .cost = 1},
+      {.key = ow, .key_len = strlen(ow), .q = &big, .cost = 1}};
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(tg_nb_submit(x->nb, &warm[i]), TG_OK);
+  assert_int_equal(nbp_run(&x->d, 2, 30000, NULL, NULL), 2);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(warm[i].status, TG_OK);
+    assert_false(warm[i].result.degraded);
+  }
+  x->vlink = NBP_LINKS;
+  for (unsigned l = 0; l < tg_nb_links(x->nb) && l < NBP_LINKS; l++) {
+    const char *host;
+    int port;
+    tg_nb_address(x->nb, l, &host, &port);
+    if (port == victim && x->d.fd[l] >= 0)
+      x->vlink = l;
+  }
+  assert_true(x->vlink < NBP_LINKS);
+
+  assert_int_equal(kill(pid, SIGSTOP), 0);
+  /* most of the flood is written in full and never answered ... */
+  int written = NB_FLOOD - 10;
+  for (int i = 0; i < NB_FLOOD; i++)
+    x->v[i] = (tg_nb_req){.key = x->vkeys[i % NB_KEYS],
+                          .key_len = strlen(x->vkeys[i % NB_KEYS]),
+                          .q = &x->q,
+                          .cost = 1};
+  for (int i = 0; i < written; i++)
+    assert_int_equal(tg_nb_submit(x->nb, &x->v[i]), TG_OK);
+  for (int i = 0; i < NB_KEYS * NB_PER_KEY; i++) {
+    x->o[i] = (tg_nb_req){.key = x->okeys[i % NB_KEYS],
+                          .key_len = strlen(x->okeys[i % NB_KEYS]),
+                          .q = &x->q,
+                          .cost = 1};
+    assert_int_equal(tg_nb_submit(x->nb, &x->o[i]), TG_OK);
+  }
+  /* the other master answers its calls; the victim's stay pending */
+  size_t got = nbp_run(&x->d, NB_KEYS * NB_PER_KEY, 30000, nb_dying_done, x);
+  assert_int_equal(got, NB_KEYS * NB_PER_KEY);
+  assert_true(x->d.fd[x->vlink] >= 0);
+  assert_int_equal(tg_nb_wants(x->nb, x->vlink) & TG_NB_WRITE, 0);
+  /* ... one is cut part-way through its bytes (the caller writes 7 and
+   * says so), and the last ones stay queued behind it */
+  for (int i = written; i < NB_FLOOD; i++)
+    assert_int_equal(tg_nb_submit(x->nb, &x->v[i]), TG_OK);
+  const void *p;
+  size_t n;
+  tg_nb_output(x->nb, x->vlink, &p, &n);
+  assert_true(n > 7);
+  assert_int_equal(send(x->d.fd[x->vlink], p, 7, MSG_NOSIGNAL), 7);
+  tg_nb_written(x->nb, x->vlink, 7);
+  for (int i = 0; i < NB_FLOOD; i++)
+    assert_int_equal(x->done_v[i], 0);
+  assert_int_equal(tg_nb_pending(x->nb), NB_FLOOD);
+  /* the other master's calls: exact, nothing degraded */
+  long admitted[NB_KEYS] = {0};
+  for (int i = 0; i < NB_KEYS * NB_PER_KEY; i++) {
+    assert_int_equal(x->done_o[i], 1);
+    assert_int_equal(x->o[i].status, TG_OK);
+    assert_false(x->o[i].result.degraded);
+    admitted[i % NB_KEYS] += x->o[i].result.allowed;
+  }
+  for (int k = 0; k < NB_KEYS; k++)
+    assert_int_equal(admitted[k], NB_L);
+}
+
+/* After the kill: every call of the flood completes once, refused by the
+ * failure policy (fail closed), while nobody serves the slot. */
+static void nb_dying_after_kill(nb_dying *x) {
+  size_t got = nbp_run(&x->d, NB_FLOOD, 60000, nb_dying_done, x);
+  assert_int_equal(got, NB_FLOOD);
+  assert_int_equal(x->stray, 0);
+  assert_int_equal(tg_nb_pending(x->nb), 0);
+  long by[3] = {0, 0, 0};
+  for (int i = 0; i < NB_FLOOD; i++) {
+    const tg_nb_req *r = &x->v[i];
+    by[r->status == TG_ECONNECT ? 0 : r->status == TG_ETIMEDOUT ? 1 : 2]++;
+    assert_int_equal(x->done_v[i], 1);
+    assert_true(r->status == TG_ECONNECT || r->status == TG_ETIMEDOUT ||
+                r->status == TG_ESTORE);
+    assert_true(r->result.degraded);
+    assert_false(r->result.allowed);
+  }
+  print_message("nb: %d calls on the dying master's link completed once "
+                "each: %ld TG_ECONNECT, %ld TG_ETIMEDOUT, %ld other\n",
+                NB_FLOOD, by[0], by[1], by[2]);
+}
+
+/* Once the replica serves the slot: the same client, its dead link
+ * brought up again as a caller's backoff would, decides there exactly,
+ * and no call of the flood was ever sent there. */
+static void nb_dying_recovered(nb_dying *x, int promoted) {
+  tg_quota big = {.limit = 1000000000, .period_ms = 3600000};
+  uint64_t end = now_ms() + 60000;
+  bool back = false;
+  while (!back && now_ms() < end) {
+    for (unsigned l = 0; l < tg_nb_links(x->nb); l++)
+      tg_nb_up(x->nb, l);
+    tg_nb_req probe = {.key = "victim}p", .key_len = 8, .q = &big, .cost = 1};
+    assert_int_equal(tg_nb_submit(x->nb, &probe), TG_OK);
+    assert_int_equal(nbp_run(&x->d, 1, 30000, NULL, NULL), 1);
+    back = probe.status == TG_OK && !probe.result.degraded;
+    if (!back)
+      sleep_ms(100);
+  }
+  assert_true(back);
+  static char fresh[NB_KEYS][24];
+  static tg_nb_req req[NB_KEYS * (NB_L + 2)];
+  for (int k = 0; k < NB_KEYS; k++)
+    snprintf(fresh[k], sizeof fresh[k], "victim}nbx%d", k);
+  for (int i = 0; i < NB_KEYS * (NB_L + 2); i++) {
+    req[i] = (tg_nb_req){.key = fresh[i % NB_KEYS],
+                         .key_len = strlen(fresh[i % NB_KEYS]),
+                         .q = &x->q,
+                         .cost = 1};
+    assert_int_equal(tg_nb_submit(x->nb, &req[i]), TG_OK);
+  }
+  assert_int_equal(nbp_run(&x->d, NB_KEYS * (NB_L + 2), 30000, NULL, NULL),
+                   NB_KEYS * (NB_L + 2));
+  for (int i = 0; i < NB_KEYS * (NB_L + 2); i++) {
+    assert_int_equal(req[i].status, TG_OK);
+    assert_false(req[i].result.degraded);
+    assert_int_equal(req[i].result.allowed, i < NB_KEYS * NB_L);
+  }
+  assert_true(flood_absent_on(x, promoted));
+  nbp_close_all(&x->d);
+  tg_nb_destroy(x->nb);
+}
+
 static void master_killed_then_promoted(void **state) {
   (void)state;
   const char *prefix = prefix_of("fo");
@@ -1141,9 +1346,12 @@ static void master_killed_then_promoted(void **state) {
   long other_ok_before = __atomic_load_n(&elsewhere.ok, __ATOMIC_RELAXED);
   pid_t pid = pid_of(victim);
   assert_true(pid > 0);
+  static nb_dying nbd;
+  nb_dying_before(&nbd, victim, other_key, pid); /* leaves it stopped */
   assert_int_equal(kill(pid, SIGKILL), 0);
   dead[index_of(victim)] = true;
   uint64_t t0 = now_ms();
+  nb_dying_after_kill(&nbd);
   /* degraded while nobody serves the slot, until the replica takes over
    * and the client's map follows it: then exact again, same limiter */
   while (__atomic_load_n(&on_victim.degraded, __ATOMIC_RELAXED) == 0)
@@ -1199,6 +1407,7 @@ static void master_killed_then_promoted(void **state) {
     assert_int_equal(ok[k], 90);
     assert_int_equal(admitted[k], (long)fq.limit);
   }
+  nb_dying_recovered(&nbd, promoted);
   tg_limiter_destroy(fresh);
   tg_limiter_destroy(lim);
 }
