@@ -36,6 +36,7 @@
 
 #include "command/command.h"
 
+#include <ctype.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -1187,12 +1188,32 @@ static void http_reply(outbuf *o, const char *status, const char *type,
     out_raw(o, body->data, body->len);
 }
 
+/* Whether req starts with a request line RFC 9112 allows: a method
+ * (token characters), one space, a target (no space or control), one
+ * space, "HTTP/1." and a digit, CRLF (or a bare LF). */
+static bool request_line_ok(const char *req) {
+  static const char tchar[] = "!#$%&'*+-.^_`|~";
+  const char *p = req;
+  while (*p && (isalnum((unsigned char)*p) || strchr(tchar, *p)))
+    p++;
+  if (p == req || *p++ != ' ')
+    return false;
+  const char *t = p;
+  while ((unsigned char)*p > ' ' && *p != 0x7f)
+    p++;
+  if (p == t || *p++ != ' ' || strncmp(p, "HTTP/1.", 7) != 0 ||
+      !isdigit((unsigned char)p[7]))
+    return false;
+  p += 8;
+  return (p[0] == '\r' && p[1] == '\n') || p[0] == '\n';
+}
+
 void cmd_metrics(const cmd_ctx *ctx, const char *req, size_t len, bool whole,
                  outbuf *out) {
   (void)len;
   bool get = strncmp(req, "GET ", 4) == 0, head = strncmp(req, "HEAD ", 5) == 0;
   const char *path = get ? req + 4 : head ? req + 5 : NULL;
-  if (!whole) {
+  if (!whole || !request_line_ok(req)) {
     http_reply(out, "400 Bad Request", "text/plain", "", NULL, false);
     return;
   }

@@ -93,6 +93,21 @@ class Metrics(unittest.TestCase):
             c.close()
             self.assertEqual(r.status, 405)
             self.assertEqual(r.getheader("Allow"), "GET, HEAD")
+            # what is not a request line is 400, whatever it starts with;
+            # a request line with another method 405
+            for raw, want in ((b"\r\n\r\n", b"400"),
+                              (b"GET\r\n\r\n", b"400"),
+                              (b"GET /metrics\r\n\r\n", b"400"),
+                              (b"GET /metrics HTTP/2\r\n\r\n", b"400"),
+                              (b"GET  /metrics HTTP/1.1\r\n\r\n", b"400"),
+                              (b"BREW /metrics HTTP/1.1\r\n\r\n", b"405"),
+                              (b"GET /metrics HTTP/1.0\r\n\r\n", b"200")):
+                s = socket.create_connection(("127.0.0.1", port), timeout=30)
+                s.sendall(raw)
+                data = read_to_close(s)
+                s.close()
+                self.assertTrue(data.startswith(b"HTTP/1.1 " + want + b" "),
+                                (raw, data[:40]))
             # a scrape turned away by --max-clients is told so in HTTP
             r1 = redis.Redis(port=srv.port, socket_timeout=30)
             self.assertTrue(r1.ping())  # the one client allowed
