@@ -308,8 +308,9 @@ TG_EXTERN uint64_t tg_clock_latest(uint64_t *latest, uint64_t now_us);
  * a failed AUTH...). The function still returns that code; the policy only
  * decides what is written into the result, which then has degraded = true.
  * A store failure is never disguised as a plain denial. (A shared segment
- * whose file system is full answers TG_ENOMEM for the new key that needed
- * memory, through this policy, never with a signal.) TG_POLICY_FALLBACK
+ * whose file system is full answers TG_ENOMEM for the new key, or the
+ * sliding log, that needed memory, through this policy, never with a
+ * signal.) TG_POLICY_FALLBACK
  * decides instead, locally: see "Surviving a store outage". */
 typedef enum tg_policy {
   /* Result: allowed (the default: a broken limiter should not take the
@@ -1230,10 +1231,14 @@ struct tg_custom_store {
  * per key of capacity) are reserved then (posix_fallocate, on
  * every attach too): a file system too small for them is TG_ENOMEM from
  * tg_limiter_new. Long keys' chunks and sliding-log blocks are reserved a
- * page at a time as they are first used (a log holding a few entries costs
- * one page, however large sliding_max_entries), and a new key whose memory
- * cannot be had is TG_ENOMEM through the failure policy (decayed keys are
- * reclaimed first, and their memory reused). Never a SIGBUS: touching
+ * page at a time as they are first used. A log keeps its entries at the
+ * start of its ring while they fill at most half of its first page or two
+ * (64 entries or more), so a log holding a few entries costs one or two
+ * pages, however large sliding_max_entries and however long it lives; one
+ * holding more takes pages as its entries reach them, up to its whole ring.
+ * A new key whose memory cannot be had, or a log whose next entry needs a
+ * page that cannot be had, is TG_ENOMEM through the failure policy
+ * (decayed keys are reclaimed first, and their memory reused). Never a SIGBUS: touching
  * memory the file system cannot supply would raise one, and tollgate never
  * does. Each limiter on a segment keeps its file descriptor open for this.
  *

@@ -29,7 +29,11 @@
  *   hostile-log       on a full tmpfs, a log whose header claims entries in
  *                     pages nobody backed (bytes another process wrote):
  *                     its key answers TG_ENOMEM and a cleaning pass skips
- *                     it; nothing reads those pages.
+ *                     it; nothing reads those pages;
+ *   steady            a sliding key made before the tmpfs filled, then 300
+ *                     seconds of bursts on it: it needs no new page (its
+ *                     log keeps to its ring's start), so every call is
+ *                     decided, exactly, with no TG_ENOMEM.
  */
 #include "store/table.h"
 #include "tollgate.h"
@@ -259,6 +263,45 @@ static int scenario_nearly_full(void) {
   return failures;
 }
 
+static int scenario_steady(void) {
+  tg_shm_unlink(NAME);
+  tg_config cfg = config(TG_SLIDING_WINDOW, 16); /* 1024 entries a log */
+  tg_limiter *lim;
+  int rc = tg_limiter_new(&lim, &cfg);
+  CHECK(rc == TG_OK, "create: %s (%s)", tg_err_name(rc), tg_last_error());
+  if (rc != TG_OK)
+    return failures;
+  const tg_quota q = {3, 1000, 0};
+  tg_result r;
+  rc = tg_hit_at(lim, T0, "user", 4, &q, 1, &r);
+  CHECK(rc == TG_OK && r.allowed, "the key: %s", tg_err_name(rc));
+  const char *filler = fill_tmpfs();
+  /* a burst of 10 calls a second for 300 s: 900 entries appended, so the
+   * head would walk through the whole 16 KiB ring (four pages) */
+  unsigned enomem = 0, over = 0, other = 0;
+  for (uint64_t s = 1; s <= 300; s++) {
+    unsigned allowed = 0;
+    for (uint64_t i = 0; i < 10; i++) {
+      rc = tg_hit_at(lim, T0 + s * 1000000u + i * 1000u, "user", 4, &q, 1, &r);
+      enomem += rc == TG_ENOMEM;
+      other += rc != TG_OK && rc != TG_ENOMEM;
+      allowed += r.allowed;
+    }
+    over += allowed != 3;
+  }
+  fprintf(stderr,
+          "shm_tmpfs: steady: 300 bursts on a full tmpfs: %u TG_ENOMEM, "
+          "%u bursts not admitting exactly 3\n",
+          enomem, over);
+  CHECK(enomem == 0 && other == 0, "%u TG_ENOMEM, %u other codes", enomem,
+        other);
+  CHECK(over == 0, "%u bursts admitted other than 3", over);
+  unlink(filler);
+  tg_limiter_destroy(lim);
+  tg_shm_unlink(NAME);
+  return failures;
+}
+
 static int scenario_hostile_log(void) {
   tg_shm_unlink(NAME);
   tg_config cfg = config(TG_SLIDING_WINDOW, 16); /* 16 KiB logs */
@@ -308,7 +351,8 @@ static int scenario_hostile_log(void) {
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr,
-            "usage: shm_tmpfs create|sliding|long|nearly-full|hostile-log\n");
+            "usage: shm_tmpfs create|sliding|long|nearly-full|hostile-log|"
+            "steady\n");
     return 2;
   }
   const char *s = argv[1];
@@ -322,6 +366,8 @@ int main(int argc, char **argv) {
     return scenario_nearly_full() ? 1 : 0;
   if (strcmp(s, "hostile-log") == 0)
     return scenario_hostile_log() ? 1 : 0;
+  if (strcmp(s, "steady") == 0)
+    return scenario_steady() ? 1 : 0;
   fprintf(stderr, "shm_tmpfs: unknown scenario %s\n", s);
   return 2;
 }

@@ -19,6 +19,8 @@
  *   3. cleaning and a full table: any attached process may run a pass, two
  *      never run at once, before_clean sees what a pass reclaims; a full
  *      segment answers TG_EFULL with each limiter's own policy.
+ *   4. a sliding log holding few entries stays in the first pages of its
+ *      ring, however long it lives.
  */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, flock */
 
@@ -698,6 +700,62 @@ static void full_segment_policy(void **state) {
   assert_true(c.live_slots >= 1 && c.live_slots <= 4);
 }
 
+/* A sliding log that never holds more than a few entries keeps to the
+ * first page or two of its ring, however long it lives and however large
+ * sliding_max_entries: pruning moves its head along the ring, and each page
+ * the head reached used to stay backed (a key came to hold its whole ring,
+ * 256 KiB at 16384 entries, and on a full file system answered TG_ENOMEM).
+ * The answers are a memory store's, call for call. */
+static void few_entries_few_pages(void **state) {
+  (void)state;
+  const char *name = name_new("pages");
+  tg_config cfg, mem;
+  shm_config(&cfg, name, TG_SLIDING_WINDOW, 64);
+  cfg.sliding_max_entries = 16384;
+  mem = cfg;
+  mem.shm_name = NULL;
+  tg_limiter *lim, *twin;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  assert_int_equal(tg_limiter_new(&twin, &mem), TG_OK);
+  char path[96];
+  snprintf(path, sizeof path, "/dev/shm%s", name);
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  long long before = (long long)st.st_blocks * 512;
+  /* ten calls a second under 3 a second: at most 3 entries live, about
+   * 6,000 appended per key (24 pages' worth of ring) */
+  const tg_quota q = {.limit = 3, .period_ms = 1000};
+  enum { KEYS = 10, CALLS = 20000 };
+  long allowed = 0;
+  for (int k = 0; k < KEYS; k++) {
+    char key[8];
+    int len = snprintf(key, sizeof key, "u%d", k);
+    for (int i = 0; i < CALLS; i++) {
+      uint64_t now = T0 + (uint64_t)i * 100000u;
+      tg_result r, m;
+      assert_int_equal(tg_hit_at(lim, now, key, (size_t)len, &q, 1, &r), TG_OK);
+      assert_int_equal(tg_hit_at(twin, now, key, (size_t)len, &q, 1, &m),
+                       TG_OK);
+      assert_int_equal(r.allowed, m.allowed);
+      assert_int_equal(r.count, m.count);
+      assert_int_equal(r.remaining, m.remaining);
+      assert_int_equal(r.retry_after_ms, m.retry_after_ms);
+      assert_int_equal(r.reset_after_ms, m.reset_after_ms);
+      allowed += r.allowed;
+    }
+  }
+  assert_int_equal(allowed, (long)KEYS * CALLS / 10 * 3);
+  assert_int_equal(stat(path, &st), 0);
+  long long grew = (long long)st.st_blocks * 512 - before;
+  print_message("%d sliding keys, %d calls each: the segment grew %lld KiB\n",
+                KEYS, CALLS, grew / 1024);
+  assert_true(grew <= (long long)KEYS * 3 * 4096);
+  tg_limiter_destroy(twin);
+  tg_limiter_destroy(lim);
+  tg__table_check c = validate(name, &cfg);
+  assert_int_equal(c.errors, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(attach_sees_state, unlink_names),
@@ -710,6 +768,7 @@ int main(void) {
       cmocka_unit_test_teardown(creation_race, unlink_names),
       cmocka_unit_test_teardown(cleaning_across_processes, unlink_names),
       cmocka_unit_test_teardown(full_segment_policy, unlink_names),
+      cmocka_unit_test_teardown(few_entries_few_pages, unlink_names),
   };
   return test_report(cmocka_run_group_tests(tests, NULL, unlink_names));
 }

@@ -734,6 +734,15 @@ static const kill_variant kill_variants[] = {
      .keys = 4,
      .capacity = 64,
      .log_entries = 16},
+    /* 1024 entries for a limit of 8: a log keeps going back to the start
+     * of its ring (table_impl.h, log_ready), and is killed doing it too */
+    {.test = "kill_sliding_window_home",
+     .label = "sw-home",
+     .alg = TG_SLIDING_WINDOW,
+     .q = {8, 20, 0},
+     .keys = 4,
+     .capacity = 64,
+     .log_entries = 1024},
     /* 24 new keys per 20 ms window, and noise, in a table of 64: inserts,
      * pressure reclaims and long-key chunks all the time, under the table
      * lock */
@@ -768,7 +777,7 @@ static void kill_case(void **state) {
 #define CASE(fn, row)                                                          \
   { (row).test, (fn), NULL, unlink_names, (void *)(uintptr_t) & (row) }
 #define ROWS(table) (sizeof(table) / sizeof((table)[0]))
-_Static_assert(ROWS(exact_cases) == 5 && ROWS(kill_variants) == 5,
+_Static_assert(ROWS(exact_cases) == 5 && ROWS(kill_variants) == 6,
                "main registers every row of the tables");
 
 int main(void) {
@@ -778,6 +787,7 @@ int main(void) {
       CASE(exact, exact_cases[4]),       CASE(kill_case, kill_variants[0]),
       CASE(kill_case, kill_variants[1]), CASE(kill_case, kill_variants[2]),
       CASE(kill_case, kill_variants[3]), CASE(kill_case, kill_variants[4]),
+      CASE(kill_case, kill_variants[5]),
   };
   return test_report(cmocka_run_group_tests(tests, NULL, unlink_names));
 }

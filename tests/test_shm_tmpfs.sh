@@ -41,4 +41,5 @@ run 64m sliding
 run 2m long
 run 16m nearly-full
 run 16m hostile-log
+run 16m steady
 exit $status

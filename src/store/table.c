@@ -864,7 +864,7 @@ exec_log(tg__table *t, const kref *k, const tg__call *c, tg__outcome *o) {
       unlock_block(t, b); /* the log grew into another block: follow it */
       continue;
     }
-    if (!log_backed(t, b)) {
+    if (!log_ready(t, b)) {
       unlock_block(t, b);
       return TG_ENOMEM;
     }
@@ -1119,7 +1119,7 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
       unlock_block(t, b); /* the log grew into another block: follow it */
       continue;
     }
-    if (c->op != TG__OP_CHECK && !log_backed(t, b)) {
+    if (c->op != TG__OP_CHECK && !log_ready(t, b)) {
       unlock_block(t, b);
       return TG_ENOMEM;
     }

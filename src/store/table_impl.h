@@ -359,6 +359,64 @@ static __attribute__((unused)) bool log_backed(const tg__table *t,
   return entries_backed(t, b, used < lg.cap ? used : lg.cap);
 }
 
+/* Entries at the start of a shared log's ring that a log holding few
+ * entries keeps to: from the first entry to the end of its page (a
+ * segment's backing extent: a page, or more in a very large segment; a
+ * caller's region is taken as 4 KiB pages from its start), and the next
+ * page too when that leaves fewer than TG__LOG_HOME_MIN. At most cap. */
+#define TG__LOG_HOME_MIN 64u
+
+static inline uint32_t log_home(const tg__table *t, const tg__log_block *b,
+                                uint32_t cap) {
+  uint64_t ext = 4096, base = 0;
+  if (t->bk) {
+    ext = UINT64_C(1) << t->bk->shift;
+    base = t->bk->ext_base;
+  }
+  uint64_t off = (uint64_t)((const unsigned char *)b->e - t->base);
+  uint64_t into = (off >= base ? off - base : off) & (ext - 1);
+  uint64_t room = (ext - into) / sizeof(tg__entry);
+  if (room < TG__LOG_HOME_MIN)
+    room += ext / sizeof(tg__entry);
+  return room < cap ? (uint32_t)room : cap;
+}
+
+/* log_backed, for a step that may write: first, a shared log (a segment's
+ * or a caller region's: their pages, once touched, stay) whose next
+ * entry would go past its home (log_home) while its entries fit in half of
+ * it goes back to the start of its ring. Otherwise pruning walks head
+ * through the whole ring, each page it reaches is backed for good, and a
+ * key that never holds more than a few entries comes to hold
+ * sliding_max_entries' worth of pages; on a full file system it then
+ * answers TG_ENOMEM although it needs no new memory. The entries are copied
+ * to the start first, where nothing live is (head >= n: the copy and the
+ * live range do not meet), then head is set to 0 in one store: a process
+ * dying before that store leaves the old view whole, after it the new one
+ * (n, sum and last_us do not change). A move copies at most home/2
+ * entries and leaves at least home/2 appends before the next: at most one
+ * entry copied per entry appended. A wrapped live range (head + n + 1 >
+ * cap) stays: its ring has been walked already. Block lock held. */
+static __attribute__((unused)) bool log_ready(const tg__table *t,
+                                              tg__log_block *b) {
+  if (!t->g.shared)
+    return true; /* the memory store's logs move to blocks of their size */
+  tg__log lg = log_view(t, b, 0);              /* a region's: class 0 */
+  uint64_t end = (uint64_t)lg.head + lg.n + 1; /* entries a step may use */
+  if (end > TG__LOG_HOME_MIN && end <= lg.cap) {
+    uint32_t span = log_home(t, b, lg.cap);
+    /* the live entries and the start were written, so backed, by the
+     * log's own steps: asked again so that a log another process made up
+     * (a hostile segment's) is never read where nothing was backed */
+    if (end > span && 2 * ((uint64_t)lg.n + 1) <= span && lg.head >= lg.n &&
+        entries_backed(t, b, end - 1)) {
+      for (uint32_t i = 0; i < lg.n; i++)
+        b->e[i] = b->e[lg.head + i];
+      tg__store32_release(&b->head, 0);
+    }
+  }
+  return log_backed(t, b);
+}
+
 static inline void unlock_block(const tg__table *t, tg__log_block *b) {
   tg__lock_release(&b->lock, t->g.shared);
 }
