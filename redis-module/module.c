@@ -44,6 +44,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -86,10 +87,18 @@ static RedisModuleString *pxat_arg;
 
 /* ---- small helpers ---- */
 
+/* The server's clock in us: RedisModule_Microseconds (Redis 7.2 on), else
+ * the same clock read here. TIME, which the script reads, is the server
+ * process's gettimeofday(), so CLOCK_REALTIME is that clock; a module API
+ * in ms (RedisModule_Milliseconds) would make every time the module
+ * stores a whole ms, and its answers up to 1 ms apart from the script's. */
 static uint64_t server_now_us(void) {
   if (RedisModule_Microseconds)
     return (uint64_t)RedisModule_Microseconds();
-  return (uint64_t)RedisModule_Milliseconds() * 1000u;
+  struct timespec ts;
+  if (clock_gettime(CLOCK_REALTIME, &ts) != 0 || ts.tv_sec < 0)
+    return (uint64_t)RedisModule_Milliseconds() * 1000u;
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
 static tg__cmd_arg arg_of(RedisModuleString *s) {
@@ -206,8 +215,9 @@ static bool read_value(kcall *k, RedisModuleKey *key, const char **value,
   return *value != NULL;
 }
 
-/* The detail of a corrupt value: whose state it is, when it names another
- * algorithm, so that a client mixing algorithms on one key learns why. */
+/* The detail of a corrupt value: whose state it is, when it is another
+ * algorithm's (it parses as one), so that a client mixing algorithms on one
+ * key learns why; nothing for a value that is no algorithm's. */
 static const char *corrupt_detail(tg_algorithm alg, const char *v, size_t len) {
   static const char *const other[TG_ALGORITHM_COUNT] = {
       " (the key holds fixed_window state)",
@@ -215,9 +225,14 @@ static const char *corrupt_detail(tg_algorithm alg, const char *v, size_t len) {
       " (the key holds sliding_window state)",
       " (the key holds token_bucket state)",
       " (the key holds leaky_bucket state)"};
-  if (len > 0 && v[0] >= '0' && v[0] <= '4' && v[0] != (char)('0' + alg))
-    return other[v[0] - '0'];
-  return "";
+  if (len == 0 || v[0] < '0' || v[0] > '4' || v[0] == (char)('0' + alg))
+    return "";
+  tg_algorithm a = (tg_algorithm)(v[0] - '0');
+  size_t n;
+  tg__state st;
+  bool theirs = a == TG_SLIDING_WINDOW ? tg__rv_log_entries(v, len, &n)
+                                       : tg__rv_parse_state(a, v, len, &st);
+  return theirs ? other[a] : "";
 }
 
 /* What a window or bucket call saw and did. */

@@ -378,6 +378,12 @@ def test_values_not_ours(r):
     e = expect_error(r, "TG.HIT", "mixed", "leaky_bucket", 3, 1000,
                      starts="TG_ECORRUPT")
     assert "token_bucket" in e
+    # a value that is no algorithm's names none, whatever its first digit
+    r.set("digits", "12345")
+    e = expect_error(r, "TG.HIT", "digits", "token_bucket", 3, 1000,
+                     starts="TG_ECORRUPT")
+    assert "holds" not in e, e
+    r.delete("digits")
     # TG.RESET naming another algorithm leaves the key alone
     assert r.execute_command("TG.RESET", "mixed", "leaky_bucket") == b"OK"
     assert r.exists("mixed")
@@ -392,6 +398,22 @@ def test_values_not_ours(r):
         assert r.get("bad") == v.encode()
     assert r.ping()
     r.delete("junk", "list", "bad")
+
+
+def test_clock_in_us(r):
+    # the module stores the server's time in us, as the script's TIME gives
+    # it: Redis 7.0 has no module call for it (RedisModule_Microseconds is
+    # 7.2's), and a time in whole ms made answers up to 1 ms apart
+    seen = []
+    for i in range(20):
+        v = r.execute_command("TG.STEP", "clk%d" % i, 3, 2, "", 3, 60000, 4,
+                              0, 1024)
+        sec, usec = r.time()
+        now = int(v[0])
+        seen.append(now)
+        assert abs(now - (sec * 1000000 + usec)) < 1000000, (v, sec, usec)
+    assert any(v % 1000 != 0 for v in seen), seen
+    r.delete(*["clk%d" % i for i in range(20)])
 
 
 def test_multi_and_lua(r):
@@ -536,7 +558,7 @@ def main():
     one = Server()
     for t in (test_bad_arguments, test_same_protocol_as_serve,
               test_key_positions, test_policy, test_values_not_ours,
-              test_multi_and_lua,
+              test_clock_in_us, test_multi_and_lua,
               test_oom, test_unload_and_load):
         t(one.r)
         print("ok", t.__name__)
