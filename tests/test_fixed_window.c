@@ -271,6 +271,25 @@ static void keys_are_independent(void **state) {
   EXPECT_GET(lim, T0, "b", &q, 1);
 }
 
+/* A quota whose period shrank under a key: the stored window (2 s) stays
+ * the call's (300 ms) only while the call's own window ends no later, so a
+ * refusal's wait ends at the start of the call's period that holds the
+ * stored end (T0 + 1800 ms), not at that end (T0 + 2000): the wait quoted
+ * was 200 ms too long, and a deny cache that trusted it refused calls the
+ * store would allow. Probed with cost 0, which counts nothing. */
+static void retry_exact_after_period_change(void **state) {
+  tg_limiter *lim = *state;
+  const tg_quota longer = {.limit = 5, .period_ms = 2000};
+  const tg_quota shorter = {.limit = 2, .period_ms = 300};
+  EXPECT_HIT(lim, T0, "k", &longer, 4, 1, 4, 1, 0, 2000);
+  EXPECT_HIT(lim, T0 + MS(1220), "k", &shorter, 0, 0, 4, 0, 580, 780);
+  EXPECT_HIT(lim, T0 + MS(1799), "k", &shorter, 0, 0, 4, 0, 1, 201);
+  EXPECT_HIT(lim, T0 + MS(1800), "k", &shorter, 0, 1, 0, 2, 0, ANY);
+  /* periods that agree: the end, as before */
+  EXPECT_HIT(lim, T0 + MS(1900), "k", &shorter, 2, 1, 2, 0, 0, 200);
+  EXPECT_HIT(lim, T0 + MS(1950), "k", &shorter, 1, 0, 3, 0, 150, 150);
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, destroy_limiter)
   const struct CMUnitTest tests[] = {
@@ -282,6 +301,7 @@ int main(void) {
       T(get_is_zero_once_the_window_changes),
       T(retry_after_is_end_minus_now),
       T(retry_after_is_exact_at_every_phase),
+      T(retry_exact_after_period_change),
       T(custom_costs),
       T(cost_above_limit_is_never),
       T(cost_zero_is_a_peek),

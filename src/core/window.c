@@ -29,6 +29,22 @@ static tg__state live_window(const tg__call *c, const tg__state *st) {
   return tg__win_state(c->now_us + c->q.period_us, 0);
 }
 
+/* When a call refused in window w (live_window's) may pass: at w's end; but
+ * an epoch window kept from a longer period (the quota changed under the
+ * key) stops being the call's a period sooner, once the call's own window
+ * ends after it, which it does from the start of the call's period that
+ * holds w's end: live_window then opens a fresh one. That start is after
+ * now whenever w was kept, and is w's end when the periods agree. */
+static uint64_t window_wait_end(const tg__call *c, const tg__state *w) {
+  uint64_t end = tg__win_end(w);
+  if (c->alg == TG_FIXED_WINDOW) {
+    uint64_t start = end / c->q.period_us * c->q.period_us;
+    if (start > c->now_us)
+      return start;
+  }
+  return end;
+}
+
 /* True while the stored window is not equivalent to absent: an epoch window
  * with a count, or an active per-key window (even at count 0, after set(0),
  * since its end is fixed). A stored epoch window that ends after now is
@@ -67,7 +83,7 @@ static __attribute__((noinline)) int policy_step(const tg__call *c,
   const tg__state *left = allowed && cost > 0 ? &after : st;
   uint64_t shown = allowed ? count : tg__win_count(&w);
   uint64_t retry =
-      cost > limit ? TG_NEVER : tg__ms_until(tg__win_end(&w), c->now_us);
+      cost > limit ? TG_NEVER : tg__ms_until(window_wait_end(c, &w), c->now_us);
   uint64_t reset =
       window_live(c, left) ? tg__ms_until(tg__win_end(left), c->now_us) : 0;
   tg__result_set(&o->r, allowed, shown, shown <= limit ? limit - shown : 0,
@@ -103,8 +119,9 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
       *changed = true;
     }
     bool allowed = count <= limit;
-    uint64_t retry =
-        cost > limit ? TG_NEVER : tg__ms_until(tg__win_end(&w), c->now_us);
+    uint64_t retry = cost > limit
+                         ? TG_NEVER
+                         : tg__ms_until(window_wait_end(c, &w), c->now_us);
     uint64_t reset =
         window_live(c, st) ? tg__ms_until(tg__win_end(st), c->now_us) : 0;
     tg__result_set(&o->r, allowed, count, allowed ? limit - count : 0, retry,
