@@ -1556,7 +1556,9 @@ TG_EXTERN int tg_redis_available(void);
  *     the time that cost would fit if nothing else happened (other callers
  *     only make it later); a smaller cost may fit sooner: the store decides.
  * A denial is reused only under the same quota (a call under another quota
- * drops it: that quota may change the state the denial was true of) and in
+ * drops it: that quota may change the state the denial was true of; and a
+ * tg_inc, or a policy that passed, on the key drops it whatever its quota,
+ * since neither reads the cache) and in
  * the same timeline: calls on the store's clock count on this host's
  * monotonic clock from the moment the denied call was sent, which is never
  * after the server decided; the _at calls count in their own now. So it
@@ -1571,7 +1573,11 @@ TG_EXTERN int tg_redis_available(void);
  * time since. A fixed window's denials answered here are not added to its
  * stored count: no decision under the key's quota changes (the window
  * refuses everything until it ends anyway), but tg_get shows the lower
- * count. Degraded answers are never cached. Memory: about 380 bytes per
+ * count; likewise a sliding log's refusal answered here writes nothing,
+ * where the store's drops the entries the call's period has expired, so
+ * after a change to a longer period those entries still count (as after a
+ * refused policy, see tg_hit_rules): a key's quota should not change (as
+ * everywhere). Degraded answers are never cached. Memory: about 380 bytes per
  * entry (keys are kept whole, never matched by hash alone), in sets of 4;
  * a new denial takes an expired entry of its set, else the one that ends
  * first. Thread-safe (striped locks). tg_limiter_stats counts what it

@@ -304,6 +304,11 @@ int tg__rules_refuse(tg_rule *rules, size_t n, size_t at, int rc, bool count,
 static inline void rule_settled(tg_rules_result *out, size_t i, tg_rule *ru,
                                 bool passed, bool all_shadow) {
   summary_add(out, i, &ru->result);
+  /* a policy that passed wrote without reading the deny cache, maybe under
+   * another quota (a window opened under a shorter period): a denial the
+   * cache holds for the key may no longer be the store's */
+  if (passed && ru->lim->deny)
+    tg__deny_cache_forget(ru->lim->deny, ru->key, ru->key_len);
   if (passed || !ru->result.allowed)
     tg__limiter_done(ru->lim, TG_OK, &ru->result, all_shadow, ru->key,
                      ru->key_len, ru->q, ru->cost, true);

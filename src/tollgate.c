@@ -630,14 +630,35 @@ static int run_value(tg_limiter *lim, tg__op op, const uint64_t *now,
   return rc;
 }
 
+/* An inc, a set or a reset may make a key allow what a cached denial
+ * refuses (an inc under another period opens a new window). */
+static void forget(tg_limiter *lim, const void *key, size_t key_len) {
+  if (lim && lim->deny && key && key_len >= 1 && key_len <= TG_KEY_MAX)
+    tg__deny_cache_forget(lim->deny, key, key_len);
+}
+
+/* An inc or a set forgets the key's cached denial once it has run (invalid
+ * input changes nothing, the cache included); after, not before, so that a
+ * denial cached from the old state while it ran goes too. */
+static int run_then_forget(tg_limiter *lim, tg__op op, const uint64_t *now,
+                           const void *key, size_t key_len, const tg_quota *q,
+                           uint64_t arg, uint64_t *value_out) {
+  int rc = run_value(lim, op, now, key, key_len, q, arg, value_out);
+  if (!tg__input_error(rc))
+    forget(lim, key, key_len);
+  return rc;
+}
+
 int tg_inc_at(tg_limiter *lim, uint64_t now_us, const void *key, size_t key_len,
               const tg_quota *q, uint64_t cost, uint64_t *count_out) {
-  return run_value(lim, TG__OP_INC, &now_us, key, key_len, q, cost, count_out);
+  return run_then_forget(lim, TG__OP_INC, &now_us, key, key_len, q, cost,
+                         count_out);
 }
 
 int tg_inc(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
            uint64_t cost, uint64_t *count_out) {
-  return run_value(lim, TG__OP_INC, NULL, key, key_len, q, cost, count_out);
+  return run_then_forget(lim, TG__OP_INC, NULL, key, key_len, q, cost,
+                         count_out);
 }
 
 int tg_get_at(tg_limiter *lim, uint64_t now_us, const void *key, size_t key_len,
@@ -654,32 +675,15 @@ int tg_get(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
   return run_value(lim, TG__OP_GET, NULL, key, key_len, q, 0, value_out);
 }
 
-/* A set or a reset may make a key allow what a cached denial refuses. */
-static void forget(tg_limiter *lim, const void *key, size_t key_len) {
-  if (lim && lim->deny && key && key_len >= 1 && key_len <= TG_KEY_MAX)
-    tg__deny_cache_forget(lim->deny, key, key_len);
-}
-
-/* A set forgets the key's cached denial once it has run (invalid input
- * changes nothing, the cache included); after, not before, so that a
- * denial cached from the old state while the set ran goes too. */
-static int set_then_forget(tg_limiter *lim, const uint64_t *now,
-                           const void *key, size_t key_len, const tg_quota *q,
-                           uint64_t value) {
-  int rc = run_value(lim, TG__OP_SET, now, key, key_len, q, value, NULL);
-  if (!tg__input_error(rc))
-    forget(lim, key, key_len);
-  return rc;
-}
-
 int tg_set_at(tg_limiter *lim, uint64_t now_us, const void *key, size_t key_len,
               const tg_quota *q, uint64_t value) {
-  return set_then_forget(lim, &now_us, key, key_len, q, value);
+  return run_then_forget(lim, TG__OP_SET, &now_us, key, key_len, q, value,
+                         NULL);
 }
 
 int tg_set(tg_limiter *lim, const void *key, size_t key_len, const tg_quota *q,
            uint64_t value) {
-  return set_then_forget(lim, NULL, key, key_len, q, value);
+  return run_then_forget(lim, TG__OP_SET, NULL, key, key_len, q, value, NULL);
 }
 
 int tg_expires_at_at(tg_limiter *lim, uint64_t now_us, const void *key,

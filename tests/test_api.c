@@ -946,6 +946,18 @@ static void deny_cache_pair(tg_algorithm alg, uint64_t entries,
   }
 }
 
+/* Fixed-window limiters: lim[0] with a deny cache, lim[1] without. */
+static void deny_cache_entries_pair(tg_limiter *lim[2]) {
+  for (int v = 0; v < 2; v++) {
+    tg_config cfg;
+    tg_config_init(&cfg);
+    cfg.algorithm = TG_FIXED_WINDOW;
+    cfg.clean_period_ms = 0;
+    cfg.deny_cache_entries = v == 0 ? 64 : 0;
+    assert_int_equal(tg_limiter_new(&lim[v], &cfg), 0);
+  }
+}
+
 /* A batch item decided as tg_hit decided the same call (answer x). */
 static bool same_as_serial(const tg_batch_item *it, const tg_result *x) {
   const tg_result *y = &it->result;
@@ -992,6 +1004,50 @@ static void refused_set_keeps_the_deny_cache(void **state) {
       assert_true(r.allowed); /* a set that ran forgot the denial */
     }
     tg_limiter_destroy(lim[0]);
+  }
+}
+
+/* A policy that passed, or a tg_inc, writes without reading the deny cache,
+ * and under another period opens a window of its own: the key's cached
+ * denial no longer holds, and goes. A limiter with a deny cache answers as
+ * one without (the audit's case: denied under 3 a second, then one call of
+ * a 300 ms quota opens a window that ends later, and the next call fits). */
+static void policy_and_inc_drop_the_deny_cache(void **state) {
+  (void)state;
+  const tg_quota sec = {3, 1000, 0}, fast = {10, 300, 0};
+  /* a whole second, and a multiple of 300 ms */
+  const uint64_t t0 = UINT64_C(1700000001000000);
+  for (int how = 0; how < 2; how++) {
+    tg_limiter *lim[2];
+    deny_cache_entries_pair(lim);
+    tg_result r[2];
+    for (int v = 0; v < 2; v++) {
+      assert_int_equal(tg_hit_at(lim[v], t0 + 100000, "k", 1, &sec, 2, &r[v]),
+                       0);
+      assert_true(r[v].allowed);
+      assert_int_equal(tg_hit_at(lim[v], t0 + 100000, "k", 1, &sec, 2, &r[v]),
+                       0);
+      assert_false(r[v].allowed); /* lim[0] caches it */
+      if (how == 0) {
+        tg_rule ru = {
+            .lim = lim[v], .key = "k", .key_len = 1, .q = &fast, .cost = 1};
+        tg_rules_result out;
+        assert_int_equal(tg_hit_rules_at(t0 + 950000, &ru, 1, 0, &out), 0);
+        assert_true(out.r.allowed);
+      } else {
+        uint64_t c;
+        assert_int_equal(tg_inc_at(lim[v], t0 + 950000, "k", 1, &fast, 1, &c),
+                         0);
+        assert_int_equal(c, 1); /* a window of its own, [900, 1200) ms */
+      }
+      assert_int_equal(tg_hit_at(lim[v], t0 + 960000, "k", 1, &sec, 1, &r[v]),
+                       0);
+    }
+    assert_true(r[1].allowed); /* the store, without a cache */
+    assert_true(r[0].allowed);
+    assert_int_equal(r[0].count, r[1].count);
+    tg_limiter_destroy(lim[0]);
+    tg_limiter_destroy(lim[1]);
   }
 }
 
@@ -1151,6 +1207,7 @@ int main(void) {
       cmocka_unit_test(key_count_tracks_keys),
       cmocka_unit_test(many_keys),
       cmocka_unit_test(refused_set_keeps_the_deny_cache),
+      cmocka_unit_test(policy_and_inc_drop_the_deny_cache),
       cmocka_unit_test(batch_with_deny_cache_is_serial),
       cmocka_unit_test(batch_with_a_crowded_deny_cache_is_serial),
   };
