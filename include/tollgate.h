@@ -1557,8 +1557,9 @@ TG_EXTERN int tg_redis_available(void);
  *     only make it later); a smaller cost may fit sooner: the store decides.
  * A denial is reused only under the same quota (a call under another quota
  * drops it: that quota may change the state the denial was true of; and a
- * tg_inc, or a policy that passed, on the key drops it whatever its quota,
- * since neither reads the cache) and in
+ * tg_inc, a policy that passed, or a tg_nb TG_NB_RULE call a window
+ * admitted, on the key drops it whatever its quota, since none of them
+ * reads the cache) and in
  * the same timeline: calls on the store's clock count on this host's
  * monotonic clock from the moment the denied call was sent, which is never
  * after the server decided; the _at calls count in their own now. So it

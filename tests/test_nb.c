@@ -1524,6 +1524,49 @@ static void deny_cache_answers_locally(void **state) {
   redisFree(c);
 }
 
+/* A TG_NB_RULE call on a window writes without reading the deny cache,
+ * and under another period opens a window of its own: the key's cached
+ * denial goes, as after tg_hit_rules (test_api's
+ * policy_and_inc_drop_the_deny_cache), and the next call is the
+ * store's. */
+static void rule_call_drops_the_deny_cache(void **state) {
+  (void)state;
+  tg_config cfg;
+  tg_redis_config rc;
+  config(&cfg, &rc, TG_FIXED_WINDOW, "denyrule");
+  cfg.deny_cache_entries = 64;
+  tg_nb *nb = nb_make(&cfg);
+  nbp d;
+  nbp_init(&d, nb);
+  const tg_quota sec = {3, 1000, 0}, fast = {10, 300, 0};
+  /* a whole second, and a multiple of 300 ms */
+  const uint64_t t0 = UINT64_C(1700000001000000);
+  tg_nb_req r = {.key = "k", .key_len = 1, .q = &sec, .cost = 2};
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(tg_nb_submit_at(nb, t0 + 100000, &r), TG_OK);
+    assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+    assert_int_equal(r.status, TG_OK);
+    assert_int_equal(r.result.allowed, i == 0);
+  }
+  /* one call of a 300 ms quota: the window [900, 1200) ms, count 1 */
+  tg_nb_req one = {
+      .key = "k", .key_len = 1, .q = &fast, .cost = 1, .flags = TG_NB_RULE};
+  assert_int_equal(tg_nb_submit_at(nb, t0 + 950000, &one), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+  assert_int_equal(one.status, TG_OK);
+  assert_true(one.result.allowed);
+  /* under 3 a second again: the stored window (count 1) is still the
+   * call's, and the call fits */
+  r.cost = 1;
+  assert_int_equal(tg_nb_submit_at(nb, t0 + 960000, &r), TG_OK);
+  assert_int_equal(nbp_run(&d, 1, 5000, NULL, NULL), 1);
+  assert_int_equal(r.status, TG_OK);
+  assert_true(r.result.allowed);
+  assert_int_equal(r.result.count, 2);
+  nbp_close_all(&d);
+  tg_nb_destroy(nb);
+}
+
 static void fallback_decides_while_down(void **state) {
   (void)state;
   tg_config cfg;
@@ -1656,6 +1699,7 @@ int main(void) {
       cmocka_unit_test_setup(reserve_spacing_is_exact, server_up),
       cmocka_unit_test_setup(reserve_waits_in_ns, server_up),
       cmocka_unit_test_setup(deny_cache_answers_locally, server_up),
+      cmocka_unit_test_setup(rule_call_drops_the_deny_cache, server_up),
       cmocka_unit_test_setup(fallback_decides_while_down, server_up),
       cmocka_unit_test_setup(shadow_and_hook, server_up),
       cmocka_unit_test_setup(policy_matches_tg_hit_rules, server_up),
