@@ -1238,9 +1238,10 @@ struct tg_custom_store {
  * holding more takes pages as its entries reach them, up to its whole ring.
  * A new key whose memory cannot be had, or a log whose next entry needs a
  * page that cannot be had, is TG_ENOMEM through the failure policy
- * (decayed keys are reclaimed first, and their memory reused). Never a SIGBUS: touching
- * memory the file system cannot supply would raise one, and tollgate never
- * does. Each limiter on a segment keeps its file descriptor open for this.
+ * (decayed keys are reclaimed first, and their memory reused). Never a SIGBUS:
+ * touching memory the file system cannot supply would raise one, and tollgate
+ * never does. Each limiter on a segment keeps its file descriptor open for
+ * this.
  *
  * Cleaning. Each limiter with clean_period_ms > 0 runs its own cleaning
  * thread; a pass that finds another process's pass running returns at
