@@ -520,7 +520,12 @@ typedef struct tg_limiter tg_limiter;
  * store" below. */
 TG_EXTERN int tg_limiter_new(tg_limiter **out, const tg_config *cfg);
 /* Stops the cleaning thread (waiting for a pass in progress), frees the
- * limiter and all key state it owns. NULL is a harmless no-op. */
+ * limiter and all key state it owns. NULL is a harmless no-op. Called from
+ * before_clean on the cleaning thread, it returns at once: the pass goes on
+ * deleting without calling before_clean again, then the thread frees the
+ * limiter. Never from a hook that runs inside a call of yours (the
+ * decision hook, before_clean under tg_clean): that call still uses the
+ * limiter. */
 TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
 
 /* ---- Operations -----------------------------------------------------------
@@ -648,7 +653,9 @@ TG_EXTERN size_t tg_store_bytes(const tg_limiter *lim);
 
 /* ---- Batches --------------------------------------------------------------
  * Many decisions in one call: the same answers as calling tg_hit on each item
- * in order, but the Redis store sends them all in one pipelined round trip,
+ * in order (one exception on the Redis store without its module: a script
+ * flushed mid-batch, see "Redis store"), but the Redis store sends them all
+ * in one pipelined round trip,
  * and the memory and shared-memory stores hash the keys of each group of
  * 16 items and start fetching their slots before deciding any, so that a
  * batch over keys not in cache waits for their memory accesses together
@@ -1428,7 +1435,11 @@ TG_EXTERN size_t tg_region_bytes(const tg_config *cfg);
  * after its command
  * was sent (it may have been counted), except after NOSCRIPT, which means
  * the script did not run (in a batch, the calls that met NOSCRIPT are sent
- * again after the rest). Tested with Redis 7.0; the script asks Redis 3.2-6
+ * again after the rest: so when the server loses its scripts while a batch
+ * is in flight, SCRIPT FLUSH or a restart, and another client loads it again
+ * before the batch's later calls arrive, those later calls run first, and a
+ * key named by both is decided out of the batch's order; the module's
+ * TG.STEP has no such case). Tested with Redis 7.0; the script asks Redis 3.2-6
  * to replicate its effects, which they need for a script that reads TIME
  * and then writes.
  *

@@ -24,6 +24,8 @@ void tg__clean_bridge_cb(const tg__clean_item *items, size_t n, void *ctx) {
     e[k].value = items[i].value;
     e[k].expired_at_ms = items[i].expired_at_ms;
     if (++k == 64 || i + 1 == n) {
+      if (!b->fn)
+        return; /* the limiter was destroyed from the hook: no more calls */
       (void)b->fn(b->alg, e, k, b->ctx); /* failure never stops deletion */
       k = 0;
     }
@@ -35,9 +37,13 @@ struct tg__cleaner {
   pthread_mutex_t mu;
   pthread_cond_t cv; /* signalled on stop; waits use CLOCK_MONOTONIC */
   bool stop;         /* guarded by mu */
+  bool orphan;       /* the limiter was destroyed from this thread (its
+                        before_clean): the thread frees it, and itself,
+                        when the pass ends (guarded by mu) */
   uint64_t period_ms;
   tg_limiter *lim;
-  pid_t pid; /* the process the thread runs in */
+  void (*release)(tg_limiter *); /* frees the limiter, not the cleaner */
+  pid_t pid;                     /* the process the thread runs in */
 };
 
 static void deadline_after(struct timespec *ts, uint64_t ms) {
@@ -47,8 +53,12 @@ static void deadline_after(struct timespec *ts, uint64_t ms) {
   ts->tv_nsec = (long)(ns % 1000000000u);
 }
 
+/* The cleaner whose thread this is (NULL on every other thread). */
+static __thread tg__cleaner *this_cleaner;
+
 static void *run(void *arg) {
   tg__cleaner *c = arg;
+  this_cleaner = c;
   pthread_mutex_lock(&c->mu);
   while (!c->stop) {
     struct timespec ts;
@@ -62,16 +72,27 @@ static void *run(void *arg) {
     (void)tg_clean(c->lim, NULL);
     pthread_mutex_lock(&c->mu);
   }
+  bool orphan = c->orphan;
   pthread_mutex_unlock(&c->mu);
+  if (orphan) {
+    /* nobody joins this thread: it ends the limiter's life itself */
+    pthread_detach(pthread_self());
+    c->release(c->lim);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+  }
   return NULL;
 }
 
-int tg__cleaner_start(tg__cleaner **out, tg_limiter *lim, uint64_t period_ms) {
+int tg__cleaner_start(tg__cleaner **out, tg_limiter *lim, uint64_t period_ms,
+                      void (*release)(tg_limiter *)) {
   tg__cleaner *c = calloc(1, sizeof *c);
   if (!c)
     return TG_ENOMEM;
   c->period_ms = period_ms;
   c->lim = lim;
+  c->release = release;
   c->pid = getpid();
   pthread_condattr_t ca;
   int ok = pthread_condattr_init(&ca) == 0;
@@ -95,6 +116,16 @@ int tg__cleaner_start(tg__cleaner **out, tg_limiter *lim, uint64_t period_ms) {
   }
   *out = c;
   return TG_OK;
+}
+
+bool tg__cleaner_defer(tg__cleaner *c) {
+  if (!c || this_cleaner != c)
+    return false;
+  pthread_mutex_lock(&c->mu);
+  c->stop = true;
+  c->orphan = true;
+  pthread_mutex_unlock(&c->mu);
+  return true;
 }
 
 void tg__cleaner_stop(tg__cleaner *c) {

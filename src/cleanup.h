@@ -21,8 +21,16 @@ void tg__clean_bridge_cb(const tg__clean_item *items, size_t n, void *ctx);
 
 typedef struct tg__cleaner tg__cleaner;
 
-/* Starts a thread that calls tg_clean(lim, NULL) every period_ms. */
-int tg__cleaner_start(tg__cleaner **out, tg_limiter *lim, uint64_t period_ms);
+/* Starts a thread that calls tg_clean(lim, NULL) every period_ms. release
+ * frees the limiter (not the cleaner), for tg__cleaner_defer. */
+int tg__cleaner_start(tg__cleaner **out, tg_limiter *lim, uint64_t period_ms,
+                      void (*release)(tg_limiter *));
+
+/* On the cleaning thread itself (tg_limiter_destroy from inside its pass's
+ * before_clean): stops it after the pass in progress, when it frees the
+ * limiter (release) and the cleaner itself, and returns true; the caller
+ * must then free nothing. False on any other thread. */
+bool tg__cleaner_defer(tg__cleaner *c);
 
 /* Stops the thread, waiting for a pass in progress; NULL is a no-op. In a
  * child of the process that started it (fork), where the thread does not

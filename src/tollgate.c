@@ -261,7 +261,8 @@ static int limiter_new(tg_limiter **out, const tg_config *cfg, bool shell) {
   }
   if (rc == TG_OK && lim->store && lim->store->ops->clean &&
       cfg->clean_period_ms > 0)
-    rc = tg__cleaner_start(&lim->cleaner, lim, cfg->clean_period_ms);
+    rc = tg__cleaner_start(&lim->cleaner, lim, cfg->clean_period_ms,
+                           limiter_free);
   if (rc != TG_OK) {
     limiter_free(lim);
     if (!tg__error_isset()) /* the store had nothing more precise to say */
@@ -283,6 +284,13 @@ int tg__limiter_shell_new(tg_limiter **out, const tg_config *cfg) {
 void tg_limiter_destroy(tg_limiter *lim) {
   if (!lim)
     return;
+  if (tg__cleaner_defer(lim->cleaner)) {
+    /* from the cleaning thread's before_clean: the pass ends without
+     * calling it again (its ctx may go as this returns), then the thread
+     * frees the limiter */
+    lim->bridge.fn = NULL;
+    return;
+  }
   tg__cleaner_stop(lim->cleaner);
   limiter_free(lim);
 }

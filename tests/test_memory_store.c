@@ -14,6 +14,7 @@
  */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 
+#include <dirent.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -834,6 +835,73 @@ static void destroy_stops_thread_promptly(void **state) {
   }
 }
 
+/* tg_limiter_destroy from before_clean on the cleaning thread (the thread
+ * cannot join itself: this used to free the table under the pass, which
+ * then crashed): it returns at once, the pass never calls before_clean
+ * again, and the thread frees the limiter and ends (ASan's leak check
+ * would see a limiter left behind). */
+typedef struct self_destroy {
+  tg_limiter *lim;
+  int calls; /* __atomic */
+} self_destroy;
+
+static int destroy_in_hook(tg_algorithm alg, const tg_expired *e, size_t n,
+                           void *ctx) {
+  (void)alg;
+  (void)e;
+  (void)n;
+  self_destroy *d = ctx;
+  if (__atomic_fetch_add(&d->calls, 1, __ATOMIC_ACQ_REL) == 0)
+    tg_limiter_destroy(d->lim);
+  return 0;
+}
+
+static int threads_now(void) {
+  DIR *dir = opendir("/proc/self/task");
+  int n = 0;
+  if (!dir)
+    return -1;
+  for (struct dirent *e; (e = readdir(dir)) != NULL;)
+    n += e->d_name[0] != '.';
+  closedir(dir);
+  return n;
+}
+
+static void destroy_from_before_clean(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 10, .period_ms = 1000};
+  static shared_clock clk;
+  static self_destroy d;
+  __atomic_store_n(&clk.now_us, T0, __ATOMIC_RELEASE);
+  d.calls = 0;
+  int before = threads_now();
+  opts o = {.alg = TG_FIXED_WINDOW_PER_KEY,
+            .capacity = 512,
+            .older_ms = 10,
+            .clean_period_ms = 5,
+            .clock = shared_clock_read,
+            .clock_ctx = &clk,
+            .before_clean = destroy_in_hook,
+            .before_clean_ctx = &d};
+  d.lim = make(&o);
+  char key[8];
+  /* 200 keys: four calls of before_clean in a pass, were it not stopped */
+  for (int i = 0; i < 200; i++) {
+    int len = snprintf(key, sizeof key, "k%d", i);
+    hit(d.lim, T0, key, (size_t)len, &q, 1);
+  }
+  assert_int_equal(threads_now(), before + 1);
+  __atomic_store_n(&clk.now_us, T0 + MS(3000), __ATOMIC_RELEASE);
+  /* the limiter is the thread's now: wait for the thread to end */
+  double deadline = seconds_now() + 10.0;
+  while ((__atomic_load_n(&d.calls, __ATOMIC_ACQUIRE) == 0 ||
+          threads_now() > before) &&
+         seconds_now() < deadline)
+    sleep_ms(1);
+  assert_int_equal(threads_now(), before);
+  assert_int_equal(__atomic_load_n(&d.calls, __ATOMIC_ACQUIRE), 1);
+}
+
 /* A cleaning pass racing with the creation of keys must not report them:
  * every key here is live (one hit of a one-hour quota, all at T0), so
  * before_clean has nothing to see and no pass may remove anything. A worker
@@ -1393,6 +1461,7 @@ int main(void) {
       cmocka_unit_test_teardown(horizon_is_table_wide, report_current),
       cmocka_unit_test_teardown(store_bytes_follow_keys, report_current),
       cmocka_unit_test(sliding_logs_grow_by_class),
+      cmocka_unit_test(destroy_from_before_clean),
       cmocka_unit_test_teardown(denied_bucket_decisions_write_nothing,
                                 report_current),
   };
