@@ -477,8 +477,13 @@ void tg__limiter_invalid(tg_limiter *lim, int rc, const void *key,
 static inline __attribute__((always_inline)) int
 hit(tg_limiter *lim, const uint64_t *now, const void *key, size_t key_len,
     const tg_quota *q, uint64_t cost, tg_result *out) {
-  if (!out)
+  if (__builtin_expect(!out, 0)) {
+    /* refused, and counted and hooked as any refused input is (the hook
+     * sees the failure policy's answer, which is not written anywhere) */
+    tg_result none;
+    tg__limiter_invalid(lim, TG_EINVAL, key, key_len, q, cost, &none);
     return TG_EINVAL;
+  }
   tg__call c;
   int rc = tg__limiter_prepare(lim, TG__OP_HIT, now, key, key_len, q, cost, &c);
   if (rc != TG_OK) {

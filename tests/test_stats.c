@@ -62,6 +62,9 @@ static void test_counts(void **state) {
   for (int i = 0; i < 5; i++)
     assert_int_equal(tg_hit_at(lim, T0, "k", 1, &q, 1, &r), 0);
   assert_int_equal(tg_hit_at(lim, T0, "k", 1, &bad, 1, &r), TG_EQUOTA);
+  /* no result to write: refused, and counted and hooked all the same */
+  assert_int_equal(tg_hit_at(lim, T0, "k", 1, &q, 1, NULL), TG_EINVAL);
+  assert_int_equal(s.last_status, TG_EINVAL);
   /* a full table (capacity 4): TG_EFULL through the failure policy */
   char key[8];
   int full = 0;
@@ -74,12 +77,13 @@ static void test_counts(void **state) {
   assert_int_equal(st.allowed, 2 + (6 - full));
   assert_int_equal(st.denied, 3);
   assert_int_equal(st.errors[-TG_EQUOTA], 1);
+  assert_int_equal(st.errors[-TG_EINVAL], 1);
   assert_int_equal(st.errors[-TG_EFULL], (uint64_t)full);
   assert_int_equal(st.table_full, (uint64_t)full);
   assert_int_equal(st.degraded, (uint64_t)full);
   assert_true(full > 0);
-  assert_int_equal(s.calls, 5 + 1 + 6);
-  assert_int_equal(s.denied, 3 + 1); /* EQUOTA answers not allowed */
+  assert_int_equal(s.calls, 5 + 1 + 1 + 6);
+  assert_int_equal(s.denied, 3 + 2); /* EQUOTA, EINVAL answers not allowed */
   /* a short copy writes no more than asked */
   tg_stats part;
   memset(&part, 0xab, sizeof part);
