@@ -562,7 +562,11 @@ TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
  * call with an earlier now then may find no state there and is answered as
  * a never-seen key (allowed in full), where the memory and shm stores,
  * which keep the emptied key in its slot, measure from the later time they
- * saw. Only a now that steps back tells them apart.
+ * saw. Only a now that steps back tells them apart. (A bucket whose
+ * state was written at now 0 exactly, full, reads in the memory and shm
+ * stores as a key never seen: their all-zero slot is "absent". Redis keeps
+ * it, so after such a write only a now that steps back, to 0, tells the
+ * stores apart there too.)
  *
  * Supported operations per algorithm (others are TG_ENOTSUP):
  *

@@ -42,6 +42,7 @@ typedef struct policy_run {
   uint32_t shadow; /* bit i: rule i's denial does not deny the call */
   uint32_t taken;  /* bit i: consumed (and, until the end, maybe to give
                       back) */
+  bool reserves;   /* a policy of reservations (tg_reserve_rules) */
 } policy_run;
 
 /* Two rules' keys are the same bytes. Keys of one policy in one table
@@ -83,15 +84,20 @@ static inline bool store_fits(const tg_rule *rules, size_t i) {
 /* Gives back the rules that were taken, in reverse order. The time to
  * give back at: for calls on a clock, the clock again (later calls on the
  * key may have read a later time, and a bucket's refund must not undercut
- * it, see gcra.c); for the _at function, the call's own now. Best effort: a
- * store that fails here leaves that consumption (the call is answered
- * denied all the same, which can only be stricter). */
+ * it, see gcra.c); for the _at function, the call's own now. A policy of
+ * reservations gives its buckets back as tg_cancel does (CANCEL): other
+ * callers' reservations queued behind one since were promised their
+ * times, and the full refund of an UNDO would hand their slots out again;
+ * a CANCEL gives back only what none of them is scheduled behind. Best
+ * effort: a store that fails here leaves that consumption (the call is
+ * answered denied all the same, which can only be stricter). */
 static void give_back(tg_rule *rules, policy_run *pr, size_t n, bool at) {
   for (size_t j = n; j-- > 0;) {
     if (!(pr->taken >> j & 1u))
       continue;
     tg__call u = pr->c[j];
-    u.op = TG__OP_UNDO;
+    bool bucket = u.alg == TG_TOKEN_BUCKET || u.alg == TG_LEAKY_BUCKET;
+    u.op = pr->reserves && bucket ? TG__OP_CANCEL : TG__OP_UNDO;
     tg_limiter *lim = rules[j].lim;
     if (!at && !u.store_time) {
       uint64_t t = lim->cfg.clock(lim->cfg.clock_ctx);
@@ -425,6 +431,7 @@ hit_rules(const uint64_t *now, tg_rule *rules, size_t n, unsigned flags,
   }
   policy_run pr; /* not zeroed: filled as each part is needed */
   pr.shadow = pr.taken = 0;
+  pr.reserves = rv != NULL;
   /* one now for every rule, read once (a store with its own clock reads
    * it: every rule then shares that store's, see store_fits) */
   uint64_t t;

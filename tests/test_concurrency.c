@@ -34,6 +34,12 @@
  *      to the next), so it admits at most twice its limit a round. A call
  *      that had found the key absent before a reclaim must not publish the
  *      window it made then (its count restarting at 1).
+ *   i. policies of reservations whose other rule loses its race: T
+ *      threads at one instant, each step, reserve on one token bucket
+ *      behind a fixed window of limit 1 on a key of that step, so all but
+ *      one are refused by the window, some after their bucket rule was
+ *      taken: the ones given back must not hand out a slot already
+ *      promised (every accepted delay is a distinct multiple of T).
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -675,6 +681,97 @@ static void h_reclaim_races_creation(void **state) {
   assert_true(total >= (unsigned)H_ROUNDS * H_KEYS * H_LIMIT / 2);
 }
 
+/* ---- i. reservations given back under a race ---- */
+
+#define I_STEPS 6000               /* new window keys, in a table of 8192 */
+#define I_T_NS UINT64_C(100000000) /* 10 a second: T = 100 ms */
+
+typedef struct i_shared {
+  tg_limiter *fw, *tb;
+  pthread_barrier_t bar;
+  uint64_t delays[THREADS * I_STEPS];
+  unsigned n, errors; /* __atomic */
+} i_shared;
+
+typedef struct i_worker {
+  i_shared *sh;
+  int order; /* 0: the window first; 1: the bucket first */
+} i_worker;
+
+static void *i_run(void *arg) {
+  i_worker *w = arg;
+  i_shared *sh = w->sh;
+  static const tg_quota qf = {1, 60000, 0}, qb = {10, 1000, 1};
+  for (int step = 0; step < I_STEPS; step++) {
+    char fk[24];
+    int len = snprintf(fk, sizeof fk, "fw:%d", step);
+    tg_rule fw = {
+        .lim = sh->fw, .key = fk, .key_len = (size_t)len, .q = &qf, .cost = 1};
+    tg_rule tb = {.lim = sh->tb, .key = "q", .key_len = 1, .q = &qb, .cost = 1};
+    tg_rule r[2];
+    uint64_t wait[2];
+    r[w->order] = fw;
+    wait[w->order] = 0;
+    r[1 - w->order] = tb;
+    wait[1 - w->order] = 3600000; /* an hour: room for every step */
+    tg_rules_reservation out;
+    tg_reservation res[2];
+    pthread_barrier_wait(&sh->bar);
+    if (tg_reserve_rules_at(T0, r, 2, wait, 0, &out, res) != TG_OK) {
+      __atomic_add_fetch(&sh->errors, 1, __ATOMIC_RELAXED);
+    } else if (out.ok) {
+      unsigned j = __atomic_fetch_add(&sh->n, 1, __ATOMIC_RELAXED);
+      if (j < THREADS * I_STEPS)
+        sh->delays[j] = res[1 - w->order].delay_ns;
+    }
+  }
+  return NULL;
+}
+
+static int u64_cmp(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void i_reservations_given_back(void **state) {
+  (void)state;
+  for (int order = 0; order < 2; order++) {
+    static i_shared sh;
+    memset(&sh, 0, sizeof sh);
+    tg_config cfg;
+    tg_config_init(&cfg);
+    cfg.capacity = 8192;
+    cfg.clean_period_ms = 0;
+    assert_int_equal(tg_limiter_new(&sh.fw, &cfg), TG_OK);
+    sh.tb = make(TG_TOKEN_BUCKET, 0, 0, NULL, NULL);
+    pthread_barrier_init(&sh.bar, NULL, THREADS);
+    pthread_t th[THREADS];
+    i_worker w[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+      w[i] = (i_worker){&sh, order};
+      pthread_create(&th[i], NULL, i_run, &w[i]);
+    }
+    for (int i = 0; i < THREADS; i++)
+      pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&sh.bar);
+    assert_int_equal(sh.errors, 0);
+    assert_int_equal(sh.n, I_STEPS); /* one a step: the window's */
+    qsort(sh.delays, sh.n, sizeof sh.delays[0], u64_cmp);
+    unsigned twice = 0, off = 0;
+    for (unsigned i = 0; i < sh.n; i++) {
+      off += sh.delays[i] % I_T_NS != 0;
+      twice += i > 0 && sh.delays[i] == sh.delays[i - 1];
+    }
+    print_message("order %d: %u reservations, last at %" PRIu64
+                  " T, %u slots promised twice\n",
+                  order, sh.n, sh.delays[sh.n - 1] / I_T_NS, twice);
+    assert_int_equal(off, 0);
+    assert_int_equal(twice, 0);
+    tg_limiter_destroy(sh.fw);
+    tg_limiter_destroy(sh.tb);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_fixed_window_exact),
@@ -693,6 +790,7 @@ int main(void) {
       cmocka_unit_test(f_sliding_logs_grow_under_contention),
       cmocka_unit_test(g_clock_latest_one_timeline),
       cmocka_unit_test(h_reclaim_races_creation),
+      cmocka_unit_test(i_reservations_given_back),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
