@@ -919,17 +919,18 @@ static void engine_decodes_as_the_store(void **state) {
   tg__eng_submit(&r->e, &b);
   open_link(r, 0, false);
   free(take(r, 0));
-  /* a window ending at 1700000060000000 with 2 in it: denied, counted */
+  /* the minute window ending at 1700000040000000 (a multiple of the
+   * period) with 2 in it: denied, counted */
   assert_int_equal(
       feed(r, 0,
-           "*3\r\n$16\r\n1700000000000000\r\n$20\r\n0:1700000060000000:2\r\n"
+           "*3\r\n$16\r\n1700000000000000\r\n$20\r\n0:1700000040000000:2\r\n"
            ":1\r\n-TGCORRUPT the value is not tollgate's\r\n"),
       TG_OK);
   assert_ptr_equal(tg__eng_done(&r->e), &a);
   assert_int_equal(a.status, TG_OK);
   assert_false(a.out.r.allowed);
   assert_int_equal(a.out.r.count, 3);
-  assert_int_equal(a.out.r.retry_after_ms, 60000);
+  assert_int_equal(a.out.r.retry_after_ms, 40000);
   assert_ptr_equal(tg__eng_done(&r->e), &b);
   assert_int_equal(b.status, TG_ECORRUPT);
   rig_free(r);
