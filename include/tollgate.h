@@ -523,9 +523,10 @@ TG_EXTERN int tg_limiter_new(tg_limiter **out, const tg_config *cfg);
  * limiter and all key state it owns. NULL is a harmless no-op. Called from
  * before_clean on the cleaning thread, it returns at once: the pass goes on
  * deleting without calling before_clean again, then the thread frees the
- * limiter. Never from a hook that runs inside a call of yours (the
- * decision hook, before_clean under tg_clean): that call still uses the
- * limiter. */
+ * limiter (a caller's region must stay mapped until then; nothing tells
+ * when, so unmap it elsewhere, after a destroy made outside the hook). Never
+ * from a hook that runs inside a call of yours (the decision hook, before_clean
+ * under tg_clean): that call still uses the limiter. */
 TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);
 
 /* ---- Operations -----------------------------------------------------------
@@ -1337,7 +1338,9 @@ TG_EXTERN int tg_shm_unlink(const char *name);
  * left as it was. A region to initialise must have tg_region_bytes(cfg)
  * bytes, and one to attach to at least the bytes of the table it holds
  * (TG_EINVAL otherwise). tg_limiter_destroy leaves
- * the region alone (it is the caller's, and so is unmapping it). So a server
+ * the region alone (it is the caller's, and so is unmapping it; but not
+ * from before_clean, whose pass goes on in the region after a destroy
+ * there returns: see tg_limiter_destroy). So a server
  * that re-reads its configuration keeps the counts by creating a new limiter
  * on the same region, and learns from TG_EMISMATCH that the parameters
  * changed.

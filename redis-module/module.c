@@ -228,11 +228,17 @@ static const char *corrupt_detail(tg_algorithm alg, const char *v, size_t len) {
   if (len == 0 || v[0] < '0' || v[0] > '4' || v[0] == (char)('0' + alg))
     return "";
   tg_algorithm a = (tg_algorithm)(v[0] - '0');
-  size_t n;
   tg__state st;
-  bool theirs = a == TG_SLIDING_WINDOW ? tg__rv_log_entries(v, len, &n)
-                                       : tg__rv_parse_state(a, v, len, &st);
-  return theirs ? other[a] : "";
+  if (a != TG_SLIDING_WINDOW)
+    return tg__rv_parse_state(a, v, len, &st) ? other[a] : "";
+  /* a log: its shape, then its sum and first entry as numbers (enough to
+   * tell state from text of the same length) */
+  size_t n;
+  if (!tg__rv_log_entries(v, len, &n))
+    return "";
+  tg__entry e[1];
+  uint64_t sum;
+  return tg__rv_parse_log(v, n < 1 ? n : 1, e, &sum) ? other[a] : "";
 }
 
 /* What a window or bucket call saw and did. */

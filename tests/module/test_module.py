@@ -378,11 +378,13 @@ def test_values_not_ours(r):
     e = expect_error(r, "TG.HIT", "mixed", "leaky_bucket", 3, 1000,
                      starts="TG_ECORRUPT")
     assert "token_bucket" in e
-    # a value that is no algorithm's names none, whatever its first digit
-    r.set("digits", "12345")
-    e = expect_error(r, "TG.HIT", "digits", "token_bucket", 3, 1000,
-                     starts="TG_ECORRUPT")
-    assert "holds" not in e, e
+    # a value that is no algorithm's names none, whatever its first digit,
+    # even with a log's length
+    for v in ("12345", "2" + "x" * 20, "2" + "0" * 20 + "y" * 40):
+        r.set("digits", v)
+        e = expect_error(r, "TG.HIT", "digits", "token_bucket", 3, 1000,
+                         starts="TG_ECORRUPT")
+        assert "holds" not in e, (v, e)
     r.delete("digits")
     # TG.RESET naming another algorithm leaves the key alone
     assert r.execute_command("TG.RESET", "mixed", "leaky_bucket") == b"OK"
