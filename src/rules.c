@@ -96,8 +96,9 @@ static void give_back(tg_rule *rules, policy_run *pr, size_t n, bool at) {
     if (!(pr->taken >> j & 1u))
       continue;
     tg__call u = pr->c[j];
-    bool bucket = u.alg == TG_TOKEN_BUCKET || u.alg == TG_LEAKY_BUCKET;
-    u.op = pr->reserves && bucket ? TG__OP_CANCEL : TG__OP_UNDO;
+    u.op = pr->reserves && tg__op_supported(u.alg, TG__OP_CANCEL)
+               ? TG__OP_CANCEL
+               : TG__OP_UNDO;
     tg_limiter *lim = rules[j].lim;
     if (!at && !u.store_time) {
       uint64_t t = lim->cfg.clock(lim->cfg.clock_ctx);

@@ -446,13 +446,15 @@ int tg__limiter_answer(tg_limiter *lim, const tg__call *c, const tg_quota *q,
                        tg_result *out) {
   if (rc == TG_OK) {
     *out = o->r;
-    if (lim->deny && c->op == TG__OP_TAKE && out->allowed)
-      /* a one-rule policy's write (tg_nb's TG_NB_RULE on a window), which
-       * reads no cache: maybe under another period, so the key's cached
-       * denial may no longer hold, as after tg_hit_rules (rules.c) */
-      tg__deny_cache_forget(lim->deny, c->key, c->key_len);
-    else if (lim->deny)
-      tg__deny_cache_put(lim->deny, c, c->store_time, when, out);
+    if (lim->deny) {
+      if (c->op == TG__OP_TAKE && out->allowed)
+        /* a one-rule policy's write (tg_nb's TG_NB_RULE on a window), which
+         * reads no cache: maybe under another period, so the key's cached
+         * denial may no longer hold, as after tg_hit_rules (rules.c) */
+        tg__deny_cache_forget(lim->deny, c->key, c->key_len);
+      else
+        tg__deny_cache_put(lim->deny, c, c->store_time, when, out);
+    }
   } else {
     failure_result(lim, rc, c, q, out);
   }
