@@ -158,7 +158,7 @@ static void clean_cb(const tg__clean_item *items, size_t n, void *ctx) {
 static void clean(tg__table *t, uint64_t now_us, uint64_t older_us) {
   size_t removed;
   unsigned acc = 0;
-  int rc = tg__table_clean(t, now_us, older_us, clean_cb, &acc, &removed);
+  int rc = tg__table_clean(t, now_us, older_us, clean_cb, &acc, NULL, &removed);
   if (rc != TG_OK && !(corrupted && rc == TG_EBUSY))
     fail("tg__table_clean", rc);
 }

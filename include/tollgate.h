@@ -519,12 +519,17 @@ typedef struct tg_limiter tg_limiter;
  * tg_last_error() says why. A Redis limiter does not connect here: see "Redis
  * store" below. */
 TG_EXTERN int tg_limiter_new(tg_limiter **out, const tg_config *cfg);
-/* Stops the cleaning thread (waiting for a pass in progress), frees the
- * limiter and all key state it owns. NULL is a harmless no-op. Called from
- * before_clean on the cleaning thread, it returns at once: the pass goes on
- * deleting without calling before_clean again, then the thread frees the
- * limiter (a caller's region must stay mapped until then; nothing tells
- * when, so unmap it elsewhere, after a destroy made outside the hook). Never
+/* Stops the cleaning thread, frees the limiter and all key state it owns.
+ * NULL is a harmless no-op. A cleaning pass in progress ends at its next
+ * key, or, inside a call of before_clean, once that call returns (the keys
+ * it was handed are reclaimed; the rest of the pass is not made, and no
+ * other call of before_clean: the memory store's keys go with the limiter,
+ * a shared segment's or region's stay for a later pass), so destroy waits
+ * for at most one call of the hook. Called from before_clean on the
+ * cleaning thread, it returns at once: the pass ends as that call returns,
+ * then the thread frees the limiter (a caller's region must stay mapped
+ * until then; nothing tells when, so unmap it elsewhere, after a destroy
+ * made outside the hook). Never
  * from a hook that runs inside a call of yours (the decision hook, before_clean
  * under tg_clean): that call still uses the limiter. */
 TG_EXTERN void tg_limiter_destroy(tg_limiter *lim);

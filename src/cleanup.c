@@ -37,6 +37,8 @@ struct tg__cleaner {
   pthread_mutex_t mu;
   pthread_cond_t cv; /* signalled on stop; waits use CLOCK_MONOTONIC */
   bool stop;         /* guarded by mu */
+  int halt;          /* __atomic, read by a pass without mu: set with stop,
+                        it ends the pass in progress at its next key */
   bool orphan;       /* the limiter was destroyed from this thread (its
                         before_clean): the thread frees it, and itself,
                         when the pass ends (guarded by mu) */
@@ -69,7 +71,7 @@ static void *run(void *arg) {
     if (c->stop)
       break;
     pthread_mutex_unlock(&c->mu);
-    (void)tg_clean(c->lim, NULL);
+    (void)tg__clean_pass(c->lim, &c->halt);
     pthread_mutex_lock(&c->mu);
   }
   bool orphan = c->orphan;
@@ -121,6 +123,7 @@ int tg__cleaner_start(tg__cleaner **out, tg_limiter *lim, uint64_t period_ms,
 bool tg__cleaner_defer(tg__cleaner *c) {
   if (!c || this_cleaner != c)
     return false;
+  __atomic_store_n(&c->halt, 1, __ATOMIC_RELAXED);
   pthread_mutex_lock(&c->mu);
   c->stop = true;
   c->orphan = true;
@@ -138,6 +141,7 @@ void tg__cleaner_stop(tg__cleaner *c) {
     free(c);
     return;
   }
+  __atomic_store_n(&c->halt, 1, __ATOMIC_RELAXED);
   pthread_mutex_lock(&c->mu);
   c->stop = true;
   pthread_cond_signal(&c->cv);

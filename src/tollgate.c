@@ -303,7 +303,8 @@ size_t tg_store_bytes(const tg_limiter *lim) {
   return lim ? lim->store->ops->bytes(lim->store) : 0;
 }
 
-static int clean(tg_limiter *lim, const uint64_t *now, size_t *removed) {
+static int clean(tg_limiter *lim, const uint64_t *now, const int *halt,
+                 size_t *removed) {
   size_t n = 0;
   if (removed)
     *removed = 0;
@@ -318,7 +319,7 @@ static int clean(tg_limiter *lim, const uint64_t *now, size_t *removed) {
   if (!tg__mul(lim->cfg.key_older_than_ms, 1000, &older_us))
     older_us = UINT64_MAX;
   int rc = lim->store->ops->clean(lim->store, now_us, older_us,
-                                  tg__clean_bridge_cb, &lim->bridge, &n);
+                                  tg__clean_bridge_cb, &lim->bridge, halt, &n);
   if (removed)
     *removed = n;
   if (n > 0)
@@ -328,11 +329,15 @@ static int clean(tg_limiter *lim, const uint64_t *now, size_t *removed) {
 }
 
 int tg_clean(tg_limiter *lim, size_t *removed) {
-  return clean(lim, NULL, removed);
+  return clean(lim, NULL, NULL, removed);
 }
 
 int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed) {
-  return clean(lim, &now_us, removed);
+  return clean(lim, &now_us, NULL, removed);
+}
+
+int tg__clean_pass(tg_limiter *lim, const int *halt) {
+  return clean(lim, NULL, halt, NULL);
 }
 
 /* One operation: prepare, then the store call. */

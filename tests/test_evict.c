@@ -427,8 +427,8 @@ static void model_run(tg_algorithm alg, uint64_t steps) {
           forget(m, &m->k[i]);
           expect++;
         }
-      assert_int_equal(tg__table_clean(&m->t, m->now, 0, NULL, NULL, &removed),
-                       TG_OK);
+      assert_int_equal(
+          tg__table_clean(&m->t, m->now, 0, NULL, NULL, NULL, &removed), TG_OK);
       if (removed != expect)
         fail_at(m, NULL, "a cleaning pass removed another number");
     } else if (r < 40) {

@@ -902,6 +902,66 @@ static void destroy_from_before_clean(void **state) {
   assert_int_equal(__atomic_load_n(&d.calls, __ATOMIC_ACQUIRE), 1);
 }
 
+/* tg_limiter_destroy during a pass of the cleaning thread ends the pass:
+ * it waits for the call of before_clean in progress, not for the 39 more a
+ * whole pass would make. The first call holds the pass until the test is
+ * about to destroy, then gives destroy 200 ms to raise its flag (the
+ * verdict does not depend on it being quick: a late flag lets at most two
+ * more calls in). Before, destroy waited for the whole pass: 40 calls. */
+typedef struct slow_hook {
+  int calls;      /* __atomic */
+  int destroying; /* __atomic: set by the test just before destroy */
+} slow_hook;
+
+static int slow_cb(tg_algorithm alg, const tg_expired *e, size_t n, void *ctx) {
+  (void)alg;
+  (void)e;
+  (void)n;
+  slow_hook *h = ctx;
+  if (__atomic_fetch_add(&h->calls, 1, __ATOMIC_ACQ_REL) == 0) {
+    double deadline = seconds_now() + 10.0;
+    while (!__atomic_load_n(&h->destroying, __ATOMIC_ACQUIRE) &&
+           seconds_now() < deadline)
+      sleep_ms(1);
+    sleep_ms(200);
+  }
+  return 0;
+}
+
+static void destroy_ends_a_pass_in_progress(void **state) {
+  (void)state;
+  const tg_quota q = {.limit = 10, .period_ms = 1000};
+  static shared_clock clk;
+  static slow_hook h;
+  __atomic_store_n(&clk.now_us, T0, __ATOMIC_RELEASE);
+  h.calls = h.destroying = 0;
+  opts o = {.alg = TG_FIXED_WINDOW_PER_KEY,
+            .capacity = 4096,
+            .older_ms = 10,
+            .clean_period_ms = 5,
+            .clock = shared_clock_read,
+            .clock_ctx = &clk,
+            .before_clean = slow_cb,
+            .before_clean_ctx = &h};
+  tg_limiter *lim = make(&o);
+  char key[16];
+  /* 2,560 keys: 40 calls of before_clean of 64 keys each in a pass */
+  for (int i = 0; i < 2560; i++) {
+    int len = snprintf(key, sizeof key, "k%d", i);
+    hit(lim, T0, key, (size_t)len, &q, 1);
+  }
+  __atomic_store_n(&clk.now_us, T0 + MS(3000), __ATOMIC_RELEASE);
+  double deadline = seconds_now() + 10.0;
+  while (__atomic_load_n(&h.calls, __ATOMIC_ACQUIRE) == 0 &&
+         seconds_now() < deadline)
+    sleep_ms(1);
+  assert_int_equal(__atomic_load_n(&h.calls, __ATOMIC_ACQUIRE), 1);
+  __atomic_store_n(&h.destroying, 1, __ATOMIC_RELEASE);
+  tg_limiter_destroy(lim);
+  int calls = __atomic_load_n(&h.calls, __ATOMIC_ACQUIRE);
+  assert_in_range(calls, 1, 3);
+}
+
 /* A cleaning pass racing with the creation of keys must not report them:
  * every key here is live (one hit of a one-hour quota, all at T0), so
  * before_clean has nothing to see and no pass may remove anything. A worker
@@ -1229,8 +1289,8 @@ static void sliding_logs_grow_by_class(void **state) {
   assert_int_equal(table_sound(&t), 161);
   /* all decayed a period later: the cleaner frees every block */
   size_t removed = 0;
-  assert_int_equal(tg__table_clean(&t, T0 + MS(5000), 0, NULL, NULL, &removed),
-                   TG_OK);
+  assert_int_equal(
+      tg__table_clean(&t, T0 + MS(5000), 0, NULL, NULL, NULL, &removed), TG_OK);
   assert_int_equal(removed, 161);
   (void)table_sound(&t);
   /* the same keys again: blocks come from the free lists, nothing new */
@@ -1462,6 +1522,7 @@ int main(void) {
       cmocka_unit_test_teardown(store_bytes_follow_keys, report_current),
       cmocka_unit_test(sliding_logs_grow_by_class),
       cmocka_unit_test(destroy_from_before_clean),
+      cmocka_unit_test(destroy_ends_a_pass_in_progress),
       cmocka_unit_test_teardown(denied_bucket_decisions_write_nothing,
                                 report_current),
   };

@@ -653,6 +653,113 @@ static void cleaning_across_processes(void **state) {
   munmap(j, sizeof *j);
 }
 
+/* A limiter destroyed while its cleaning thread is in a pass ends the pass
+ * once the call of before_clean in progress returns: the keys it was handed
+ * are reclaimed, the rest stay in the segment, and another limiter's pass
+ * then hands each of them to its own before_clean. So every one of the
+ * 2,560 expired keys is reported exactly once, by one limiter or the other
+ * (the thread's first call holds the pass until the test is about to
+ * destroy, then gives destroy 200 ms to raise its flag). Before destroy
+ * ended the pass, the thread reported all 2,560 (40 calls) and the other
+ * limiter none. */
+typedef struct halted_pass {
+  uint64_t now;    /* __atomic: the thread's clock */
+  int destroying;  /* __atomic: set by the test just before destroy */
+  unsigned calls;  /* __atomic: the thread's calls of before_clean */
+  unsigned thread; /* __atomic: entries the thread was handed */
+  unsigned later;  /* entries the second pass was handed */
+  unsigned char seen[2560];
+} halted_pass;
+
+static halted_pass hp;
+
+static uint64_t hp_clock(void *ctx) {
+  (void)ctx;
+  return __atomic_load_n(&hp.now, __ATOMIC_ACQUIRE);
+}
+
+static void hp_record(const tg_expired *e, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    char buf[8] = {0};
+    if (e[i].key_len < sizeof buf)
+      memcpy(buf, e[i].key, e[i].key_len);
+    int k = atoi(buf + 1);
+    if (k >= 0 && k < 2560)
+      __atomic_fetch_add(&hp.seen[k], 1, __ATOMIC_RELAXED);
+  }
+}
+
+static int hp_thread_cb(tg_algorithm alg, const tg_expired *e, size_t n,
+                        void *ctx) {
+  (void)alg;
+  (void)ctx;
+  hp_record(e, n);
+  __atomic_fetch_add(&hp.thread, (unsigned)n, __ATOMIC_RELAXED);
+  if (__atomic_fetch_add(&hp.calls, 1, __ATOMIC_ACQ_REL) == 0) {
+    uint64_t deadline = mono_us() + 10000000u;
+    while (!__atomic_load_n(&hp.destroying, __ATOMIC_ACQUIRE) &&
+           mono_us() < deadline)
+      usleep(1000);
+    usleep(200000);
+  }
+  return 0;
+}
+
+static int hp_later_cb(tg_algorithm alg, const tg_expired *e, size_t n,
+                       void *ctx) {
+  (void)alg;
+  (void)ctx;
+  hp_record(e, n);
+  hp.later += (unsigned)n;
+  return 0;
+}
+
+static void destroy_leaves_the_rest_of_a_pass(void **state) {
+  (void)state;
+  const char *name = name_new("halt");
+  memset(&hp, 0, sizeof hp);
+  hp.now = T0;
+  tg_config cfg;
+  shm_config(&cfg, name, TG_FIXED_WINDOW, 4096);
+  cfg.key_older_than_ms = 0;
+  cfg.before_clean = hp_later_cb;
+  const tg_quota q = {.limit = 5, .period_ms = 1000, .burst = 0};
+  tg_limiter *b;
+  assert_int_equal(tg_limiter_new(&b, &cfg), TG_OK);
+  char key[8];
+  for (int i = 0; i < 2560; i++) {
+    int len = snprintf(key, sizeof key, "k%d", i);
+    tg_result r;
+    assert_int_equal(tg_hit_at(b, T0, key, (size_t)len, &q, 1, &r), TG_OK);
+    assert_true(r.allowed);
+  }
+  tg_config ca = cfg;
+  ca.clock = hp_clock;
+  ca.clean_period_ms = 5;
+  ca.before_clean = hp_thread_cb;
+  tg_limiter *a;
+  assert_int_equal(tg_limiter_new(&a, &ca), TG_OK);
+  __atomic_store_n(&hp.now, T0 + 2000000u, __ATOMIC_RELEASE);
+  uint64_t deadline = mono_us() + 10000000u;
+  while (__atomic_load_n(&hp.calls, __ATOMIC_ACQUIRE) == 0 &&
+         mono_us() < deadline)
+    usleep(1000);
+  assert_int_equal(__atomic_load_n(&hp.calls, __ATOMIC_ACQUIRE), 1);
+  __atomic_store_n(&hp.destroying, 1, __ATOMIC_RELEASE);
+  tg_limiter_destroy(a);
+  unsigned thread = __atomic_load_n(&hp.thread, __ATOMIC_ACQUIRE);
+  assert_in_range(thread, 1, 3 * 64);
+  size_t removed = 0;
+  assert_int_equal(tg_clean_at(b, T0 + 2000000u, &removed), TG_OK);
+  assert_int_equal(removed, 2560 - thread);
+  assert_int_equal(hp.later, 2560 - thread);
+  for (int i = 0; i < 2560; i++)
+    assert_int_equal(hp.seen[i], 1);
+  assert_int_equal(tg_key_count(b), 0);
+  tg_limiter_destroy(b);
+  assert_int_equal(validate(name, &cfg).errors, 0);
+}
+
 /* Bounded memory in a segment: with every slot held by a live key, a new key
  * is TG_EFULL in every attached limiter, each answering with its own failure
  * policy (marked degraded); once those keys have decayed, a new key reclaims
@@ -767,6 +874,8 @@ int main(void) {
       cmocka_unit_test_teardown(bad_names, unlink_names),
       cmocka_unit_test_teardown(creation_race, unlink_names),
       cmocka_unit_test_teardown(cleaning_across_processes, unlink_names),
+      cmocka_unit_test_teardown(destroy_leaves_the_rest_of_a_pass,
+                                unlink_names),
       cmocka_unit_test_teardown(full_segment_policy, unlink_names),
       cmocka_unit_test_teardown(few_entries_few_pages, unlink_names),
   };

@@ -85,9 +85,11 @@ typedef struct tg__store_ops {
   int (*reset)(tg__store *s, const void *key, size_t key_len);
   /* Keys currently holding state (0 when the store cannot tell). */
   size_t (*key_count)(const tg__store *s);
-  /* One cleaning pass (NULL when the store expires keys by itself). */
+  /* One cleaning pass (NULL when the store expires keys by itself). It
+   * ends early, with what it reclaimed so far, once halt (NULL: never) is
+   * not 0: checked before each key and after each call of cb. */
   int (*clean)(tg__store *s, uint64_t now_us, uint64_t older_than_us,
-               tg__clean_cb cb, void *ctx, size_t *removed);
+               tg__clean_cb cb, void *ctx, const int *halt, size_t *removed);
   /* Bytes of memory reserved for state (0 when not in this process). */
   size_t (*bytes)(const tg__store *s);
   /* Frees everything. */

@@ -1582,8 +1582,13 @@ static int flush(tg__table *t, tg__clean_item *items, size_t n, uint64_t now_us,
   return TG_OK;
 }
 
+static inline bool halted(const int *halt) {
+  return halt && __atomic_load_n(halt, __ATOMIC_RELAXED) != 0;
+}
+
 int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
-                    tg__clean_cb cb, void *ctx, size_t *removed) {
+                    tg__clean_cb cb, void *ctx, const int *halt,
+                    size_t *removed) {
   tg__table_hdr *h = t->h;
   *removed = 0;
   bool died; /* a pass that died left nothing to repair */
@@ -1597,7 +1602,10 @@ int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
   tg__wait wt = tg__wait_bound(t->g.lock_timeout_ms);
   int rc = TG_OK;
   size_t n = 0;
+  bool stop = false;
   for (uint64_t i = 0; i < t->g.nslots && rc == TG_OK; i++) {
+    if ((stop = halted(halt)))
+      break; /* the batch not yet handed to cb stays for a later pass */
     uint64_t c = tg__load_acquire(ctrl_at(t, i)), expiry;
     if (ctrl_status(c) != LIVE)
       continue;
@@ -1623,7 +1631,7 @@ int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
       n = 0;
     }
   }
-  if (rc == TG_OK)
+  if (rc == TG_OK && !stop)
     rc = flush(t, items, n, now_us, older_than_us, cb, ctx, &wt, removed);
   free(items);
   tg__lock_release(&h->clean_lock, t->g.shared);

@@ -353,9 +353,13 @@ bool tg__table_holds(const tg__table *t, const void *key, size_t key_len);
  * is still the one inspected. Returns the number reclaimed in *removed. A
  * pass already running elsewhere makes this one return TG_OK at once with
  * *removed = 0; TG_EBUSY when the table lock stayed held past
- * lock_timeout_ms (the pass stops there; what it reclaimed is counted). */
+ * lock_timeout_ms (the pass stops there; what it reclaimed is counted).
+ * halt (NULL: never): the pass ends, with what it reclaimed so far, once
+ * *halt is not 0 (read before each slot and after each call of cb; keys
+ * inspected but not yet handed to cb stay). */
 int tg__table_clean(tg__table *t, uint64_t now_us, uint64_t older_than_us,
-                    tg__clean_cb cb, void *ctx, size_t *removed);
+                    tg__clean_cb cb, void *ctx, const int *halt,
+                    size_t *removed);
 
 /* What tg__table_validate found. */
 typedef struct tg__table_check {

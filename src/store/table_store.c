@@ -48,9 +48,10 @@ static size_t mem_key_count(const tg__store *s) {
 }
 
 static int mem_clean(tg__store *s, uint64_t now_us, uint64_t older_than_us,
-                     tg__clean_cb cb, void *ctx, size_t *removed) {
+                     tg__clean_cb cb, void *ctx, const int *halt,
+                     size_t *removed) {
   return tg__table_clean(&((memory *)s)->t, now_us, older_than_us, cb, ctx,
-                         removed);
+                         halt, removed);
 }
 
 static size_t mem_bytes(const tg__store *s) {
