@@ -1988,10 +1988,15 @@ TG_EXTERN int tg_nb_stats(const tg_nb *nb, tg_stats *out, size_t size);
  *     RateLimit-Policy: "name";q=LIMIT;w=SECONDS
  *     RateLimit: "name";r=REMAINING;t=SECONDS
  *   w is period_ms in seconds, rounded up; r the remaining cost units; t
- *   the effective window: until the key is fresh (reset_after_ms: within
- *   it the client can use no more than r without being denied), or for a
- *   denied result with none remaining, until the call would pass
- *   (retry_after_ms, unless TG_NEVER), in seconds rounded up. An optional
+ *   the effective window: until the key is fresh (reset_after_ms), or for a
+ *   denied result, until the call would pass (retry_after_ms, unless
+ *   TG_NEVER; so a Retry-After of that limit never names a time before its
+ *   t ends, as the draft's section 6 asks), in seconds rounded up. Within
+ *   t a window's client can use no more than r: its units come back only
+ *   when it resets. A bucket's or a sliding log's come back a little at a
+ *   time before the key is fresh (a token bucket is fresh when full), so
+ *   there t is when all of them are back, and the client may use more
+ *   than r within it, as units return. An optional
  *   partition key adds ;pk=:BASE64:. q is the quota's limit (its rate per
  *   w): a bucket whose burst is above its limit can hold more than that,
  *   and r then says so (r above q). A number above 999999999999999 (the

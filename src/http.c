@@ -90,10 +90,12 @@ static uint64_t window_s(const tg_quota *q) {
   return s ? s : 1;
 }
 
-/* The effective window t of one limit: until the key is fresh while units
- * remain; with none left (a denial), until the call would pass. */
+/* The effective window t of one limit: until the key is fresh; for a
+ * denial, until the call would pass (which the draft's section 6 asks of a
+ * Retry-After beside it: never before t ends), units left or not (a cost
+ * above them). */
 static uint64_t effective_s(const tg_result *r) {
-  if (r->remaining == 0 && !r->allowed && r->retry_after_ms != TG_NEVER)
+  if (!r->allowed && r->retry_after_ms != TG_NEVER)
     return secs_up(r->retry_after_ms);
   return secs_up(r->reset_after_ms);
 }

@@ -107,6 +107,17 @@ static void test_throttled(void **state) {
   tg_result r1 = res(false, 0, 1, 1);
   tg_http_limit l1 = {"x", &q, &r1, NULL, 0};
   expect(&l1, 1, TG_HTTP_RETRY_AFTER, "Retry-After: 1\r\n");
+  /* a denial with units left (a cost above them): t is the wait too, not
+   * the reset, so that Retry-After does not come before t ends (draft 11,
+   * section 6); a real token bucket of 100 holding 3 asked for 5 */
+  tg_result r3 = res(false, 3, 2000, 97000);
+  tg_http_limit l3 = {"bucket", &q, &r3, NULL, 0};
+  expect(&l3, 1, TG_HTTP_RETRY_AFTER | TG_HTTP_IETF | TG_HTTP_LEGACY,
+         "Retry-After: 2\r\n"
+         "RateLimit-Policy: \"bucket\";q=100;w=60\r\n"
+         "RateLimit: \"bucket\";r=3;t=2\r\n"
+         "RateLimit-Limit: 100\r\nRateLimit-Remaining: 3\r\n"
+         "RateLimit-Reset: 2\r\n");
   tg_result rn = res(false, 0, TG_NEVER, 0);
   tg_http_limit ln = {"x", &q, &rn, NULL, 0};
   expect(&ln, 1, TG_HTTP_RETRY_AFTER, "");
