@@ -58,6 +58,22 @@ grep -q '^RateLimit: "per-second";r=4;t=1, "per-minute";r=19;t=' "$dir/h1" ||
 curl -s -D "$dir/bob" -o /dev/null --max-time 5 -H 'X-Client: bob' \
   "http://127.0.0.1:$port/" || fail "curl bob"
 grep -q '^HTTP/1.1 200' "$dir/bob" || fail "bob: $(cat "$dir/bob")"
+# a client that leaves before its answer (the server's second write then
+# meets a reset connection: SIGPIPE, were it not for MSG_NOSIGNAL), three
+# times, and one that connects and sends nothing: the server lives on, and
+# answers the next client once the idle one has been dropped (2 s)
+for _ in 1 2 3; do
+  exec 3<>"/dev/tcp/127.0.0.1/$port"
+  printf 'GET / HTTP/1.1\r\nX-Client: dave\r\n\r\n' >&3
+  exec 3>&-
+  sleep 0.2
+done
+exec 4<>"/dev/tcp/127.0.0.1/$port"
+curl -s -D "$dir/erin" -o /dev/null --max-time 10 -H 'X-Client: erin' \
+  "http://127.0.0.1:$port/" || fail "curl erin after an idle client"
+exec 4>&-
+grep -q '^HTTP/1.1 200' "$dir/erin" || fail "erin: $(cat "$dir/erin")"
+kill -0 "$pid" || fail "the server died"
 kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
 
 start --legacy
