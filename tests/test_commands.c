@@ -558,9 +558,15 @@ static void max_period_refuses_longer_periods(void **state) {
   assert_starts(
       run_on(&c, AT(0), "TG.HIT b2 sliding_window 1 3600000 BURST 1000"),
       "*6\r\n"); /* windows ignore the burst */
+  /* a policy names the rule */
+  assert_string_equal(
+      run_on(&c, AT(0),
+             "TG.POLICY p fixed_window 1 1000 p2 fixed_window 1 3600001"),
+      "-ERR period_ms 3600001 (rule 1) is above this server's limit of "
+      "3600000 (--max-period-ms)\r\n");
   assert_string_equal(
       info_field(run_on(&c, AT(0), "INFO stats"), "requests_over_max_period:"),
-      "8");
+      "9");
   free_ctx(&c);
 }
 
@@ -618,6 +624,64 @@ static void each_client_has_a_budget_of_new_keys(void **state) {
                                  "requests_over_new_key_budget:"),
                       "3");
   free_ctx(&c);
+}
+
+/* Requests the library refuses as input create no key, so they spend none
+ * of the client's budget: an operation the algorithm does not have (TG.INC
+ * on a bucket, TG.SET on a sliding log), a value above the burst, a policy
+ * naming one key twice or with a rule the library refuses. Before, each
+ * spent a token (the policy one per rule), and the client's valid requests
+ * then met -NEWKEYS. */
+static void refused_input_spends_no_new_key(void **state) {
+  (void)state;
+  cmd_ctx c;
+  make_ctx(&c, 1024, TG_POLICY_FAIL_OPEN);
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_TOKEN_BUCKET;
+  cfg.clean_period_ms = 0;
+  cfg.on_failure = TG_POLICY_FAIL_CLOSED;
+  assert_int_equal(tg_limiter_new(&c.new_keys, &cfg), TG_OK);
+  c.new_keys_q = (tg_quota){.limit = 2, .period_ms = 600000};
+  cmd_session a = {.id = 1, .who = {'4', 10, 0, 0, 1}, .who_len = 5};
+  assert_starts(run_as(&c, &a, AT(0), "TG.INC n1 token_bucket 5 100000"),
+                "-TG_ENOTSUP ");
+  assert_starts(run_as(&c, &a, AT(0), "TG.SET n2 sliding_window 5 100000 1"),
+                "-TG_ENOTSUP ");
+  assert_starts(run_as(&c, &a, AT(0), "TG.SET n3 token_bucket 5 100000 99"),
+                "-TG_ERANGE ");
+  assert_starts(run_as(&c, &a, AT(0),
+                       "TG.POLICY d fixed_window 5 100000 d fixed_window 5 "
+                       "100000"),
+                "-TG_EINVAL ");
+  for (int i = 0; i < TG_ALGORITHM_COUNT; i++)
+    assert_int_equal(tg_key_count(c.lim[i]), 0);
+  /* the whole budget is left: two new keys, then -NEWKEYS */
+  assert_starts(run_as(&c, &a, AT(0), "TG.HIT e1 fixed_window 5 100000"),
+                "*6\r\n");
+  assert_starts(run_as(&c, &a, AT(0), "TG.HIT e2 fixed_window 5 100000"),
+                "*6\r\n");
+  assert_starts(run_as(&c, &a, AT(0), "TG.HIT e3 fixed_window 5 100000"),
+                "-NEWKEYS ");
+  free_ctx(&c);
+}
+
+/* An HTTP request sent to the RESP port (a web page's POST to a loopback
+ * server): the request line or its Host header closes the connection with
+ * no reply, so that nothing after it (a POST's body) runs. */
+static void http_on_the_resp_port_closes(void **state) {
+  (void)state;
+  static const char *const lines[] = {"POST / HTTP/1.1", "post /x HTTP/1.0",
+                                      "Host: 127.0.0.1:6380", "HOST: x"};
+  for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+    assert_string_equal(RUN(AT(0), lines[i]), "");
+    assert_int_equal(after, CMD_CLOSE);
+  }
+  /* a key of either name is still a key */
+  assert_starts(RUN(AT(0), "TG.HIT post fixed_window 5 1000"), "*6\r\n");
+  assert_int_equal(after, CMD_KEEP);
+  assert_string_equal(
+      info_field(RUN(AT(0), "INFO stats"), "http_requests_refused:"), "4");
 }
 
 /* A custom store standing in for a shared segment whose lock a stuck
@@ -914,6 +978,9 @@ int main(void) {
       cmocka_unit_test(a_password_guards_everything_but_auth),
       cmocka_unit_test(max_period_refuses_longer_periods),
       cmocka_unit_test(each_client_has_a_budget_of_new_keys),
+      cmocka_unit_test(refused_input_spends_no_new_key),
+      cmocka_unit_test_setup_teardown(http_on_the_resp_port_closes, setup,
+                                      teardown),
       cmocka_unit_test(a_stuck_lock_is_waited_for_once_per_backoff),
       cmocka_unit_test(health_is_logged_once_per_change),
       cmocka_unit_test(command_describes_the_commands),

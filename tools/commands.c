@@ -41,6 +41,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 /* A request can carry the longest policy: TG_RULES_MAX rules of 8 */
@@ -178,6 +179,31 @@ static bool within_max_period(uint64_t max_ms, tg_algorithm alg,
          (u128)q->period_ms * burst <= (u128)max_ms * q->limit;
 }
 
+/* Whether q's period is within --max-period-ms; if not, writes the
+ * -ERR reply (naming the rule of a policy, when rule is not NULL) and
+ * counts it. */
+static bool period_ok(const call *c, tg_algorithm alg, const tg_quota *q,
+                      const size_t *rule) {
+  cmd_ctx *ctx = c->ctx;
+  if (!ctx->max_period_ms || within_max_period(ctx->max_period_ms, alg, q))
+    return true;
+  char which[48] = "";
+  if (rule)
+    snprintf(which, sizeof which, " (rule %zu)", *rule);
+  char msg[240];
+  snprintf(msg, sizeof msg,
+           "period_ms %" PRIu64 "%s%s is above this server's limit of %" PRIu64
+           " (--max-period-ms)",
+           q->period_ms,
+           q->period_ms <= ctx->max_period_ms
+               ? " x burst / limit (the time a bucket takes to refill)"
+               : "",
+           which, ctx->max_period_ms);
+  out_error(c->out, "ERR", msg);
+  ctx->stats.period_refused++;
+  return false;
+}
+
 /* Parses the request with the parser the Redis module shares
  * (src/command/command.h), then checks what this server adds (a limiter
  * for the algorithm, --max-period-ms) and picks the limiter. On error
@@ -207,21 +233,8 @@ static int parse_tg(const call *c, tg__cmd_id id, tg_args *t) {
     return -1;
   }
   const cmd_ctx *ctx = c->ctx;
-  if (ctx->max_period_ms &&
-      !within_max_period(ctx->max_period_ms, alg, &t->q)) {
-    char msg[200];
-    snprintf(msg, sizeof msg,
-             "period_ms %" PRIu64 "%s is above this server's limit of %" PRIu64
-             " (--max-period-ms)",
-             t->q.period_ms,
-             t->q.period_ms <= ctx->max_period_ms
-                 ? " x burst / limit (the time a bucket takes to refill)"
-                 : "",
-             ctx->max_period_ms);
-    out_error(o, "ERR", msg);
-    c->ctx->stats.period_refused++;
+  if (!period_ok(c, alg, &t->q, NULL))
     return -1;
-  }
   t->lim = pick(ctx, alg, &t->patient);
   return 0;
 }
@@ -251,22 +264,40 @@ static bool creates(const call *c, tg_args *t) {
   return at == 0;
 }
 
+/* The new-key tokens a request spent: a reservation on the client's
+ * budget (a token bucket), so that they can be given back. */
+typedef struct key_spend {
+  uint64_t keys;
+  tg_reservation res;
+} key_spend;
+
+static const unsigned char unknown_client[1] = {'?'};
+
+static const void *client_name(const cmd_session *cl, size_t *len) {
+  *len = cl->who_len ? cl->who_len : 1;
+  return cl->who_len ? (const void *)cl->who : unknown_client;
+}
+
 /* Spends `keys` new-key tokens of the client's budget at once (all or
- * none); false, with the NEWKEYS error written, when it has not that many. */
-static bool spend_new_keys(const call *c, uint64_t keys) {
+ * none) into *sp; false, with the NEWKEYS error written, when it has not
+ * that many. */
+static bool spend_new_keys(const call *c, uint64_t keys, key_spend *sp) {
   cmd_ctx *ctx = c->ctx;
+  sp->keys = 0;
   if (keys == 0)
     return true;
-  tg_result r;
-  static const unsigned char unknown[1] = {'?'};
-  const cmd_session *cl = c->cl;
-  int rc = tg_hit_at(ctx->new_keys, c->now_us, cl->who_len ? cl->who : unknown,
-                     cl->who_len ? cl->who_len : 1, &ctx->new_keys_q, keys, &r);
-  if (r.allowed) /* TG_OK, or a failure the budget's policy let through */
+  size_t wl;
+  const void *who = client_name(c->cl, &wl);
+  int rc = tg_reserve_at(ctx->new_keys, c->now_us, who, wl, &ctx->new_keys_q,
+                         keys, 0, &sp->res);
+  const tg_result *r = &sp->res.result;
+  if (sp->res.ok) { /* TG_OK, or a failure the budget's policy let through */
+    sp->keys = rc == TG_OK ? keys : 0;
     return true;
+  }
   ctx->stats.new_keys_refused++;
   char msg[200];
-  if (rc == TG_OK && r.retry_after_ms == TG_NEVER)
+  if (rc == TG_OK && r->retry_after_ms == TG_NEVER)
     snprintf(msg, sizeof msg,
              "this client may create %" PRIu64 " new keys per %" PRIu64
              " ms (--max-new-keys-per-client), and this request would "
@@ -277,16 +308,31 @@ static bool spend_new_keys(const call *c, uint64_t keys) {
              "this client may create %" PRIu64 " new keys per %" PRIu64
              " ms (--max-new-keys-per-client); retry in %" PRIu64 " ms",
              ctx->new_keys_q.limit, ctx->new_keys_q.period_ms,
-             rc == TG_OK ? r.retry_after_ms : ctx->new_keys_q.period_ms);
+             rc == TG_OK ? r->retry_after_ms : ctx->new_keys_q.period_ms);
   out_error(c->out, "NEWKEYS", msg);
   return false;
 }
 
+/* The library refused the request's input (an operation the algorithm
+ * does not have, a value above the burst, a policy naming a key twice):
+ * nothing was written, so the tokens it spent go back to the client. */
+static void refund_new_keys(const call *c, key_spend *sp, int rc) {
+  if (sp->keys == 0 || !(rc == TG_EINVAL || rc == TG_EQUOTA || rc == TG_EKEY ||
+                         rc == TG_ENOTSUP || rc == TG_ERANGE))
+    return;
+  size_t wl;
+  const void *who = client_name(c->cl, &wl);
+  (void)tg_cancel_at(c->ctx->new_keys, c->now_us, who, wl, &c->ctx->new_keys_q,
+                     &sp->res);
+  sp->keys = 0;
+}
+
 /* A write on t spends a new-key token when it creates the key. */
-static bool may_create(const call *c, tg_args *t) {
+static bool may_create(const call *c, tg_args *t, key_spend *sp) {
+  sp->keys = 0;
   if (!c->ctx->new_keys)
     return true;
-  return spend_new_keys(c, creates(c, t) ? 1 : 0);
+  return spend_new_keys(c, creates(c, t) ? 1 : 0, sp);
 }
 
 /* TG.HIT's reply for what tg_hit returned, counted in the stats. */
@@ -313,13 +359,15 @@ static void cmd_hit(const call *c) {
   tg_args t;
   if (parse_tg(c, TG__CMD_HIT, &t) != 0)
     return;
-  if (t.cost > 0 && !may_create(c, &t))
+  key_spend sp = {0};
+  if (t.cost > 0 && !may_create(c, &t, &sp))
     return;
   tg_result r;
   int rc =
       c->ctx->store_time
           ? tg_hit(t.lim, t.key, t.key_len, &t.q, t.cost, &r)
           : tg_hit_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.cost, &r);
+  refund_new_keys(c, &sp, rc);
   store_done(c->ctx, t.alg, t.patient, rc);
   hit_out(c->ctx, rc, &r, c->out);
 }
@@ -351,14 +399,8 @@ static void cmd_policy(const call *c) {
                 "this server holds no limiter for that algorithm");
       return;
     }
-    if (ctx->max_period_ms &&
-        !within_max_period(ctx->max_period_ms, cmd->alg, &cmd->q)) {
-      out_error(c->out, "ERR",
-                "a rule's period is above this server's limit "
-                "(--max-period-ms)");
-      ctx->stats.period_refused++;
+    if (!period_ok(c, cmd->alg, &cmd->q, &i))
       return;
-    }
     t[i].lim = pick(ctx, cmd->alg, &t[i].patient);
   }
   /* the keys it would create are paid for at once, all or none: a
@@ -371,11 +413,13 @@ static void cmd_policy(const call *c) {
     rules[i] =
         (tg_rule){t[i].lim, t[i].key, t[i].key_len, &t[i].q, t[i].cost, 0, {0}};
   }
-  if (!spend_new_keys(c, fresh))
+  key_spend sp;
+  if (!spend_new_keys(c, fresh, &sp))
     return;
   tg_rules_result out;
   int rc = ctx->store_time ? tg_hit_rules(rules, n, 0, &out)
                            : tg_hit_rules_at(c->now_us, rules, n, 0, &out);
+  refund_new_keys(c, &sp, rc);
   if (rc != TG_OK && out.denied_by < n)
     store_done(ctx, t[out.denied_by].alg, t[out.denied_by].patient, rc);
   else
@@ -404,13 +448,15 @@ static void cmd_inc(const call *c) {
   tg_args t;
   if (parse_tg(c, TG__CMD_INC, &t) != 0)
     return;
-  if (t.cost > 0 && !may_create(c, &t))
+  key_spend sp = {0};
+  if (t.cost > 0 && !may_create(c, &t, &sp))
     return;
   uint64_t count;
   int rc =
       c->ctx->store_time
           ? tg_inc(t.lim, t.key, t.key_len, &t.q, t.cost, &count)
           : tg_inc_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.cost, &count);
+  refund_new_keys(c, &sp, rc);
   store_done(c->ctx, t.alg, t.patient, rc);
   if (rc != TG_OK)
     err_tg(c->out, rc);
@@ -437,11 +483,13 @@ static void cmd_set(const call *c) {
   tg_args t;
   if (parse_tg(c, TG__CMD_SET, &t) != 0)
     return;
-  if (!may_create(c, &t))
+  key_spend sp;
+  if (!may_create(c, &t, &sp))
     return;
   int rc = c->ctx->store_time
                ? tg_set(t.lim, t.key, t.key_len, &t.q, t.value)
                : tg_set_at(t.lim, c->now_us, t.key, t.key_len, &t.q, t.value);
+  refund_new_keys(c, &sp, rc);
   store_done(c->ctx, t.alg, t.patient, rc);
   if (rc != TG_OK)
     err_tg(c->out, rc);
@@ -808,6 +856,7 @@ static void cmd_info(const call *c) {
     info_u64(&text, "requests_over_max_period", s->period_refused);
     info_u64(&text, "requests_over_new_key_budget", s->new_keys_refused);
     info_u64(&text, "auth_failures", s->auth_failures);
+    info_u64(&text, "http_requests_refused", s->http_refused);
     out_raw(&text, "\r\n", 2);
   }
   if (wants(c, "keyspace")) {
@@ -1060,10 +1109,28 @@ cmd_after cmd_execute_batch(cmd_ctx *ctx, cmd_session *cl,
   return CMD_KEEP;
 }
 
+/* The first word of an HTTP request ("POST") or of its Host header line. */
+static bool http_line(const resp_arg *a) {
+  return (a->len == 4 && strncasecmp(a->ptr, "post", 4) == 0) ||
+         (a->len == 5 && strncasecmp(a->ptr, "host:", 5) == 0);
+}
+
 cmd_after cmd_execute(cmd_ctx *ctx, cmd_session *cl, const resp_arg *argv,
                       size_t argc, uint64_t now_us, outbuf *out) {
   size_t before = out->len;
   cmd_after after = CMD_KEEP;
+  if (http_line(&argv[0])) {
+    /* an HTTP request on the RESP port, as a web page can send one to a
+     * loopback server (a POST's body would run as commands): nothing of
+     * this connection runs, as Redis does for the same reason */
+    fprintf(stderr,
+            "tollgate serve: an HTTP request (\"%s\") on the RESP port, "
+            "maybe a cross-protocol attack from a web page; connection "
+            "closed\n",
+            argv[0].len == 4 ? "POST" : "Host:");
+    ctx->stats.http_refused++;
+    return CMD_CLOSE;
+  }
   const command *cmd = lookup(&argv[0]);
   if (ctx->pass_set && !cl->authenticated &&
       !(cmd &&
@@ -1210,10 +1277,10 @@ static bool request_line_ok(const char *req) {
 
 void cmd_metrics(const cmd_ctx *ctx, const char *req, size_t len, bool whole,
                  outbuf *out) {
-  (void)len;
   bool get = strncmp(req, "GET ", 4) == 0, head = strncmp(req, "HEAD ", 5) == 0;
   const char *path = get ? req + 4 : head ? req + 5 : NULL;
-  if (!whole || !request_line_ok(req)) {
+  /* a NUL is in no valid request head (RFC 9112 field values exclude it) */
+  if (!whole || !request_line_ok(req) || memchr(req, '\0', len)) {
     http_reply(out, "400 Bad Request", "text/plain", "", NULL, false);
     return;
   }

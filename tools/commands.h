@@ -43,6 +43,8 @@ typedef struct serve_stats {
   uint64_t period_refused;   /* requests over max_period_ms */
   uint64_t new_keys_refused; /* requests over a client's new-key budget */
   uint64_t auth_failures;    /* wrong passwords (AUTH, HELLO ... AUTH) */
+  uint64_t http_refused;     /* connections closed on an HTTP request line
+                                (POST, Host:) on the RESP port */
 
   uint64_t clients;              /* connections open now */
   uint64_t connections_received; /* accepted since start */

@@ -373,7 +373,9 @@ static int http_readable(server *s, conn *c) {
   c->last_active_ms = s->now_ms;
   c->in_len += (size_t)n;
   c->in[c->in_len] = '\0';
-  bool whole = strstr(c->in, "\r\n\r\n") || strstr(c->in, "\n\n");
+  /* by length: a NUL in the head must not hide its end */
+  bool whole = memmem(c->in, c->in_len, "\r\n\r\n", 4) ||
+               memmem(c->in, c->in_len, "\n\n", 2);
   if (!whole && c->in_len < c->in_cap) {
     if (c->partial_since_ms == 0)
       c->partial_since_ms = s->now_ms;

@@ -101,6 +101,11 @@ class Metrics(unittest.TestCase):
                               (b"GET /metrics HTTP/2\r\n\r\n", b"400"),
                               (b"GET  /metrics HTTP/1.1\r\n\r\n", b"400"),
                               (b"BREW /metrics HTTP/1.1\r\n\r\n", b"405"),
+                              # a NUL in the head: answered at once (its
+                              # end was once sought as a C string, and the
+                              # request timed out unanswered)
+                              (b"GET /metrics HTTP/1.1\r\nX: \x00\r\n\r\n",
+                               b"400"),
                               (b"GET /metrics HTTP/1.0\r\n\r\n", b"200")):
                 s = socket.create_connection(("127.0.0.1", port), timeout=30)
                 s.sendall(raw)
