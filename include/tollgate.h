@@ -740,7 +740,11 @@ TG_EXTERN int tg_hit_batch_at(tg_limiter *lim, uint64_t now_us,
  * (the cost is subtracted where it was added). For the buckets it is exact
  * unless calls on the same key with later times landed in between, which
  * can only make the bucket stricter; with the _at function those later
- * times must not exceed the policy's now for that to hold. One race is not
+ * times must not exceed the policy's now for that to hold. A bucket on
+ * which reservations (tg_reserve) are queued when it is given back gives
+ * back only what none of them is queued behind, as tg_cancel does: they
+ * keep their times and no later caller is promised one of them again,
+ * at the price of a hole in the queue (stricter). One race is not
  * covered: a tg_reset or tg_set of a rule's key between its consumption
  * and its giving back (the policy's own call, between two of its rules)
  * leaves the key's incarnation as it was, so the
@@ -903,7 +907,8 @@ TG_EXTERN int tg_hit_rules_at(uint64_t now_us, tg_rule *rules, size_t n,
  * reservation is made as usual, but the answer is always ok with delay 0,
  * shadow_denied saying the real answer was a refusal or a delay. On Redis a
  * reservation or a cancel reads the key and writes it back only if it did not
- * change (two round trips; the server's TIME), as a policy does. */
+ * change (two round trips; the server's TIME), where a policy of
+ * reservations is one command (TG.STEPS, or the script). */
 typedef struct tg_reservation {
   /* Reserved: the cost is consumed; go after the delay. */
   bool ok;
@@ -950,7 +955,12 @@ TG_EXTERN int tg_cancel_at(tg_limiter *lim, uint64_t now_us, const void *key,
  *     accepted (its delay <= its max_wait_ms), any other rule as in
  *     tg_hit_rules; the call passes only if every rule passes, and then
  *     every rule consumes (a reserving rule queues, as tg_reserve does);
- *   - if any rule refuses, NOTHING is consumed anywhere; the answer names
+ *   - if any rule refuses, NOTHING is consumed anywhere (on memory and
+ *     shm, under contention, a bucket rule taken before a later rule lost
+ *     its race is given back as tg_cancel gives back: reservations other
+ *     callers queued behind it since keep their times, and the part they
+ *     are queued behind stays consumed, a hole: stricter, never looser;
+ *     see "Policies", Concurrency); the answer names
  *     the first rule that refused (denied_by) and the largest
  *     retry_after_ms of the rules that refused (a reserving rule's is the
  *     wait after which the same reservation would be accepted);
@@ -1588,9 +1598,10 @@ TG_EXTERN int tg_redis_available(void);
  * monotonic clock from the moment the denied call was sent, which is never
  * after the server decided; the _at calls count in their own now. So it
  * never denies a call the store, asked at that moment, would allow, with
- * one exception it cannot see: a tg_reset or tg_set of the key by another
- * limiter, or the key deleted in the store by other means (this limiter's
- * own tg_reset and tg_set forget it). The answer: allowed false,
+ * one exception it cannot see: a tg_reset, tg_set or tg_cancel of the key
+ * by another limiter (another process's included), or the key deleted in
+ * the store by other means (this limiter's own tg_reset, tg_set and
+ * tg_cancel forget it). The answer: allowed false,
  * degraded false, count and remaining those of the denial, retry_after_ms
  * the time left (the store's wait or 1 ms less right after the denial;
  * never more than the store's, which other calls may have pushed out;
@@ -1759,7 +1770,7 @@ TG_EXTERN int tg_redis_available(void);
  * slot map: 16384 slots and up to 1024 node addresses), a store-less
  * limiter (with the fallback's table and the deny cache when configured,
  * sized as for tg_limiter_new), and for a Cluster a 64 KiB scratch map.
- * Each link, when first used, takes about 3 KiB, and at its first connect
+ * Each link, when first used, takes about 4.5 KiB, and at its first connect
  * a 64 KiB output buffer (the handshake carries the 18 KiB script), kept
  * until tg_nb_destroy; a node's address is copied once. A request
  * allocates nothing: its bookkeeping lives in its own private_ words,
@@ -1887,7 +1898,9 @@ TG_EXTERN int tg_nb_submit_at(tg_nb *nb, uint64_t now_us, tg_nb_req *req);
  *     TG_ETIME, TG_EINVAL), and tg_reserve_rules for its wait (TG_EINVAL
  *     above TG_PERIOD_MAX_MS, TG_ENOTSUP on a window or a sliding log).
  * A policy allocates one block (about 18 KiB) from submit until done;
- * when it cannot, it is answered at once as a store failure, TG_ENOMEM.
+ * when it cannot, it is answered at once as a store failure: submit
+ * returns TG_ENOMEM, not pending, with status and results filled by rule
+ * 0's failure policy (tg_nb_done never returns it).
  * The reply carries the value of every key read, which for a sliding-
  * window rule is its whole log (21 bytes, and 40 an entry: 41 KiB for the
  * default 1,024 entries); each such log is read into a block of its own,

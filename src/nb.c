@@ -359,21 +359,23 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
     codecs[i] = ru->nb->codec;
     shadow[i] = lim->shadow;
   }
-  if (misfit < n)
-    return policy_refused(req, rules, n, misfit, TG_EINVAL, true);
   nbpol *pol = malloc(sizeof *pol);
   int rc =
       pol ? tg__redis_rules_new(&pol->x, codecs, calls, n, shadow) : TG_ENOMEM;
   if (rc != TG_OK) {
     free(pol);
+    if (misfit < n) /* refused input comes first */
+      return policy_refused(req, rules, n, misfit, TG_EINVAL, true);
     return policy_failed(req, rules, n, flags, 0, rc);
   }
-  /* distinct names (a misfit), in one slot, on one server too (as the
-   * blocking store decides it: a policy that works there works on a
-   * Cluster; the rule out of place is answered as a store failure) */
+  /* distinct names (a misfit: the first rule on another server or naming
+   * an earlier rule's key, as tg_hit_rules names the first rule that does
+   * not fit), in one slot, on one server too (as the blocking store
+   * decides it: a policy that works there works on a Cluster; the rule out
+   * of place is answered as a store failure) */
   size_t bad = n;
-  for (size_t i = 1; i < n && misfit == n; i++)
-    for (size_t j = 0; j < i && misfit == n; j++)
+  for (size_t i = 1; i < misfit; i++)
+    for (size_t j = 0; j < i && misfit > i; j++)
       if (tg__redis_rules_same_key(pol->x, i, j))
         misfit = i;
   for (size_t i = 1; i < n && bad == n; i++)

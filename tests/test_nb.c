@@ -679,6 +679,53 @@ static void policy_reads_a_long_sliding_log(void **state) {
   tg_limiter_destroy(ls);
 }
 
+/* Six sliding rules, each log short enough to be read into the link's
+ * text (up to 12 entries: 501 bytes) but together past it: each is given a
+ * block of its own, and every answer is tg_hit_rules's. Before, the reply
+ * was taken for a malformed one once the logs passed 2 KiB (the ninth
+ * call): TG_ESTORE, although the server had decided and written it. */
+static void policy_reads_many_short_sliding_logs(void **state) {
+  (void)state;
+  tg_config cs, ms;
+  tg_redis_config rs;
+  config(&cs, &rs, TG_SLIDING_WINDOW, "polm");
+  tg_nb *s = nb_make(&cs);
+  tg_limiter *ls;
+  tg_config_init(&ms);
+  ms.algorithm = TG_SLIDING_WINDOW;
+  assert_int_equal(tg_limiter_new(&ls, &ms), TG_OK);
+  nbp d;
+  nbp_init(&d, s);
+  tg_quota q = {.limit = 12, .period_ms = 3600000};
+  static const char *const keys[6] = {"M}0", "M}1", "M}2", "M}3", "M}4", "M}5"};
+  uint64_t now = real_us();
+  size_t admitted = 0;
+  for (uint64_t i = 0; i < 14; i++) {
+    uint64_t t = now + i * 1000;
+    tg_nb_rule nr[6];
+    tg_rule mr[6];
+    for (size_t j = 0; j < 6; j++) {
+      nr[j] = (tg_nb_rule){s, keys[j], 3, &q, 1, 0, 0, {0}, 0};
+      mr[j] = (tg_rule){ls, keys[j], 3, &q, 1, 0, {0}};
+    }
+    tg_rules_result want;
+    assert_int_equal(tg_hit_rules_at(t, mr, 6, 0, &want), TG_OK);
+    tg_nb_req r = {0};
+    assert_int_equal(tg_nb_submit_rules_at(s, t, &r, nr, 6, 0), TG_OK);
+    assert_int_equal(nbp_run(&d, 1, 10000, NULL, NULL), 1);
+    assert_int_equal(r.status, TG_OK);
+    assert_false(r.result.degraded);
+    assert_true(same_rules(&want, &r));
+    for (size_t j = 0; j < 6; j++)
+      assert_true(same(&nr[j].result, &mr[j].result));
+    admitted += r.result.allowed;
+  }
+  assert_int_equal(admitted, 12);
+  nbp_close_all(&d);
+  tg_nb_destroy(s);
+  tg_limiter_destroy(ls);
+}
+
 /* A policy on the server's clock, sent again after NOSCRIPT (the script
  * path: the encoding is made again), and a policy whose server is gone,
  * answered as tg_hit_rules answers on the blocking store. */
@@ -802,6 +849,13 @@ static void policy_input_is_validated(void **state) {
   r[2] = RULE(nb, "t}a");
   assert_int_equal(tg_nb_submit_rules(nb, &req, r, 3, 0), TG_EINVAL);
   assert_int_equal(req.denied_by, 2); /* a misfit: as tg_hit_rules names it */
+  /* a key twice before a rule on another server: the first misfit is the
+   * twice-named key's, as tg_hit_rules names it (it was the server's) */
+  r[1] = RULE(nb, "t}a");
+  r[2] = RULE(other, "t}b");
+  assert_int_equal(tg_nb_submit_rules(nb, &req, r, 3, 0), TG_EINVAL);
+  assert_int_equal(req.denied_by, 1);
+  r[1] = RULE(nb, "t}b");
   r[2] = RULE(nb, "");
   assert_int_equal(tg_nb_submit_rules(nb, &req, r, 3, 0), TG_EKEY);
   tg_quota zero = {.limit = 0, .period_ms = 1000};
@@ -1706,6 +1760,7 @@ int main(void) {
       cmocka_unit_test_setup(reserving_policy_matches_tg_reserve_rules,
                              server_up),
       cmocka_unit_test_setup(policy_reads_a_long_sliding_log, server_up),
+      cmocka_unit_test_setup(policy_reads_many_short_sliding_logs, server_up),
       cmocka_unit_test_setup(policy_charges_only_admitted, server_up),
       cmocka_unit_test_setup(policy_input_is_validated, server_up),
       cmocka_unit_test_setup(policy_resent_and_failing, server_up),

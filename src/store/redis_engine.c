@@ -28,7 +28,8 @@
 #define OUT_MIN ((size_t)64 * 1024)
 /* A decision's reply is an array of at most 6 short fields; a policy's,
  * of its time, each key's value and its verdict. A value is short but a
- * sliding log, which is kept whole in a block of its own (room_for). */
+ * sliding log, which is kept whole in a block of its own (room_for); short
+ * logs that together pass the text get blocks too (view_fill). */
 #define VIEW_ELEMS (TG_RULES_MAX + 2)
 #define VIEW_TEXT 2048
 
@@ -683,17 +684,25 @@ static void view_fill(view *v, redisReply *r, const tg__resp_value *x) {
       r->len = x->len;
       break;
     }
-    if (VIEW_TEXT - v->used < x->len + 1) {
+    char *to = NULL;
+    if (VIEW_TEXT - v->used >= x->len + 1) {
+      to = v->text + v->used;
+      v->used += x->len + 1;
+    } else if (v->spills < VIEW_ELEMS && (to = malloc(x->len + 1)) != NULL) {
+      /* short values that together pass the text (a policy's sliding
+       * logs of up to TG__RESP_STR_MAX bytes each): a block of its own */
+      v->spill[v->spills++] = to;
+    }
+    if (!to) {
       v->bad = true;
       r->str = v->text + VIEW_TEXT - 1; /* "" */
       v->text[VIEW_TEXT - 1] = '\0';
       break;
     }
-    r->str = v->text + v->used;
+    r->str = to;
     memcpy(r->str, x->str, x->len);
     r->str[x->len] = '\0';
     r->len = x->len;
-    v->used += x->len + 1;
   }
 }
 
