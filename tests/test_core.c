@@ -558,6 +558,70 @@ static void log_repair_after_a_half_step(void **state) {
       }
 }
 
+/* A bucket step of op at now_us (ms), cost 1, through tok. */
+static tg__outcome bucket_op(tg__op op, const tg_quota *q, uint64_t now_ms,
+                             uint64_t wait_ms, tg__state *st, tg__token *tok) {
+  tg__call c;
+  memset(&c, 0, sizeof c);
+  c.op = op;
+  c.alg = TG_TOKEN_BUCKET;
+  assert_int_equal(tg__quota_prepare(&c.q, q, c.alg), TG_OK);
+  c.arg = 1;
+  c.now_us = now_ms * 1000;
+  c.wait_ns = wait_ms * 1000000;
+  c.tok = tok;
+  tg__state before = *st;
+  tg__outcome o;
+  memset(&o, 0, sizeof o);
+  bool changed = false;
+  assert_int_equal(tg__state_step(&c, st, &o, &changed), TG_OK);
+  if (tok && (op == TG__OP_TAKE || op == TG__OP_RESERVE) && o.r.allowed) {
+    /* the receipt a store writes for a consumption */
+    tok->taken = true;
+    tok->before = before;
+    tok->after = *st;
+    tok->now_us = c.now_us;
+  }
+  return o;
+}
+
+/* A plain policy's bucket rule given back (UNDO) after another caller's
+ * reservation queued behind it: the reservation keeps its time, and the
+ * next one is queued after it, not given the same slot (before, the full
+ * refund put the queue's tail back under it: both got 100 ms). With only
+ * plain hits behind it the refund stays whole: the bucket is then as if
+ * the policy had never taken. */
+static void undo_keeps_reservations_promised(void **state) {
+  (void)state;
+  const uint64_t now = UINT64_C(1700000000000); /* ms */
+  const tg_quota q1 = {10, 1000, 1};            /* T = 100 ms, burst 1 */
+  tg__state st = {0, 0};
+  tg__token pol;
+  tg__token_start(&pol);
+  tg__token ra, rb;
+  tg__token_start(&ra);
+  tg__token_start(&rb);
+  assert_true(bucket_op(TG__OP_TAKE, &q1, now, 0, &st, &pol).r.allowed);
+  tg__outcome a = bucket_op(TG__OP_RESERVE, &q1, now, 1000, &st, &ra);
+  assert_true(a.r.allowed);
+  assert_int_equal(a.value, UINT64_C(100000000));
+  bucket_op(TG__OP_UNDO, &q1, now, 0, &st, &pol); /* a later rule lost */
+  tg__outcome b = bucket_op(TG__OP_RESERVE, &q1, now, 1000, &st, &rb);
+  assert_true(b.r.allowed);
+  assert_int_equal(b.value, UINT64_C(200000000));
+  /* plain hits only: a burst of 2, the policy's take, another caller's
+   * hit, the give-back: one unit left, as after the hit alone */
+  const tg_quota q2 = {10, 1000, 2};
+  tg__state s2 = {0, 0}, alone = {0, 0};
+  tg__token_start(&pol);
+  assert_true(bucket_op(TG__OP_TAKE, &q2, now, 0, &s2, &pol).r.allowed);
+  assert_true(bucket_op(TG__OP_HIT, &q2, now, 0, &s2, NULL).r.allowed);
+  bucket_op(TG__OP_UNDO, &q2, now, 0, &s2, &pol);
+  assert_true(bucket_op(TG__OP_HIT, &q2, now, 0, &alone, NULL).r.allowed);
+  assert_int_equal(s2.a, alone.a);
+  assert_true(bucket_op(TG__OP_HIT, &q2, now, 0, &s2, NULL).r.allowed);
+}
+
 static void log_steps(void **state) {
   (void)state;
   const tg_quota q = {3, 1000, 0};
@@ -683,6 +747,7 @@ int main(void) {
       cmocka_unit_test(window_steps),
       cmocka_unit_test(bucket_steps),
       cmocka_unit_test(log_steps),
+      cmocka_unit_test(undo_keeps_reservations_promised),
       cmocka_unit_test(log_repair_after_a_half_step),
       cmocka_unit_test(lifetimes),
       cmocka_unit_test(rounding_helpers),

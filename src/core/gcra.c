@@ -46,7 +46,13 @@ static uint64_t report(const tg__call *c, uint64_t d) {
  * after it, which were promised their times: it gives back only the part of
  * its own span cost * T that none of them was scheduled behind, cur - TAT1
  * being what they consumed (nothing when cur < TAT1: the key was set,
- * reset or given back meanwhile, and what is safe is unknown). */
+ * reset or given back meanwhile, and what is safe is unknown). So does a
+ * TAKE given back while reservations are queued on the key: its debt at N
+ * is then above tau, which no plain hit leaves (a hit is admitted only up
+ * to tau) but a reservation promised a time after N does; the full refund
+ * would put the queue's tail back under it, and the next reservation would
+ * get a slot already promised. With only hits behind it (debt <= tau) the
+ * refund stays whole, and the accounting exact. */
 static void give_back(const tg__call *c, tg__state *st, bool *changed) {
   const tg__token *k = c->tok;
   if (!k || !k->taken || c->arg == 0)
@@ -59,7 +65,7 @@ static void give_back(const tg__call *c, tg__state *st, bool *changed) {
   if (tat1 <= floor_n)
     return; /* the bucket has refilled past it: nothing left to give */
   uint64_t give = tat1 - floor_n;
-  if (c->op == TG__OP_CANCEL) {
+  if (c->op == TG__OP_CANCEL || (cur > n && cur - n > c->q.tau_ns)) {
     uint64_t span = tat1 - (tat0 > now1 ? tat0 : now1); /* cost * T */
     if (cur < tat1 || cur - tat1 >= span)
       return;
