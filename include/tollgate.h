@@ -1728,7 +1728,12 @@ TG_EXTERN int tg_redis_available(void);
  *     by the server: it completes with code and the failure policy's
  *     answer, and is NEVER sent again. A request not written in full cannot
  *     have run (Redis runs a command once all of it has arrived): it stays
- *     queued, and the link wants CONNECT again.
+ *     queued, and the link wants CONNECT again. A connection that ends
+ *     before its handshake was answered (a server that accepts and closes
+ *     at once) is taken as a connect that failed: the link's queued
+ *     requests, none of them sent, complete with code, and it wants
+ *     CONNECT again only for new ones (so such a server is asked once per
+ *     request, never in a loop).
  *   - the node cannot be reached (a connect refused or timed out, or the
  *     caller's judgement): tg_nb_down(link, code). As closed, then every
  *     request queued for the node, and every new one, completes at once
@@ -1736,7 +1741,9 @@ TG_EXTERN int tg_redis_available(void);
  *     backoff has passed. In a Cluster another node is asked for the map.
  *   - tg_nb_input returns a negative code: the bytes were not a valid reply
  *     to what was sent (the stream cannot be trusted), or the server
- *     refused the handshake (a wrong password): the link is already closed
+ *     refused the handshake (a wrong password) or the connection (-ERR max
+ *     number of clients reached, -DENIED, -LOADING, -BUSY, -MASTERDOWN,
+ *     -NOAUTH): the link is already closed
  *     (its requests answered as by tg_nb_closed with TG_ESTORE) and down;
  *     close the socket, and tg_nb_up it after a backoff.
  * Timeouts are the caller's: a link with TG_NB_READ that hears nothing for

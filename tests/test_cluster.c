@@ -234,6 +234,63 @@ static size_t name_of(const char *prefix, const void *key, size_t len,
   return n;
 }
 
+/* ---- a node that refuses connections ---------------------------------------
+ */
+
+/* A blocking call on a key whose master refuses new connections (at
+ * maxclients, one client held open here) returns, by the failure policy,
+ * instead of reconnecting to it without end; once the node takes clients
+ * again, so does the limiter. Before, the refusal was taken for a user
+ * without COMMAND and the close that follows it left the call queued: the
+ * call spun reconnecting (a child, killed here after 20 s). */
+static void refusing_node_fails_fast(void **state) {
+  (void)state;
+  const char *prefix = prefix_of("refuse");
+  char name[64];
+  size_t n = name_of(prefix, "r", 1, "fixed_window", name);
+  int port = master_of(keyslot(name, n), live_port());
+  assert_true(port > 0);
+  redisContext *held = redisConnect("127.0.0.1", port);
+  assert_non_null(held);
+  assert_int_equal(held->err, 0);
+  redisReply *r = redisCommand(held, "CONFIG SET maxclients 1");
+  assert_non_null(r);
+  assert_int_equal(r->type, REDIS_REPLY_STATUS);
+  freeReplyObject(r);
+  pid_t pid = fork();
+  if (pid == 0) {
+    tg_limiter *lim =
+        limiter(TG_FIXED_WINDOW, prefix, TG_POLICY_FAIL_CLOSED, 1);
+    const tg_quota q = {.limit = 5, .period_ms = 60000};
+    tg_result res;
+    int rc = tg_hit(lim, "r", 1, &q, 1, &res);
+    tg_limiter_destroy(lim);
+    _exit(rc != TG_OK && res.degraded && !res.allowed ? 0 : 1);
+  }
+  assert_true(pid > 0);
+  int status = -1;
+  for (int i = 0; i < 2000 && waitpid(pid, &status, WNOHANG) == 0; i++)
+    sleep_ms(10);
+  if (waitpid(pid, &status, WNOHANG) == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    status = -1;
+  }
+  r = redisCommand(held, "CONFIG SET maxclients 10000");
+  assert_non_null(r);
+  freeReplyObject(r);
+  redisFree(held);
+  assert_true(status != -1 && WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  /* the node takes clients again: so does a limiter */
+  tg_limiter *lim = limiter(TG_FIXED_WINDOW, prefix, TG_POLICY_FAIL_CLOSED, 1);
+  const tg_quota q = {.limit = 5, .period_ms = 60000};
+  tg_result res;
+  assert_int_equal(tg_hit(lim, "r", 1, &q, 1, &res), TG_OK);
+  assert_true(res.allowed);
+  tg_limiter_destroy(lim);
+}
+
 /* ---- slots ------------------------------------------------------------------
  */
 
@@ -1423,6 +1480,7 @@ int main(void) {
       cmocka_unit_test(nb_policy_waits_out_a_split_slot),
       cmocka_unit_test(policy_follows_a_moved_slot),
       cmocka_unit_test(source_told_first),
+      cmocka_unit_test(refusing_node_fails_fast),
       cmocka_unit_test(master_killed_then_promoted), /* last: kills a node */
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -721,11 +721,64 @@ static void engine_refused_handshake(void **state) {
   assert_int_equal(feed(r, 0, "-NOAUTH Authentication required.\r\n"),
                    TG_ESTORE);
   assert_false(tg__eng_open(&r->e, 0));
-  /* the call was never sent: the driver decides (here: the node is down) */
-  assert_null(tg__eng_done(&r->e));
-  tg__eng_fail_queued(&r->e, 0, TG_ESTORE);
+  /* the call was never sent, and will not be on this connection: it fails
+   * as on a connect that failed */
   assert_ptr_equal(tg__eng_done(&r->e), &a);
   assert_int_equal(a.status, TG_ESTORE);
+  assert_null(tg__eng_done(&r->e));
+  rig_free(r);
+}
+
+/* A server that refuses the connection in its reply to COMMAND INFO (at
+ * maxclients, in protected mode, loading) or closes it before the
+ * handshake is answered: the queued calls fail at once, as on a connect
+ * that failed. Before, the refusal was taken for a user without COMMAND,
+ * the close left the calls queued, and the link wanted CONNECT again for
+ * ever (a blocking Cluster call spun reconnecting). A user without
+ * COMMAND (NOPERM) or a server without it is no refusal. */
+static void engine_refused_connection(void **state) {
+  (void)state;
+  static const char *const refusals[] = {
+      "-ERR max number of clients reached\r\n",
+      "-DENIED Redis is running in protected mode\r\n",
+      "-LOADING Redis is loading the dataset in memory\r\n"};
+  for (size_t i = 0; i < 3; i++) {
+    rig *r = rig_new(false, NULL, 0);
+    tg__ereq a;
+    call_init(r, &a, "a");
+    tg__eng_submit(&r->e, &a);
+    assert_int_equal(tg__eng_connected(&r->e, 0), TG_OK);
+    free(take(r, 0));
+    assert_int_equal(feed(r, 0, refusals[i]), TG_ESTORE);
+    assert_false(tg__eng_open(&r->e, 0));
+    assert_ptr_equal(tg__eng_done(&r->e), &a);
+    assert_int_equal(a.status, TG_ESTORE);
+    assert_false(tg__eng_wants(&r->e, 0) & TG__WANT_CONNECT);
+    rig_free(r);
+  }
+  /* accepted, then closed before any reply */
+  rig *r = rig_new(false, NULL, 0);
+  tg__ereq a, b;
+  call_init(r, &a, "a");
+  tg__eng_submit(&r->e, &a);
+  assert_int_equal(tg__eng_connected(&r->e, 0), TG_OK);
+  free(take(r, 0));
+  tg__eng_closed(&r->e, 0, TG_ECONNECT);
+  assert_ptr_equal(tg__eng_done(&r->e), &a);
+  assert_int_equal(a.status, TG_ECONNECT);
+  assert_false(tg__eng_wants(&r->e, 0) & TG__WANT_CONNECT);
+  /* a user without COMMAND: the call goes on as usual */
+  call_init(r, &b, "b");
+  tg__eng_submit(&r->e, &b);
+  assert_true(tg__eng_wants(&r->e, 0) & TG__WANT_CONNECT);
+  assert_int_equal(tg__eng_connected(&r->e, 0), TG_OK);
+  free(take(r, 0));
+  assert_int_equal(feed(r, 0,
+                        "-NOPERM this user has no permissions to run the "
+                        "'command' command\r\n"),
+                   TG_OK);
+  assert_true(tg__eng_open(&r->e, 0));
+  assert_null(tg__eng_done(&r->e));
   rig_free(r);
 }
 
@@ -953,6 +1006,7 @@ int main(void) {
       cmocka_unit_test(engine_lost_connection_resends_only_unwritten),
       cmocka_unit_test(engine_corrupt_replies_drop_the_connection),
       cmocka_unit_test(engine_refused_handshake),
+      cmocka_unit_test(engine_refused_connection),
       cmocka_unit_test(engine_parked_until_the_map_arrives),
       cmocka_unit_test(engine_moved_and_ask),
       cmocka_unit_test(engine_redirections_are_bounded),

@@ -512,6 +512,11 @@ void tg__eng_closed(tg__eng *e, uint32_t id, int code) {
   tg__elink *L = id < TG__NODES_MAX ? e->links[id] : NULL;
   if (!L || L->state == L_CLOSED)
     return;
+  /* closed before its handshake was answered: a connect that failed (a
+   * server that accepts and closes at once, as one at maxclients does
+   * after its refusal); reconnecting for the queued calls would go on as
+   * long as the server does that */
+  bool refused = L->state == L_HANDSHAKE;
   uint64_t written = L->base + L->sent;
   list again = {NULL, NULL};
   tg__eitem *it;
@@ -552,6 +557,10 @@ void tg__eng_closed(tg__eng *e, uint32_t id, int code) {
   L->module = L->module_waits = L->need_reload = L->reloading = false;
   reader_start(L);
   view_reset(&L->v); /* a reply cut short: its blocks */
+  if (refused) { /* none of its calls was sent: they fail, as on a connect */
+    tg__eng_fail_queued(e, id, code);
+    e->want_refresh = e->cfg.cluster;
+  }
 }
 
 void tg__eng_fail_queued(tg__eng *e, uint32_t id, int code) {
@@ -911,6 +920,23 @@ static void call_done(tg__eng *e, tg__elink *L, tg__ereq *r) {
              v->bad ? TG_ESTORE : tg__redis_decode(&r->call, top, &r->out));
 }
 
+/* An error reply by which a server refuses a connection rather than one
+ * command: no calls will run on it. */
+static bool refusal(const char *s, size_t n) {
+  static const char *const refused[] = {"ERR max number of clients reached",
+                                        "DENIED",
+                                        "LOADING",
+                                        "NOAUTH",
+                                        "MASTERDOWN",
+                                        "BUSY "};
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    size_t k = strlen(refused[i]);
+    if (n >= k && memcmp(s, refused[i], k) == 0)
+      return true;
+  }
+  return false;
+}
+
 static int item_done(tg__eng *e, tg__elink *L, tg__eitem *it) {
   const redisReply *top = &L->v.top;
   switch (it->kind) {
@@ -926,9 +952,19 @@ static int item_done(tg__eng *e, tg__elink *L, tg__eitem *it) {
       memcpy(L->sha, top->str, 40);
     return TG_OK;
   case TG__EK_INFO:
-    /* a nil entry: no such command; an error: a user without COMMAND.
+    /* a nil entry: no such command; an error: a user without COMMAND
+     * (NOPERM), a server or proxy without it, or the server's refusal of
+     * the connection (refusal()), which otherwise went unseen until the
+     * server closed the link.
      * TG.PROTOCOL: a module that takes waits (TG.STEP's RESERVE, and
      * TG.STEPS's, which a module from before them refuses) */
+    if (top->type == REDIS_REPLY_ERROR && L->hs_rc == TG_OK &&
+        refusal(top->str, top->len)) {
+      L->hs_rc = TG_ESTORE;
+      tg__error_set("the server refused the connection: %.*s",
+                    (int)(top->len < 200 ? top->len : 200), top->str);
+      return TG_ESTORE; /* at once: it closes the connection after it */
+    }
     L->module = top->type == REDIS_REPLY_ARRAY && top->elements == 2 &&
                 L->v.count >= 1 && L->v.el[0].type == REDIS_REPLY_ARRAY;
     L->module_waits =
