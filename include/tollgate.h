@@ -865,7 +865,9 @@ typedef struct tg_rules_result {
  * compatibility): an invalid rule makes the function return its code with
  * that rule's status set and denied_by naming it, and nothing changes.
  * Returns 0 when the policy was decided (look at out->r.allowed), else a
- * TG_E* code as described above. flags: 0 or TG_RULES_SHADOW. */
+ * TG_E* code as described above (never TG_EOVERFLOW: a window rule whose
+ * count would pass 2^64 - 1 denies, counting nothing, where tg_hit, which
+ * counts denials, returns it). flags: 0 or TG_RULES_SHADOW. */
 TG_EXTERN int tg_hit_rules(tg_rule *rules, size_t n, unsigned flags,
                            tg_rules_result *out);
 TG_EXTERN int tg_hit_rules_at(uint64_t now_us, tg_rule *rules, size_t n,

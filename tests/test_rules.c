@@ -1010,6 +1010,52 @@ static void test_denied_numbers(void **state) {
   }
 }
 
+/* A window rule whose count would pass 2^64 - 1 denies (it passes any
+ * limit) and counts nothing, on every store, where tg_hit, which counts
+ * denials, is TG_EOVERFLOW. Before, the policy was TG_EOVERFLOW too. */
+static void test_count_at_the_top_denies(void **state) {
+  (void)state;
+  const tg_quota q = {10, 60000, 0}, top = {UINT64_MAX, 60000, 0};
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!kind_ready[k])
+      continue;
+    world w;
+    world_new(&w, (kind)k);
+    for (int a = TG_FIXED_WINDOW; a <= TG_FIXED_WINDOW_PER_KEY; a++) {
+      tg_limiter *lim = w.lim[a];
+      const char *full = a == TG_FIXED_WINDOW ? "top:full:f" : "top:full:p";
+      const char *free_ = a == TG_FIXED_WINDOW ? "top:free:f" : "top:free:p";
+      const char *kf = tk(full);
+      assert_int_equal(tg_set_at(lim, T0, kf, strlen(kf), &top, UINT64_MAX - 1),
+                       0);
+      tg_rule r[2] = {rule(lim, free_, &q, 1), rule(lim, full, &top, 2)};
+      tg_rules_result out;
+      int rc = tg_hit_rules_at(T0 + MS(10), r, 2, 0, &out);
+      if (rc != 0 || out.r.allowed || out.denied_by != 1)
+        fail_msg("%s alg %d: rc %d allowed %d denied_by %zu", KIND_NAME[k], a,
+                 rc, out.r.allowed, out.denied_by);
+      assert_false(r[1].result.allowed);
+      assert_int_equal(r[1].result.count, UINT64_MAX - 1);
+      assert_int_equal(r[1].result.remaining, 1);
+      uint64_t v = 9;
+      assert_int_equal(get_at(lim, T0 + MS(10), full, &top, &v), 0);
+      assert_int_equal(v, UINT64_MAX - 1);
+      assert_int_equal(get_at(lim, T0 + MS(10), free_, &q, &v), 0);
+      assert_int_equal(v, 0);
+      /* a cost that fits still passes */
+      r[1].cost = 1;
+      assert_int_equal(tg_hit_rules_at(T0 + MS(10), r, 2, 0, &out), 0);
+      assert_true(out.r.allowed);
+      assert_int_equal(get_at(lim, T0 + MS(10), full, &top, &v), 0);
+      assert_int_equal(v, UINT64_MAX);
+      tg_result h;
+      assert_int_equal(tg_hit_at(lim, T0 + MS(10), kf, strlen(kf), &top, 1, &h),
+                       TG_EOVERFLOW);
+    }
+    world_free(&w);
+  }
+}
+
 /* A policy whose rules do not fit together names the first rule that
  * does not fit and counts the refusal on its limiter; invalid input is
  * reported before any misfit, wherever it is. */
@@ -2121,6 +2167,7 @@ int main(void) {
       cmocka_unit_test(test_give_back_restores),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_denied_numbers),
+      cmocka_unit_test(test_count_at_the_top_denies),
       cmocka_unit_test(test_misfit_named),
       cmocka_unit_test(test_shadow_refuses_input),
       cmocka_unit_test(test_model),

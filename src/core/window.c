@@ -67,10 +67,11 @@ static __attribute__((noinline)) int policy_step(const tg__call *c,
                                                  bool with_peek) {
   tg__state w = live_window(c, st);
   uint64_t limit = c->q.limit;
-  uint64_t cost = c->arg, count;
-  if (!tg__add(tg__win_count(&w), cost, &count))
-    return TG_EOVERFLOW;
-  bool allowed = count <= limit;
+  uint64_t cost = c->arg, count = 0;
+  /* a count that would pass 2^64 - 1 passes any limit: denied, and a
+   * denied rule counts nothing (tg_hit's HIT, which counts denials, is
+   * TG_EOVERFLOW there) */
+  bool allowed = tg__add(tg__win_count(&w), cost, &count) && count <= limit;
   /* the stored state, before *st takes the consumed one */
   bool live_as_is = with_peek && window_live(c, st);
   uint64_t end_as_is = tg__win_end(st);

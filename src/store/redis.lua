@@ -280,7 +280,7 @@ local function del(key)
 end
 
 -- A policy's rule (op 'p', see the end): whether it allows (true, false),
--- or 'bad' when the C step fails (TG_EOVERFLOW): nothing may be written.
+-- or 'bad' when the C step fails: nothing may be written.
 local verdict
 
 local function window(key, op, alg, cur)
@@ -375,8 +375,14 @@ local function window(key, op, alg, cur)
   if op ~= 's' then
     ch, cl = add(bh, bl, vh, vl)
     if not ch then
-      verdict = 'bad'
-      return {now_s, cur or '', 0} -- past 2^64 - 1: TG_EOVERFLOW, no write
+      -- past 2^64 - 1: a hit's TG_EOVERFLOW (no write); a policy's rule,
+      -- which counts nothing when it denies, denies (window.c)
+      if op == 'p' then
+        verdict = false
+      else
+        verdict = 'bad'
+      end
+      return {now_s, cur or '', 0}
     end
   end
   if op == 'p' then
