@@ -902,7 +902,9 @@ TG_EXTERN int tg_hit_rules_at(uint64_t now_us, tg_rule *rules, size_t n,
  * has not already passed; so cancelling never lets later calls closer than
  * the rate allows. Cancelling twice, or a refused reservation, does
  * nothing. The exception, as for a policy's give-back (see "Policies"): a
- * tg_reset or tg_set of the key between the reservation and its cancel;
+ * tg_reset or tg_set of the key between the reservation and its cancel
+ * (or, on Redis or a custom store, the key deleted there by other means,
+ * which the memory and shm stores' slot generation would catch);
  * the cancel can then give back a later reservation's slot (burst 1: a
  * reservation, a reset, another at once, the first cancelled, and a third
  * goes at once too), at most the cancelled cost, once. Shadow mode: the
