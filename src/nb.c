@@ -339,9 +339,11 @@ static int submit_rules(tg_nb *nb, const uint64_t *now, tg_nb_req *req,
   /* each rule's input first (counted on its client), then whether the
    * rules fit together, as tg_hit_rules checks them; the policy's now is
    * the server's, or now_us for every rule */
-  tg__call calls[TG_RULES_MAX];
-  const tg__store *codecs[TG_RULES_MAX];
-  bool shadow[TG_RULES_MAX];
+  /* zeroed: gcc 12 -O3 cannot see that the loop fills the first n or
+   * returns (-Wmaybe-uninitialized, an error in the release build) */
+  tg__call calls[TG_RULES_MAX] = {0};
+  const tg__store *codecs[TG_RULES_MAX] = {0};
+  bool shadow[TG_RULES_MAX] = {0};
   size_t misfit = n; /* the first rule not on this client's server */
   for (size_t i = 0; i < n; i++) {
     const tg_nb_rule *ru = &rules[i];
