@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 /* A reply line, CRLF excluded, is cut to this many bytes. */
@@ -115,11 +116,40 @@ static int open_socket(const tg_redis_config *rc, char *why, size_t n,
   return -1;
 }
 
-/* Sends one command (argv as C strings) and reads its one-line reply.
- * Returns TG_OK when the reply is not an error, else a code with why set
- * (naming the command, never its arguments: AUTH's are secret). */
-static int command(int fd, int argc, const char *const *argv, char *why,
-                   size_t n) {
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Waits until fd is readable before deadline_ms (0: no deadline): false
+ * when the time is up. */
+static bool readable_by(int fd, uint64_t deadline_ms) {
+  if (deadline_ms == 0)
+    return true;
+  for (;;) {
+    uint64_t now = mono_ms();
+    if (now >= deadline_ms)
+      return false;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int k = poll(&p, 1, (int)(deadline_ms - now));
+    if (k > 0)
+      return true;
+    if (k == 0)
+      return false;
+    if (errno != EINTR)
+      return true; /* recv reports it */
+  }
+}
+
+/* Sends one command (argv as C strings) and reads its one-line reply, the
+ * whole of it within timeout_ms (0: none; a server that drips its reply a
+ * byte at a time does not stretch it). Returns TG_OK when the reply is not
+ * an error, else a code with why set (naming the command, never its
+ * arguments: AUTH's are secret). */
+static int command(int fd, int argc, const char *const *argv,
+                   uint32_t timeout_ms, char *why, size_t n) {
+  uint64_t deadline = timeout_ms ? mono_ms() + timeout_ms : 0;
   char buf[2048];
   size_t len = (size_t)snprintf(buf, sizeof buf, "*%d\r\n", argc);
   for (int i = 0; i < argc && len < sizeof buf; i++)
@@ -145,6 +175,10 @@ static int command(int fd, int argc, const char *const *argv, char *why,
   bool cr = false;
   for (;;) {
     char ch;
+    if (!readable_by(fd, deadline)) {
+      snprintf(why, n, "%s: no answer in time", argv[0]);
+      return TG_ETIMEDOUT;
+    }
     ssize_t r = recv(fd, &ch, 1, 0);
     if (r < 0 && errno == EINTR)
       continue;
@@ -178,20 +212,20 @@ int redis_check(const tg_redis_config *rc, char *why, size_t n) {
   status = TG_OK;
   if (rc->password && rc->username) {
     const char *argv[] = {"AUTH", rc->username, rc->password};
-    status = command(fd, 3, argv, why, n);
+    status = command(fd, 3, argv, rc->command_timeout_ms, why, n);
   } else if (rc->password) {
     const char *argv[] = {"AUTH", rc->password};
-    status = command(fd, 2, argv, why, n);
+    status = command(fd, 2, argv, rc->command_timeout_ms, why, n);
   }
   if (status == TG_OK && rc->db != 0) {
     char db[16];
     snprintf(db, sizeof db, "%d", rc->db);
     const char *argv[] = {"SELECT", db};
-    status = command(fd, 2, argv, why, n);
+    status = command(fd, 2, argv, rc->command_timeout_ms, why, n);
   }
   if (status == TG_OK) {
     const char *argv[] = {"PING"};
-    status = command(fd, 1, argv, why, n);
+    status = command(fd, 1, argv, rc->command_timeout_ms, why, n);
   }
   close(fd);
   return status;

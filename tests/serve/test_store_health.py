@@ -423,6 +423,47 @@ class StoppedRedis(unittest.TestCase):
         self.assertIn("not starting (--require-store)", err)
 
 
+class DrippingServer(unittest.TestCase):
+    def test_require_store_check_is_bounded_by_the_timeout(self):
+        # a "server" that answers PING a byte every 50 ms, 400 bytes in
+        # all: the start-up check must give up after --redis-timeout-ms
+        # (200) for the whole reply, not for each byte, so it closes the
+        # connection after a few bytes (before, it read all 400, 20 s)
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(1)
+        port = lsock.getsockname()[1]
+        sent = [0]
+
+        def drip():
+            lsock.settimeout(20)
+            try:
+                c, _ = lsock.accept()
+            except OSError:
+                return
+            with c:
+                for _ in range(400):
+                    try:
+                        c.sendall(b"+")
+                    except OSError:
+                        return
+                    sent[0] += 1
+                    time.sleep(0.05)
+
+        t = threading.Thread(target=drip)
+        t.start()
+        try:
+            rc, out, err = start_fails("--redis", "127.0.0.1:%d" % port,
+                                       "--redis-timeout-ms", "200",
+                                       "--require-store")
+        finally:
+            t.join()
+            lsock.close()
+        self.assertEqual(rc, 1)
+        self.assertIn("PING: no answer in time", err)
+        self.assertLess(sent[0], 100, err)
+
+
 class RedisStartup(unittest.TestCase):
     def setUp(self):
         self.port = redis_env()
