@@ -281,6 +281,13 @@ static void a_refusal_names_the_limit_and_its_value(void **state) {
   assert_int_equal(sim_check(&p, &n, why, sizeof why), TG_EQUOTA);
   assert_non_null(strstr(why, "token_bucket"));
   assert_non_null(strstr(why, "--burst 20000000"));
+  assert_non_null(strstr(why, "126 years"));
+  /* a rate above one per nanosecond is the other bound, and is named as
+   * that (it was named the tolerance's) */
+  p.quota = (tg_quota){2000000, 1, 0};
+  assert_int_equal(sim_check(&p, &n, why, sizeof why), TG_EQUOTA);
+  assert_non_null(strstr(why, "one per nanosecond"));
+  assert_null(strstr(why, "126 years"));
 }
 
 typedef struct seen {

@@ -159,12 +159,19 @@ int sim_check(const sim_params *p, uint64_t *n_out, char *why, size_t cap) {
   for (int a = 0; a < TG_ALGORITHM_COUNT; a++) {
     int rc = tg_quota_check((tg_algorithm)a, q);
     if (rc == TG_EQUOTA) {
+      /* the header's two bucket bounds: a rate above one per ns, else a
+       * tolerance (burst x T) above about 126 years */
+      bool rate = q->period_ms <= UINT64_MAX / 1000000u &&
+                  q->limit > q->period_ms * 1000000u;
       snprintf(why, cap,
                "%s refuses this quota (--limit %" PRIu64 ", --period-ms "
-               "%" PRIu64 ", --burst %" PRIu64 "): %s; a bucket's burst x "
-               "period_ms / limit must stay within about 126 years",
+               "%" PRIu64 ", --burst %" PRIu64 "): %s; %s",
                tg_algorithm_name((tg_algorithm)a), q->limit, q->period_ms,
-               q->burst, tg_strerror(rc));
+               q->burst, tg_strerror(rc),
+               rate ? "a bucket's rate must stay at or below one per "
+                      "nanosecond (limit <= period_ms x 10^6)"
+                    : "a bucket's burst x period_ms / limit must stay "
+                      "within about 126 years");
       return TG_EQUOTA;
     }
   }
