@@ -7,6 +7,7 @@
 #include "tollgate.h"
 #include "cli.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -31,7 +32,7 @@ static void usage(FILE *f) {
          "'tollgate COMMAND --help' describes a command's options.\n");
 }
 
-int main(int argc, char **argv) {
+static int dispatch(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
     return 2;
@@ -60,4 +61,16 @@ int main(int argc, char **argv) {
   fprintf(stderr, "tollgate: unknown command '%s'\n", cmd);
   usage(stderr);
   return 2;
+}
+
+int main(int argc, char **argv) {
+  int rc = dispatch(argc, argv);
+  /* output that could not be written (a full disk, a closed pipe's EPIPE
+   * once SIGPIPE is ignored) is a failure, not a silent 0 */
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "tollgate: writing the standard output: %s\n",
+            strerror(errno ? errno : EIO));
+    return rc == 0 ? 1 : rc;
+  }
+  return rc;
 }

@@ -172,4 +172,10 @@ in_use=$(status "$TOLLGATE" serve --port "$PORT")
 stop_server
 check "serve: a port in use fails to start" eq "$in_use" "1"
 check "an unknown command is bad usage" eq "$(status "$TOLLGATE" nope)" "2"
+# output that cannot be written is a failure (it was exit status 0)
+for c in version help demo "shm ls"; do
+  # shellcheck disable=SC2086 # "shm ls" is two words
+  rc=$("$TOLLGATE" $c >/dev/full 2>/dev/null; echo $?)
+  check "$c into a full device fails" eq "$rc" "1"
+done
 finish
