@@ -230,8 +230,7 @@ static int shm_rm(int argc, char **argv) {
   }
   char name[300];
   int len = snprintf(name, sizeof name, "%s%s", arg[0] == '/' ? "" : "/", arg);
-  if (len < 0 || (size_t)len >= sizeof name || name[1] == '\0' ||
-      strchr(name + 1, '/')) {
+  if (len < 0 || len > 255 || name[1] == '\0' || strchr(name + 1, '/')) {
     fprintf(stderr,
             "tollgate shm rm: '%s' is not a segment name ('/' then 1..254 "
             "bytes without '/')\n",

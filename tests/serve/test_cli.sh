@@ -172,6 +172,9 @@ in_use=$(status "$TOLLGATE" serve --port "$PORT")
 stop_server
 check "serve: a port in use fails to start" eq "$in_use" "1"
 check "an unknown command is bad usage" eq "$(status "$TOLLGATE" nope)" "2"
+long=$(printf 'x%.0s' $(seq 255))
+check "shm rm: a name of 255 bytes after '/' is bad usage" \
+  eq "$(status "$TOLLGATE" shm rm "/$long")" "2"
 # output that cannot be written is a failure (it was exit status 0)
 for c in version help demo "shm ls"; do
   # shellcheck disable=SC2086 # "shm ls" is two words
