@@ -26,6 +26,7 @@
 #include "siphash.h"
 #include "tollgate.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -1454,8 +1455,36 @@ static void usage(FILE *f) {
              "--quick)\n");
 }
 
+/* A whole decimal number in [lo, hi] (no sign, space or trailing
+ * characters), else false. */
+static bool parse_int(const char *s, int lo, int hi, int *out) {
+  if (!s || *s < '0' || *s > '9')
+    return false;
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || v < lo || v > hi)
+    return false;
+  *out = (int)v;
+  return true;
+}
+
+/* A number of seconds in (0, 60], as strtod reads it, nothing after it. */
+static bool parse_seconds(const char *s, double *out) {
+  if (!s || !((*s >= '0' && *s <= '9') || *s == '.'))
+    return false;
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || *end || !(v > 0 && v <= 60))
+    return false;
+  *out = v;
+  return true;
+}
+
 int main(int argc, char **argv) {
-  for (int i = 1; i < argc; i++) {
+  /* --quick first, wherever it is: the options given beside it win */
+  for (int i = 1; i < argc; i++)
     if (strcmp(argv[i], "--quick") == 0) {
       opt.quick = true;
       opt.min_s = 0.01;
@@ -1464,30 +1493,26 @@ int main(int argc, char **argv) {
       opt.capacity = 65536 + 8192;
       opt.seq_len = 1u << 18;
       opt.attempts = 1;
+    }
+  for (int i = 1; i < argc; i++) {
+    bool ok = true;
+    if (strcmp(argv[i], "--quick") == 0) {
+      continue;
     } else if (strcmp(argv[i], "--filter") == 0 && i + 1 < argc) {
       opt.filter = argv[++i];
     } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
-      opt.reps = atoi(argv[++i]);
-      if (opt.reps < 1 || opt.reps > 15) {
-        usage(stderr);
-        return 2;
-      }
+      ok = parse_int(argv[++i], 1, 15, &opt.reps);
     } else if (strcmp(argv[i], "--attempts") == 0 && i + 1 < argc) {
-      opt.attempts = atoi(argv[++i]);
-      if (opt.attempts < 1 || opt.attempts > 20) {
-        usage(stderr);
-        return 2;
-      }
+      ok = parse_int(argv[++i], 1, 20, &opt.attempts);
     } else if (strcmp(argv[i], "--min-time") == 0 && i + 1 < argc) {
-      opt.min_s = atof(argv[++i]);
-      if (!(opt.min_s > 0 && opt.min_s <= 60)) {
-        usage(stderr);
-        return 2;
-      }
+      ok = parse_seconds(argv[++i], &opt.min_s);
     } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       usage(stdout);
       return 0;
     } else {
+      ok = false;
+    }
+    if (!ok) {
       usage(stderr);
       return 2;
     }

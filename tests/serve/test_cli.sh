@@ -127,6 +127,15 @@ rm -f /dev/shm/tgcli-$$*
 
 bench=$("$TOLLGATE" bench --quick --filter name=clock 2>&1)
 check "bench runs the benchmark suite" has "$bench" "^name=clock"
+# its numbers whole or refused (atoi took "5x" for 5 and 2^32 + 1 for 1),
+# and --quick never overrides an option given before it
+for bad in "--reps 5x" "--reps 4294967297" "--min-time 0.5s" "--attempts -1"; do
+  # shellcheck disable=SC2086 # the option and its value are two words
+  check "bench $bad is bad usage" eq "$(status "$TOLLGATE" bench $bad)" "2"
+done
+check "bench --reps before --quick is kept" has \
+  "$("$TOLLGATE" bench --reps 7 --quick --filter name=none 2>&1 | head -1)" \
+  "median of 7 reps"
 check "bench --bench with a missing program fails" \
   eq "$(status "$TOLLGATE" bench --bench /nonexistent)" "1"
 # --bench anywhere among the options, the others passed on in order
