@@ -1183,6 +1183,18 @@ TG_EXTERN int tg_clean_at(tg_limiter *lim, uint64_t now_us, size_t *removed);
  * the call: a caller driving its own times (the _at functions) should give
  * the store the same clock.
  *
+ * One key space. The callbacks see key bytes only, so every limiter on one
+ * store shares its keys whatever its algorithm (the memory store gives each
+ * limiter a table, Redis each algorithm its own name): a state written by
+ * one algorithm (or one sliding_max_entries) reads as TG_ECORRUPT to
+ * another, answered by the failure policy, fail-open by default. Give each
+ * limiter's keys their own prefix. A TTL is computed under the quota of
+ * the call that wrote the state: a store that deletes at the TTL can
+ * forget a state that a later call under a longer period would still
+ * count (a sliding log, a window written at count 0), so answers differ
+ * from the memory store's when a key's quota changes; keep one quota per
+ * key, or delete later than the TTL.
+ *
  * The serialised state is documented and versioned (little-endian):
  *   byte 0      format version, 1
  *   byte 1      algorithm (tg_algorithm)
