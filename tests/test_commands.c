@@ -570,17 +570,23 @@ static void max_period_refuses_longer_periods(void **state) {
   free_ctx(&c);
 }
 
-static void each_client_has_a_budget_of_new_keys(void **state) {
-  (void)state;
-  cmd_ctx c;
-  make_ctx(&c, 1024, TG_POLICY_FAIL_OPEN);
+/* A server context whose clients may each create `limit` new keys per
+ * period_ms (--max-new-keys-per-client), as serve.c builds the budget. */
+static void make_budget_ctx(cmd_ctx *c, uint64_t limit, uint64_t period_ms) {
+  make_ctx(c, 1024, TG_POLICY_FAIL_OPEN);
   tg_config cfg;
   tg_config_init(&cfg);
   cfg.algorithm = TG_TOKEN_BUCKET;
   cfg.clean_period_ms = 0;
   cfg.on_failure = TG_POLICY_FAIL_CLOSED;
-  assert_int_equal(tg_limiter_new(&c.new_keys, &cfg), TG_OK);
-  c.new_keys_q = (tg_quota){.limit = 3, .period_ms = 3000}; /* 1 a second */
+  assert_int_equal(tg_limiter_new(&c->new_keys, &cfg), TG_OK);
+  c->new_keys_q = (tg_quota){.limit = limit, .period_ms = period_ms};
+}
+
+static void each_client_has_a_budget_of_new_keys(void **state) {
+  (void)state;
+  cmd_ctx c;
+  make_budget_ctx(&c, 3, 3000); /* 1 a second */
   cmd_session a = {.id = 1, .who = {'4', 10, 0, 0, 1}, .who_len = 5};
   cmd_session b = {.id = 2, .who = {'4', 10, 0, 0, 2}, .who_len = 5};
   /* three new keys, each algorithm and command counts */
@@ -635,14 +641,7 @@ static void each_client_has_a_budget_of_new_keys(void **state) {
 static void refused_input_spends_no_new_key(void **state) {
   (void)state;
   cmd_ctx c;
-  make_ctx(&c, 1024, TG_POLICY_FAIL_OPEN);
-  tg_config cfg;
-  tg_config_init(&cfg);
-  cfg.algorithm = TG_TOKEN_BUCKET;
-  cfg.clean_period_ms = 0;
-  cfg.on_failure = TG_POLICY_FAIL_CLOSED;
-  assert_int_equal(tg_limiter_new(&c.new_keys, &cfg), TG_OK);
-  c.new_keys_q = (tg_quota){.limit = 2, .period_ms = 600000};
+  make_budget_ctx(&c, 2, 600000);
   cmd_session a = {.id = 1, .who = {'4', 10, 0, 0, 1}, .who_len = 5};
   assert_starts(run_as(&c, &a, AT(0), "TG.INC n1 token_bucket 5 100000"),
                 "-TG_ENOTSUP ");
