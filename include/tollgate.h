@@ -1536,7 +1536,9 @@ struct tg_redis_config {
   /* Default "127.0.0.1" and 6379; unused when unix_path is set. */
   const char *host;
   int port;
-  /* A unix socket instead of TCP; NULL (default) for TCP. */
+  /* A unix socket instead of TCP; NULL (default) for TCP. At most 107
+   * bytes (a socket address's room; longer is TG_EINVAL: it would be cut,
+   * and could name another socket). */
   const char *unix_path;
   /* ACL user for AUTH (Redis 6+); NULL (default): AUTH with password
    * alone. */

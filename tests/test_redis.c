@@ -134,6 +134,18 @@ static void config_is_validated(void **state) {
   tg_redis_config_init(&rc);
   rc.db = -1;
   assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  /* a unix socket path a socket address cannot hold: it would be cut, and
+   * could name another socket (it was accepted) */
+  char path[200];
+  memset(path, 'p', sizeof path);
+  path[0] = '/';
+  path[108] = '\0';
+  tg_redis_config_init(&rc);
+  rc.unix_path = path;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
+  path[107] = '\0'; /* 107 bytes: fits */
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  tg_limiter_destroy(lim);
   tg_redis_config_init(&rc);
   cfg.shm_name = "/tg-test-redis-and-shm"; /* two stores at once */
   assert_int_equal(tg_limiter_new(&lim, &cfg), TG_EINVAL);
@@ -1661,6 +1673,17 @@ static void auth_and_database(void **state) {
   assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
   assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_OK);
   assert_int_equal(r.count, 2);
+  /* on a unix socket the port is unused: limiters that differ only in it
+   * are one server, and decide a policy together (it was TG_EINVAL) */
+  tg_limiter *other;
+  rc.port = 7500;
+  assert_int_equal(tg_limiter_new(&other, &cfg), TG_OK);
+  tg_rule ru[2] = {{lim, "u}a", 3, &q, 1, 0, {0}},
+                   {other, "u}b", 3, &q, 1, 0, {0}}}; /* one slot */
+  tg_rules_result out;
+  assert_int_equal(tg_hit_rules(ru, 2, 0, &out), TG_OK);
+  assert_true(out.r.allowed);
+  tg_limiter_destroy(other);
   tg_limiter_destroy(lim);
   redisFree(c);
   c = admin();

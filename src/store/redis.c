@@ -54,6 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1540,7 +1541,11 @@ static void batch_chunk(redis_store *s, const tg__call *calls, size_t m,
       orc = k->ctx ? fix_conn(k) : failed;
       size_t again = 0;
       if (orc == TG_OK) {
-        pipeline(s, k, calls, a, retry, nretry, replies, rc, idx, &again);
+        /* its failure (a timeout) marks the pool as the first's would */
+        int f2 =
+            pipeline(s, k, calls, a, retry, nretry, replies, rc, idx, &again);
+        if (f2 != TG_OK)
+          failed = f2;
         for (size_t i = 0; i < again; i++)
           rc[idx[i]] = TG_ESTORE;
       } else {
@@ -1636,9 +1641,12 @@ static void redis_ident(const tg__store *base, uint64_t group[2],
                         uint64_t space[2]) {
   const redis_store *s = (const redis_store *)base;
   char num[48];
-  (void)snprintf(num, sizeof num, "%d/%d", s->port, s->db);
+  /* a unix socket is its path: host and port are unused then */
+  (void)snprintf(num, sizeof num, "%d/%d", s->unix_path ? 0 : s->port, s->db);
   group[0] =
-      mix(mix(mix(UINT64_C(0xcbf29ce484222325), s->host), s->unix_path), num);
+      mix(mix(mix(UINT64_C(0xcbf29ce484222325), s->unix_path ? NULL : s->host),
+              s->unix_path),
+          num);
   group[1] = 1;
   space[0] = mix(mix(group[0], s->prefix), SUFFIX[s->alg]);
   space[1] = 2;
@@ -1729,6 +1737,9 @@ int tg__redis_config_check(const tg_redis_config *rc, bool cluster) {
     bad = "db below 0";
   else if (!cluster && rc->unix_path && rc->unix_path[0] == '\0')
     bad = "unix_path is empty";
+  else if (!cluster && rc->unix_path &&
+           strlen(rc->unix_path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+    bad = "unix_path longer than a socket address holds (107 bytes)";
   else if (!cluster && !rc->unix_path && (!rc->host || rc->host[0] == '\0'))
     bad = "host is empty";
   else if (!cluster && !rc->unix_path && (rc->port <= 0 || rc->port > 65535))
