@@ -1029,6 +1029,23 @@ static char *tg_ngx_set_enum(ngx_conf_t *cf, ngx_command_t *cmd, void *conf) {
   return NGX_CONF_ERROR;
 }
 
+/* A fixed cost= the line can never let through (above its limit, or a
+ * bucket's burst: for a queue, its immediate bucket D + 1) fails nginx -t
+ * with the line named, rather than refusing every request. */
+static char *cost_fits(ngx_conf_t *cf, tg_ngx_limit *l) {
+  uint64_t cap = l->q.limit;
+  if (is_bucket(l->zone->algorithm))
+    cap = l->q.burst ? l->q.burst : l->q.limit;
+  if (l->cost_cv || l->cost <= cap)
+    return NGX_CONF_OK;
+  ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                "tollgate: \"cost=%uL\" on zone \"%V\" is above the %uL this "
+                "line ever lets through at once, so every request would be "
+                "refused, in %V:%ui",
+                l->cost, &l->zone_name, cap, &l->file, l->line);
+  return NGX_CONF_ERROR;
+}
+
 /* Finds the line's zone and works out how it decides: with its zone's
  * quota, or with limit_req's burst/delay meaning (see README, "nginx"). */
 static char *resolve_limit(ngx_conf_t *cf, tg_ngx_main_conf *mcf,
@@ -1049,7 +1066,7 @@ static char *resolve_limit(ngx_conf_t *cf, tg_ngx_main_conf *mcf,
   l->mode = TG_NGX_HIT;
   if (l->burst == -1 && l->delay == -1 && !l->nodelay) {
     l->resolved = 1;
-    return NGX_CONF_OK;
+    return cost_fits(cf, l);
   }
   if (!is_bucket(l->zone->algorithm)) {
     ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
@@ -1061,7 +1078,12 @@ static char *resolve_limit(ngx_conf_t *cf, tg_ngx_main_conf *mcf,
                   &l->file, l->line);
     return NGX_CONF_ERROR;
   }
-  uint64_t b = l->burst == -1 ? 0 : (uint64_t)l->burst;
+  /* no burst= on the line: the zone's bucket (its burst, default the
+   * limit), as for a line without parameters; nodelay or delay= alone
+   * then change only when the excess goes (before, B was 0: a bucket of
+   * one request) */
+  uint64_t zb = l->zone->q.burst ? l->zone->q.burst : l->zone->q.limit;
+  uint64_t b = l->burst == -1 ? zb - 1 : (uint64_t)l->burst;
   if (l->nodelay || (l->delay != -1 && (uint64_t)l->delay >= b)) {
     /* every excess request within the burst passes at once */
     l->q.burst = b + 1;
@@ -1096,7 +1118,7 @@ static char *resolve_limit(ngx_conf_t *cf, tg_ngx_main_conf *mcf,
     return NGX_CONF_ERROR;
   }
   l->resolved = 1;
-  return NGX_CONF_OK;
+  return cost_fits(cf, l);
 }
 
 static void *tg_ngx_create_main_conf(ngx_conf_t *cf) {

@@ -136,6 +136,8 @@ location /twor { tollgate zone=big; tollgate zone=w;
                  try_files /index.html =404; }
 location /tbd { tollgate zone=tbd; try_files /index.html =404; }
 location /lbd { tollgate zone=lbd; try_files /index.html =404; }
+location /tbdn { tollgate zone=tbd nodelay; try_files /index.html =404; }
+location /lbdd { tollgate zone=lbd delay=3; try_files /index.html =404; }
 location /zero { tollgate zone=one burst=0; try_files /index.html =404; }
 location /dlerr { tollgate zone=dl1 burst=1; try_files /index.html =404; }
 location /dlwarn { tollgate zone=dl2 burst=1; tollgate_log_level warn;
@@ -293,9 +295,10 @@ location /free { try_files /index.html =404;
         self.assertTrue(86000 <= int(m.group(1)) <= 88000, m.group(1))
 
     def test_bucket_burst_defaults_to_the_limit(self):
-        # rate=3r/d and no burst=: a bucket of 3
-        for loc in ("tbd", "lbd"):
-            self.assertEqual(statuses(self.n, "/%s?k=b" % loc, 5),
+        # rate=3r/d and no burst=: a bucket of 3, with nodelay or delay=
+        # alone on the line too (they made it a bucket of one)
+        for loc in ("tbd", "lbd", "tbdn", "lbdd"):
+            self.assertEqual(statuses(self.n, "/%s?k=b%s" % (loc, loc), 5),
                              [200, 200, 200, 429, 429], loc)
 
     def test_burst_zero_is_limit_reqs_one_per_interval(self):
@@ -696,6 +699,19 @@ class ConfigErrors(unittest.TestCase):
              "delay=2; } }", 'tollgate: "nodelay" and "delay=" exclude'),
             (ok + "server { location / { tollgate zone=a whatever; } }",
              'tollgate: invalid parameter "whatever"'),
+            # a fixed cost the line never lets through: refused here, not
+            # by a 429 on every request (nginx -t passed it): above a
+            # window's limit, a bucket's burst, a queue's D + 1
+            ("tollgate_zone $a zone=fw:1m rate=3/1d;"
+             "server { location / { tollgate zone=fw cost=5; } }",
+             'tollgate: "cost=5" on zone "fw" is above the 3 this line'),
+            ("tollgate_zone $a zone=tb:1m algorithm=token_bucket rate=1r/s "
+             "burst=4; server { location / { tollgate zone=tb cost=5; } }",
+             'tollgate: "cost=5" on zone "tb" is above the 4 this line'),
+            ("tollgate_zone $a zone=lq:1m algorithm=leaky_bucket rate=10r/s "
+             "burst=20; server { location / { tollgate zone=lq burst=5 "
+             "cost=2; } }",
+             'tollgate: "cost=2" on zone "lq" is above the 1 this line'),
             (ok + "tollgate_zone $a zone=w:1m rate=1/1s;"
              "server { location / { tollgate zone=w burst=3; } }",
              'tollgate: "burst=", "delay=" and "nodelay" need a zone with '
@@ -721,7 +737,7 @@ class ConfigErrors(unittest.TestCase):
              "server { location / { tollgate zone=mq burst=307445735; } }",
              'tollgate: "burst=307445735" on zone "mq" queues requests'),
             (ok + "server { location / { tollgate zone=a; "
-             "tollgate zone=a cost=2; } }",
+             "tollgate zone=a cost=0; } }",
              'tollgate: zone "a" is used twice in one place'),
             (ok + "server { location / { tollgate zone=a; "
              "tollgate_status 200; } }",
@@ -807,7 +823,7 @@ class ConfigErrors(unittest.TestCase):
             (ok + "server {\n location / {\n  tollgate zone=b; # HERE\n"
              " }\n}\n", 'tollgate: unknown zone "b"'),
             (ok + "server {\n location / {\n  tollgate zone=a;\n"
-             "  tollgate zone=a cost=2; # HERE\n }\n}\n",
+             "  tollgate zone=a cost=0; # HERE\n }\n}\n",
              'tollgate: zone "a" is used twice in one place'),
             (ok + "server {\n location / {\n  tollgate zone=w burst=2; # HERE"
              "\n }\n}\n", 'and zone "w" is fixed_window'),

@@ -843,7 +843,7 @@ class ConfigErrors(unittest.TestCase):
               "rate=1/1m store=redis://127.0.0.1:6379;\n"
               "tollgate_zone a}$arg_j zone=tb algorithm=token_bucket "
               "rate=1r/s store=redis://127.0.0.1:6379;\n")
-        for body in ("tollgate zone=r; tollgate zone=r2 cost=2;",
+        for body in ("tollgate zone=r; tollgate zone=r2 cost=0;",
                      "tollgate zone=s; tollgate zone=r;",
                      "tollgate zone=rq burst=5; tollgate zone=r2;",
                      "tollgate zone=rq burst=5 delay=2; tollgate zone=r;",
