@@ -678,10 +678,9 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                            &z->name);
         return NGX_CONF_ERROR;
       }
-      if (colon == NULL) {
-        zone_arg = *v; /* a Redis zone needs no size: checked below */
-        continue;
-      }
+      zone_arg = *v; /* named in a size error below */
+      if (colon == NULL)
+        continue; /* a Redis zone needs no size: checked below */
       ngx_str_t s = {(size_t)(v->data + v->len - colon - 1), colon + 1};
       size = s.len ? ngx_parse_size(&s) : NGX_ERROR;
       if (size == NGX_ERROR) {

@@ -664,6 +664,8 @@ class ConfigErrors(unittest.TestCase):
              'tollgate_zone: "zone=NAME:SIZE" is required'),
             ("tollgate_zone $a zone=a rate=1r/s;",
              "tollgate_zone: invalid zone size"),
+            ("tollgate_zone $a zone=a:0 rate=1r/s;",
+             'tollgate_zone: invalid zone size in "zone=a:0"'),
             ("tollgate_zone $a zone=a:1k rate=1r/s;",
              'tollgate_zone: zone "a" is too small'),
             ("tollgate_zone $a zone=a/b:1m rate=1r/s;",
