@@ -1431,7 +1431,12 @@ TG_EXTERN size_t tg_region_bytes(const tg_config *cfg);
  * src/store/redis_value.h); a value that is not one of ours (another
  * program's key, another type) is TG_ECORRUPT and is left untouched, but
  * by tg_reset, which deletes the name whatever it holds (the module's
- * TG.RESET refuses such a value, as TG_ECORRUPT).
+ * TG.RESET refuses such a value, as TG_ECORRUPT). One exception: the
+ * script checks a sliding log's form but reads only the entries a call
+ * prunes, its newest and those a denied call waits for (a hot log is
+ * kilobytes), so a log edited by hand into well-formed text whose sum
+ * disagrees with its entries is decided as it reads (and rewritten),
+ * where the module, which checks the whole log in C, answers TG_ECORRUPT.
  *
  * The Redis module: when the server has loaded tollgate.so (README.md, "The
  * Redis module"), a connection finds it once, when it opens (COMMAND INFO
