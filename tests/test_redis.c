@@ -37,11 +37,13 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1256,6 +1258,45 @@ static void unresponsive_server_times_out(void **state) {
   tg_limiter_destroy(lim);
 }
 
+/* The same with a timer signal every 50 ms (a profiler, an alarm) and no
+ * SA_RESTART: a read the signal interrupts must not start the timeout
+ * again. Before, hiredis's blocking read did, so the call waited for the
+ * server to come back (the resume, 3 s later, made it TG_OK). */
+static void on_tick(int sig) { (void)sig; }
+
+static void *resume_later(void *arg) {
+  (void)arg;
+  rs_sleep_ms(3000);
+  rs_resume();
+  return NULL;
+}
+
+static void timeout_holds_under_signals(void **state) {
+  (void)state;
+  tg_limiter *lim = fragile(TG_FIXED_WINDOW, "ticks", TG_POLICY_FAIL_CLOSED, 1);
+  tg_quota q = {.limit = 5, .period_ms = 1000};
+  tg_result r;
+  assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_OK);
+  struct sigaction sa, old;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_tick; /* no SA_RESTART: reads fail with EINTR */
+  sigemptyset(&sa.sa_mask);
+  assert_int_equal(sigaction(SIGALRM, &sa, &old), 0);
+  struct itimerval every = {{0, 50000}, {0, 50000}}, off = {{0, 0}, {0, 0}};
+  assert_true(rs_pause());
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, resume_later, NULL), 0);
+  assert_int_equal(setitimer(ITIMER_REAL, &every, NULL), 0);
+  int rc = tg_hit(lim, "k", 1, &q, 1, &r);
+  setitimer(ITIMER_REAL, &off, NULL);
+  sigaction(SIGALRM, &old, NULL);
+  pthread_join(th, NULL);
+  assert_int_equal(rc, TG_ETIMEDOUT);
+  assert_true(r.degraded && !r.allowed);
+  assert_int_equal(until_ok(lim, &q, &r), TG_OK);
+  tg_limiter_destroy(lim);
+}
+
 /* How many EVALSHA and SCRIPT LOAD commands the server has run since the
  * last CONFIG RESETSTAT (INFO commandstats): every call that reaches the
  * server sends one of them, so this counts the calls that waited on a
@@ -1917,6 +1958,7 @@ int main(void) {
       cmocka_unit_test_setup(server_down_then_back, server_up),
       cmocka_unit_test_setup(restart_mid_stream, server_up),
       cmocka_unit_test_setup(unresponsive_server_times_out, server_up),
+      cmocka_unit_test_setup(timeout_holds_under_signals, server_up),
       cmocka_unit_test_setup(unresponsive_server_fails_fast, server_up),
       cmocka_unit_test_setup(queued_calls_fail_fast, server_up),
       cmocka_unit_test_setup(one_probe_at_a_time, server_up),

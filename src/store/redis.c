@@ -49,6 +49,7 @@
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <hiredis/sds.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,13 +69,14 @@ static const char SUFFIX[TG_ALGORITHM_COUNT][3] = {"fw", "pk", "sw", "tb",
                                                    "lb"};
 
 typedef struct conn {
-  pthread_mutex_t mu; /* held by the one thread using the connection */
-  redisContext *ctx;  /* NULL: closed (never opened, or failed) */
-  pid_t pid;          /* the process that opened ctx: a child of fork()
-                         must not share the parent's socket */
-  bool module;        /* the server has the tollgate module: calls are
-                         TG.STEP commands, not the script */
-  char sha[41];       /* the script's SHA1, as SCRIPT LOAD answered it */
+  pthread_mutex_t mu;  /* held by the one thread using the connection */
+  redisContext *ctx;   /* NULL: closed (never opened, or failed) */
+  pid_t pid;           /* the process that opened ctx: a child of fork()
+                          must not share the parent's socket */
+  bool module;         /* the server has the tollgate module: calls are
+                          TG.STEP commands, not the script */
+  char sha[41];        /* the script's SHA1, as SCRIPT LOAD answered it */
+  uint32_t timeout_ms; /* command_timeout_ms: a reply's whole wait */
 } conn;
 
 typedef struct redis_store {
@@ -373,6 +375,41 @@ static int flush(redisContext *ctx) {
   return 0;
 }
 
+/* One reply from ctx, waited for at most timeout_ms in all (0: for
+ * ever). hiredis's own blocking read starts the socket's timeout again
+ * after every read a signal interrupts, so a process with a recurring
+ * timer (SIGALRM, a profiler) waited out a whole outage there; this waits
+ * with poll(2) against a deadline instead. REDIS_OK with *out set, or
+ * REDIS_ERR with ctx marked failed (a timeout as REDIS_ERR_IO with errno
+ * EAGAIN, as hiredis reports its own). */
+static int get_reply(redisContext *ctx, uint32_t timeout_ms, void **out) {
+  *out = NULL;
+  if (redisGetReplyFromReader(ctx, out) != REDIS_OK)
+    return REDIS_ERR;
+  uint64_t deadline = timeout_ms ? tg__mono_ms() + timeout_ms : 0;
+  while (*out == NULL) {
+    int wait = -1;
+    if (deadline) {
+      uint64_t now = tg__mono_ms();
+      wait = now < deadline ? (int)(deadline - now) : 0;
+    }
+    struct pollfd p = {.fd = ctx->fd, .events = POLLIN};
+    int n = wait == 0 ? 0 : poll(&p, 1, wait);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n == 0) {
+      ctx->err = REDIS_ERR_IO;
+      (void)snprintf(ctx->errstr, sizeof ctx->errstr, "no reply in time");
+      errno = EAGAIN;
+      return REDIS_ERR;
+    }
+    if (redisBufferRead(ctx) != REDIS_OK ||
+        redisGetReplyFromReader(ctx, out) != REDIS_OK)
+      return REDIS_ERR;
+  }
+  return REDIS_OK;
+}
+
 /* ---- connections ---- */
 
 /* The code for a context hiredis marked failed; errno as it was then. */
@@ -408,7 +445,7 @@ static int command(conn *k, int argc, const char **argv, const size_t *len,
   void *r = NULL;
   if (err == 0) {
     errno = 0;
-    if (redisGetReply(k->ctx, &r) != REDIS_OK || !r)
+    if (get_reply(k->ctx, k->timeout_ms, &r) != REDIS_OK || !r)
       err = errno ? errno : EIO;
   }
   if (err != 0) {
@@ -494,6 +531,7 @@ static int fix_conn(conn *k) {
 
 /* What a fresh connection needs before its first call. */
 static int handshake(const redis_store *s, conn *k) {
+  k->timeout_ms = s->command_timeout_ms;
   if (s->command_timeout_ms > 0 &&
       redisSetTimeout(k->ctx, tv_ms(s->command_timeout_ms)) != REDIS_OK)
     return TG_ECONNECT;
@@ -1482,7 +1520,7 @@ static int pipeline(const redis_store *s, conn *k, const tg__call *calls,
     }
     void *r = NULL;
     errno = 0;
-    if (redisGetReply(k->ctx, &r) != REDIS_OK || !r) {
+    if (get_reply(k->ctx, k->timeout_ms, &r) != REDIS_OK || !r) {
       failed = ctx_error(k->ctx, errno);
       conn_close(k);
       for (size_t j = i; j < sent; j++)
