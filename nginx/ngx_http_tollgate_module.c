@@ -654,6 +654,23 @@ static char *tg_ngx_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
   z->file = cf->conf_file->file.name;
   z->line = cf->conf_file->line;
 
+  /* the KEY comes first: a parameter in its place (the key forgotten, or
+   * written after the parameters) would be one constant key, one limit
+   * for every client, under the default algorithm */
+  static const char *const params[] = {
+      "zone=",  "rate=",    "algorithm=", "burst=",
+      "store=", "timeout=", "password=",  "on_error="};
+  for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
+    size_t n = ngx_strlen(params[i]);
+    if (value[1].len >= n && ngx_strncmp(value[1].data, params[i], n) == 0) {
+      ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                         "tollgate_zone: the first parameter is the key, "
+                         "and \"%V\" is a parameter (tollgate_zone KEY "
+                         "zone=NAME:SIZE rate=R ...)",
+                         &value[1]);
+      return NGX_CONF_ERROR;
+    }
+  }
   ngx_http_compile_complex_value_t ccv;
   ngx_memzero(&ccv, sizeof(ccv));
   ccv.cf = cf;

@@ -664,6 +664,10 @@ class ConfigErrors(unittest.TestCase):
              'tollgate_zone: "zone=NAME:SIZE" is required'),
             ("tollgate_zone $a zone=a rate=1r/s;",
              "tollgate_zone: invalid zone size"),
+            # a parameter where the key goes: it was one constant key
+            ("tollgate_zone algorithm=sliding_window zone=a:1m rate=2/1m;",
+             'tollgate_zone: the first parameter is the key, and '
+             '"algorithm=sliding_window" is a parameter'),
             ("tollgate_zone $a zone=a:0 rate=1r/s;",
              'tollgate_zone: invalid zone size in "zone=a:0"'),
             ("tollgate_zone $a zone=a:1k rate=1r/s;",
