@@ -30,4 +30,7 @@ int opt_value(const char *cmd, int argc, char **argv, int *i, const char *name,
 int opt_u64(const char *cmd, const char *opt, const char *text, uint64_t min,
             uint64_t max, uint64_t *out);
 
+/* CLOCK_MONOTONIC in milliseconds (options.c). */
+uint64_t cli_mono_ms(void);
+
 #endif

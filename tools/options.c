@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 int opt_value(const char *cmd, int argc, char **argv, int *i, const char *name,
               const char **value) {
@@ -47,4 +48,10 @@ int opt_u64(const char *cmd, const char *opt, const char *text, uint64_t min,
   }
   *out = (uint64_t)v;
   return 0;
+}
+
+uint64_t cli_mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }

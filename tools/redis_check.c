@@ -7,6 +7,7 @@
  * directly.
  */
 #include "redis_check.h"
+#include "cli.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -116,19 +117,13 @@ static int open_socket(const tg_redis_config *rc, char *why, size_t n,
   return -1;
 }
 
-static uint64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* Waits until fd is readable before deadline_ms (0: no deadline): false
  * when the time is up. */
 static bool readable_by(int fd, uint64_t deadline_ms) {
   if (deadline_ms == 0)
     return true;
   for (;;) {
-    uint64_t now = mono_ms();
+    uint64_t now = cli_mono_ms();
     if (now >= deadline_ms)
       return false;
     struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -149,7 +144,7 @@ static bool readable_by(int fd, uint64_t deadline_ms) {
  * arguments: AUTH's are secret). */
 static int command(int fd, int argc, const char *const *argv,
                    uint32_t timeout_ms, char *why, size_t n) {
-  uint64_t deadline = timeout_ms ? mono_ms() + timeout_ms : 0;
+  uint64_t deadline = timeout_ms ? cli_mono_ms() + timeout_ms : 0;
   char buf[2048];
   size_t len = (size_t)snprintf(buf, sizeof buf, "*%d\r\n", argc);
   for (int i = 0; i < argc && len < sizeof buf; i++)

@@ -517,12 +517,6 @@ fail:
   return -1;
 }
 
-static uint64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* Before "ready": does the store answer? With --redis, a plain connection
  * first (its failure in Redis's words), then one read through every limiter
  * (the library's own path: connection pool, AUTH, SELECT, the script). A
@@ -644,7 +638,7 @@ int cmd_serve(int argc, char **argv) {
     destroy_limiters(&ctx);
     return 1;
   }
-  health_init(&ctx.health, health, mono_ms());
+  health_init(&ctx.health, health, cli_mono_ms());
   print_memory(&o, &ctx);
   int rc = server_run(&o.srv, &ctx);
   destroy_limiters(&ctx);
