@@ -324,6 +324,9 @@ static void deny_differential(tg_algorithm alg, uint64_t seed, size_t steps) {
   const tg_quota *kq[5];
   bool admitted_since[5] = {false}; /* since the key's last store denial */
   uint64_t denied_cost[5] = {0};    /* that denial's cost */
+  /* the latest time the cache answered the key at, while the store has
+   * not decided it at that time or later since (0: none) */
+  uint64_t cached_at[5] = {0};
   for (int k = 0; k < 5; k++)
     kq[k] = &DQ[below(NDQ)];
   uint64_t now = real_us();
@@ -332,8 +335,13 @@ static void deny_differential(tg_algorithm alg, uint64_t seed, size_t steps) {
     int k = (int)below(5);
     /* a key's quota changes now and then; not for the windows, whose
      * denials answered by the cache are not added to the stored count:
-     * invisible under the key's quota, visible under another */
-    if (!windows && below(100) == 0)
+     * invisible under the key's quota, visible under another. Nor for a
+     * sliding log the cache answered later than the store last saw it:
+     * the store's refusal would have dropped the entries the call's period
+     * expired, the cache's writes nothing, and under a longer period those
+     * entries still count (stricter; documented at the deny cache) */
+    if (!windows && (alg != TG_SLIDING_WINDOW || !cached_at[k]) &&
+        below(100) == 0)
       kq[k] = &DQ[below(NDQ)];
     uint64_t cap = kq[k]->burst ? kq[k]->burst : kq[k]->limit;
     uint64_t cost = below(5) == 0 ? 1 + below(cap + 1) : 1;
@@ -382,6 +390,10 @@ static void deny_differential(tg_algorithm alg, uint64_t seed, size_t steps) {
       cached++;
     else
       from_store++;
+    if (from_cache && now > cached_at[k])
+      cached_at[k] = now;
+    else if (!from_cache && now >= cached_at[k])
+      cached_at[k] = 0;
     if (rr == TG_OK && b.allowed)
       admitted_since[k] = true;
     else if (rr == TG_OK && !from_cache) {
