@@ -35,7 +35,11 @@
 #include "tollgate.h"
 #include "util.h"
 
+#include <arpa/inet.h>
+#include <ctype.h>
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -43,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1432,6 +1437,170 @@ static void queued_calls_fail_fast(void **state) {
   assert_int_equal(sent, 1); /* the one that waited, and no other */
 }
 
+/* ---- a server that loses the script, then stops answering ----
+ * A fake server: it answers the handshake as a Redis without the module,
+ * refuses every EVALSHA before its second SCRIPT LOAD with NOSCRIPT, and
+ * answers no EVALSHA after it. It counts the connections it accepted. */
+typedef struct lost_script_srv {
+  int lfd, port;
+  atomic_int conns, loads, stop;
+  pthread_t th;
+} lost_script_srv;
+
+/* The length of the first whole command in b (a RESP array of bulk
+ * strings), 0 if it is not all there; its first two arguments, upper
+ * case, joined by a space, in name. */
+static size_t resp_command(const char *b, size_t n, char *name, size_t cap) {
+  const char *end = b + n, *p = b;
+  if (p >= end || *p != '*')
+    return 0;
+  const char *nl = memchr(p, '\n', (size_t)(end - p));
+  if (!nl)
+    return 0;
+  long argc = strtol(p + 1, NULL, 10);
+  p = nl + 1;
+  size_t used = 0;
+  name[0] = '\0';
+  for (long i = 0; i < argc; i++) {
+    if (p >= end || *p != '$' || !(nl = memchr(p, '\n', (size_t)(end - p))))
+      return 0;
+    long len = strtol(p + 1, NULL, 10);
+    p = nl + 1;
+    if (len < 0 || end - p < len + 2)
+      return 0;
+    for (long j = 0; i < 2 && j < len && used + 2 < cap; j++)
+      name[used++] = (char)toupper((unsigned char)p[j]);
+    if (i == 0 && argc > 1 && used + 2 < cap)
+      name[used++] = ' ';
+    name[used] = '\0';
+    p += len + 2;
+  }
+  return (size_t)(p - b);
+}
+
+static void lost_script_reply(lost_script_srv *f, int fd, const char *name) {
+  static const char sha[] = "0123456789abcdef0123456789abcdef01234567";
+  char out[128];
+  int n = 0;
+  if (strcmp(name, "COMMAND INFO") == 0) {
+    n = snprintf(out, sizeof out, "*1\r\n*-1\r\n"); /* no such command */
+  } else if (strcmp(name, "SCRIPT LOAD") == 0) {
+    atomic_fetch_add(&f->loads, 1);
+    n = snprintf(out, sizeof out, "$40\r\n%s\r\n", sha);
+  } else if (strncmp(name, "EVALSHA", 7) == 0) {
+    if (atomic_load(&f->loads) < 2)
+      n = snprintf(out, sizeof out, "-NOSCRIPT No matching script.\r\n");
+  } else {
+    n = snprintf(out, sizeof out, "-ERR unknown command\r\n");
+  }
+  if (n > 0 && send(fd, out, (size_t)n, MSG_NOSIGNAL) != n)
+    return; /* the client left */
+}
+
+static void *lost_script_main(void *arg) {
+  lost_script_srv *f = arg;
+  enum { MAXC = 4, BUF = 1 << 16 };
+  struct pollfd pf[1 + MAXC];
+  static char buf[MAXC][BUF];
+  size_t have[MAXC] = {0};
+  int nc = 0;
+  pf[0] = (struct pollfd){.fd = f->lfd, .events = POLLIN};
+  while (!atomic_load(&f->stop)) {
+    if (poll(pf, (nfds_t)(1 + nc), 20) <= 0)
+      continue;
+    for (int i = 0; i < nc; i++) {
+      if (!(pf[1 + i].revents & (POLLIN | POLLHUP | POLLERR)))
+        continue;
+      ssize_t got = recv(pf[1 + i].fd, buf[i] + have[i], BUF - have[i], 0);
+      if (got <= 0) { /* closed: the last client takes its place */
+        close(pf[1 + i].fd);
+        pf[1 + i] = pf[nc];
+        if (i != nc - 1)
+          memcpy(buf[i], buf[nc - 1], have[nc - 1]);
+        have[i] = have[nc - 1];
+        nc--;
+        i--;
+        continue;
+      }
+      have[i] += (size_t)got;
+      char name[64];
+      size_t used;
+      while ((used = resp_command(buf[i], have[i], name, sizeof name)) > 0) {
+        lost_script_reply(f, pf[1 + i].fd, name);
+        memmove(buf[i], buf[i] + used, have[i] - used);
+        have[i] -= used;
+      }
+    }
+    if ((pf[0].revents & POLLIN) && nc < MAXC) {
+      int fd = accept(f->lfd, NULL, NULL);
+      if (fd >= 0) {
+        atomic_fetch_add(&f->conns, 1);
+        pf[1 + nc] = (struct pollfd){.fd = fd, .events = POLLIN};
+        have[nc++] = 0;
+      }
+    }
+  }
+  for (int i = 0; i < nc; i++)
+    close(pf[1 + i].fd);
+  return NULL;
+}
+
+static void lost_script_start(lost_script_srv *f) {
+  memset(f, 0, sizeof *f);
+  f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(f->lfd >= 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof a;
+  assert_int_equal(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(f->lfd, 8), 0);
+  assert_int_equal(getsockname(f->lfd, (struct sockaddr *)&a, &al), 0);
+  f->port = ntohs(a.sin_port);
+  assert_int_equal(pthread_create(&f->th, NULL, lost_script_main, f), 0);
+}
+
+static void lost_script_stop(lost_script_srv *f) {
+  atomic_store(&f->stop, 1);
+  pthread_join(f->th, NULL);
+  close(f->lfd);
+}
+
+/* A batch whose calls came back NOSCRIPT is sent again once the script is
+ * loaded; when that second round times out, the server does not answer:
+ * the pool is down for its backoff, as after any timeout, and the next
+ * call fails at once instead of connecting again (and waiting again). */
+static void batch_retry_timeout_marks_down(void **state) {
+  (void)state;
+  lost_script_srv f;
+  lost_script_start(&f);
+  tg_config cfg;
+  tg_config_init(&cfg);
+  cfg.algorithm = TG_TOKEN_BUCKET;
+  tg_redis_config rc;
+  tg_redis_config_init(&rc);
+  rc.port = f.port;
+  rc.key_prefix = "lost";
+  rc.connect_timeout_ms = 300;
+  rc.command_timeout_ms = 300;
+  rc.reconnect_backoff_ms = 600000;
+  rc.pool_size = 1;
+  cfg.redis = &rc;
+  tg_limiter *lim = NULL;
+  assert_int_equal(tg_limiter_new(&lim, &cfg), TG_OK);
+  tg_quota q = {.limit = 5, .period_ms = 1000};
+  tg_batch_item it[2] = {{"a", 1, &q, 1, 0, {0}}, {"b", 1, &q, 1, 0, {0}}};
+  assert_int_equal(tg_hit_batch(lim, it, 2), TG_OK);
+  assert_int_equal(it[0].status, TG_ETIMEDOUT);
+  assert_int_equal(it[1].status, TG_ETIMEDOUT);
+  assert_int_equal(atomic_load(&f.loads), 2); /* handshake, then the fix */
+  tg_result r;
+  assert_int_equal(tg_hit(lim, "a", 1, &q, 1, &r), TG_ETIMEDOUT);
+  assert_true(r.degraded);
+  assert_int_equal(atomic_load(&f.conns), 1); /* no second connection */
+  tg_limiter_destroy(lim);
+  lost_script_stop(&f);
+}
+
 /* Threads calling while the server stays stopped: after the backoff, one
  * call at a time probes it (waits for its timeout) while the others return
  * at once. Probes are therefore at least backoff + timeout apart, which
@@ -1961,6 +2130,7 @@ int main(void) {
       cmocka_unit_test_setup(timeout_holds_under_signals, server_up),
       cmocka_unit_test_setup(unresponsive_server_fails_fast, server_up),
       cmocka_unit_test_setup(queued_calls_fail_fast, server_up),
+      cmocka_unit_test(batch_retry_timeout_marks_down),
       cmocka_unit_test_setup(one_probe_at_a_time, server_up),
       cmocka_unit_test_setup(over_maxmemory_reads_answer, server_up),
       cmocka_unit_test_setup(error_replies, server_up),
