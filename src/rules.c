@@ -578,6 +578,71 @@ hit_one(const uint64_t *now, tg_rule *ru, unsigned flags, tg_rules_result *out,
   return true;
 }
 
+/* Whether a policy of two rules is decided by hit_two: both rules on one
+ * limiter whose store runs the protocol here through exec_policy (the
+ * tables), with none of what hit_rules would answer differently: no shadow
+ * mode (the limiter's or the call's), no hook, no deny cache, flags 0. */
+static inline bool two_quick(const tg_rule *rules, unsigned flags) {
+  const tg_limiter *l = rules[0].lim;
+  return l && l == rules[1].lim && !flags && l->quiet && !l->deny &&
+         l->ident_ok && !l->store->ops->exec_rules &&
+         l->store->ops->exec_policy;
+}
+
+/* hit_rules for a policy two_quick admits, with what that leaves known
+ * folded away: the same validation in the same order (rule 0, rule 1,
+ * then rule 1's key against rule 0's: the only misfit left), the same
+ * protocol (optimistic), the same answers and counters. */
+static inline __attribute__((always_inline)) int
+hit_two(const uint64_t *now, tg_rule *rules, tg_rules_result *out) {
+  tg_limiter *lim = rules[0].lim;
+  policy_run pr; /* not zeroed: filled as each part is needed */
+  pr.shadow = pr.taken = 0;
+  pr.reserves = false;
+  uint64_t t;
+  const uint64_t *tp = now;
+  if (!now && !lim->store_time) {
+    t = lim->cfg.clock(lim->cfg.clock_ctx);
+    tp = &t;
+  }
+  for (size_t i = 0; i < 2; i++) {
+    tg_rule *ru = &rules[i];
+    int rc = tg__limiter_prepare(lim, TG__OP_CHECK, tp, ru->key, ru->key_len,
+                                 ru->q, ru->cost, &pr.c[i]);
+    if (rc != TG_OK)
+      return tg__rules_refuse(rules, 2, i, rc, true, out);
+    tg__token_start(&pr.tok[i]);
+    pr.c[i].tok = &pr.tok[i];
+    pr.stores[i] = lim->store;
+  }
+  if (same_key(&rules[1], &rules[0]))
+    return tg__rules_refuse(rules, 2, 1, TG_EINVAL, true, out);
+  bool passed = false;
+  size_t failed = 0;
+  int rc = optimistic(rules, &pr, 2, now != NULL, &passed, &failed);
+  if (rc != TG_OK)
+    return store_failed(rules, 2, failed < 2 ? failed : 0, rc, false, out);
+  summary_start(out, passed);
+  for (size_t i = 0; i < 2; i++) {
+    tg_rule *ru = &rules[i];
+    ru->status = TG_OK;
+    if (passed) {
+      ru->result = pr.o[i].r;
+    } else {
+      if (pr.tok[i].peek_owed)
+        tg__state_peek(&pr.c[i], &pr.tok[i].peek_from, &pr.o[i].peek);
+      ru->result = unpassed(&pr.o[i]);
+    }
+    summary_add(out, i, &ru->result);
+    /* tg__limiter_done of a quiet limiter */
+    if (passed || !ru->result.allowed)
+      tg__count_one(lim->stats,
+                    ru->result.allowed ? TG__N_ALLOWED : TG__N_DENIED);
+  }
+  summary_end(out, passed);
+  return TG_OK;
+}
+
 /* Policies of one rule (an nginx location with one limit) and of two are
  * compiled apart: with n known, the loops fold away. */
 static inline __attribute__((always_inline)) int
@@ -589,8 +654,11 @@ hit_rules_by_count(const uint64_t *now, tg_rule *rules, size_t n,
     return rc;
   if (n == 1)
     return hit_rules(now, rules, 1, flags, out, NULL);
-  if (n == 2)
+  if (n == 2) {
+    if (out && rules && two_quick(rules, flags))
+      return hit_two(now, rules, out);
     return hit_rules(now, rules, 2, flags, out, NULL);
+  }
   return hit_rules(now, rules, n, flags, out, NULL);
 }
 
