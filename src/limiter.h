@@ -35,6 +35,11 @@ struct tg_limiter {
   bool ident_ok;           /* the store can decide policies: */
   uint64_t group[2];       /* its ops->ident, asked once at creation */
   uint64_t space[2];
+  bool plain_rules;     /* quiet, no deny cache, ident_ok, and a store that
+                           runs the policy protocol through exec_policy
+                           (the tables): what a policy of rules all on
+                           this limiter needs to know, in one flag
+                           (rules.c, two_quick) */
   tg__store *fallback;  /* TG_POLICY_FALLBACK: the local memory store
                            that decides while the store fails; owned */
   tg__deny_cache *deny; /* deny_cache_entries > 0; owned */

@@ -584,9 +584,7 @@ hit_one(const uint64_t *now, tg_rule *ru, unsigned flags, tg_rules_result *out,
  * mode (the limiter's or the call's), no hook, no deny cache, flags 0. */
 static inline bool two_quick(const tg_rule *rules, unsigned flags) {
   const tg_limiter *l = rules[0].lim;
-  return l && l == rules[1].lim && !flags && l->quiet && !l->deny &&
-         l->ident_ok && !l->store->ops->exec_rules &&
-         l->store->ops->exec_policy;
+  return l && l == rules[1].lim && !flags && l->plain_rules;
 }
 
 /* hit_rules for a policy two_quick admits, with what that leaves known
