@@ -603,7 +603,7 @@ hit_two(const uint64_t *now, tg_rule *rules, tg_rules_result *out) {
     t = lim->cfg.clock(lim->cfg.clock_ctx);
     tp = &t;
   }
-  for (size_t i = 0; i < 2; i++) {
+  _Pragma("GCC unroll 2") for (size_t i = 0; i < 2; i++) {
     tg_rule *ru = &rules[i];
     int rc = tg__limiter_prepare(lim, TG__OP_CHECK, tp, ru->key, ru->key_len,
                                  ru->q, ru->cost, &pr.c[i]);
@@ -621,7 +621,7 @@ hit_two(const uint64_t *now, tg_rule *rules, tg_rules_result *out) {
   if (rc != TG_OK)
     return store_failed(rules, 2, failed < 2 ? failed : 0, rc, false, out);
   summary_start(out, passed);
-  for (size_t i = 0; i < 2; i++) {
+  _Pragma("GCC unroll 2") for (size_t i = 0; i < 2; i++) {
     tg_rule *ru = &rules[i];
     ru->status = TG_OK;
     if (passed) {
