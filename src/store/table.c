@@ -1169,12 +1169,42 @@ static int exec_rule_log(tg__table *t, const kref *k, const tg__call *c,
   }
 }
 
+/* The policy loops below take the rule's algorithm family as an argument:
+ * `alg` is the rule's own (c->alg), or a constant of its family when every
+ * rule is of it (tg__table_policy: TG_TOKEN_BUCKET for the buckets,
+ * TG_FIXED_WINDOW for the windows), which folds each encoding's and step's
+ * choice away. So alg picks only what a family shares (the encoding, the
+ * step's function, which read c->alg themselves); what tells the members
+ * apart is asked of c->alg. ALG_EACH: each call's own. */
+#define ALG_EACH (-1)
+
+/* tg__state_check, dispatched on alg's family. */
+static inline __attribute__((always_inline)) int
+state_check(tg_algorithm alg, const tg__call *c, tg__state *st, tg__outcome *o,
+            bool *changed) {
+  if (alg == TG_TOKEN_BUCKET || alg == TG_LEAKY_BUCKET)
+    return tg__gcra_check(c, st, o, changed);
+  if (alg == TG_FIXED_WINDOW || alg == TG_FIXED_WINDOW_PER_KEY)
+    return tg__window_check(c, st, o, changed);
+  *changed = false;
+  return TG_ENOTSUP;
+}
+
+/* blank_stays with the algorithm's family given. */
+static inline __attribute__((always_inline)) bool
+blank_stays_alg(tg_algorithm alg, const tg__call *c, uint64_t w0, uint64_t w1,
+                const tg__state *st) {
+  tg__state was = decode(alg, w0, w1);
+  return tg__state_word(&was, 0) == 0 && tg__state_word(&was, 1) == 0 &&
+         tg__state_fresh(c->alg, st, c->now_us);
+}
+
 /* A policy's TAKE whose CHECK found the key where it still is, unchanged:
  * one ctrl-word load and one CAS from the pair the check saw to the one its
  * step computed, without the set-up of exec_rule_state (false: anything
  * else, which exec_rule_state handles from the start). */
 static inline __attribute__((always_inline)) bool
-take_as_checked(tg__table *t, const tg__call *c) {
+take_as_checked(tg__table *t, const tg__call *c, tg_algorithm alg) {
   tg__token *tok = c->tok;
   uint64_t i = tok->where[0];
   if (!tok->next_ok || tok->seen_absent || tok->seen[0] == 0 ||
@@ -1185,8 +1215,8 @@ take_as_checked(tg__table *t, const tg__call *c) {
     return false;
   tok->taken = true;
   tok->reused = true;
-  tok->before = decode(c->alg, tok->seen[0], tok->seen[1]);
-  tok->after = decode(c->alg, tok->next[0], tok->next[1]);
+  tok->before = decode(alg, tok->seen[0], tok->seen[1]);
+  tok->after = decode(alg, tok->next[0], tok->next[1]);
   tok->now_us = c->now_us;
   return true;
 }
@@ -1196,7 +1226,8 @@ take_as_checked(tg__table *t, const tg__call *c) {
  * cases): false for anything else (absent, reclaimed meanwhile), which
  * exec_rule_state then handles from the start. */
 static inline __attribute__((always_inline)) bool
-check_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
+check_found(tg__table *t, const tg__call *c, tg_algorithm alg, tg__outcome *o,
+            int *rc) {
   kref k;
   kref_init(t, &k, c->key, c->key_len);
   uint64_t i, ctl, w0, w1;
@@ -1205,8 +1236,8 @@ check_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
   uint32_t g = ctrl_gen(ctl);
   /* windows too: their end word changes with every new state, so a pair
    * read around it is consistent, and a CHECK writes nothing */
-  tg__load_pair(&t->slots[i].st, is_window(c->alg) ? 0 : 1, &w0, &w1);
-  if (!gen_ok(c->alg, w0, w1, g))
+  tg__load_pair(&t->slots[i].st, is_window(alg) ? 0 : 1, &w0, &w1);
+  if (!gen_ok(alg, w0, w1, g))
     return false;
   /* the peek is left for the limiter, which needs it only for a policy
    * that is denied: the state it comes from. Field by field: st lives in
@@ -1214,7 +1245,7 @@ check_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
    * stored there as two words stalls on store forwarding (perf annotate: a
    * tenth of this function's samples) */
   tg__token *tok = c->tok;
-  tg__state st = decode(c->alg, w0, w1);
+  tg__state st = decode(alg, w0, w1);
   tok->peek_from.a = st.a;
   tok->peek_from.b = st.b;
   if (t->g.shared && !tg__state_plausible(c->alg, &st)) {
@@ -1223,7 +1254,7 @@ check_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
   }
   bool changed;
   tok->peek_owed = true; /* tg__state_check leaves it */
-  *rc = tg__state_check(c, &st, o, &changed);
+  *rc = state_check(alg, c, &st, o, &changed);
   tok->seen_ok = true;
   tok->seen_absent = false;
   tok->seen[0] = w0;
@@ -1231,9 +1262,10 @@ check_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
   tok->where[0] = i;
   tok->where[1] = ctl;
   tok->gen = g;
-  tok->next_ok = *rc == TG_OK && changed && !blank_stays(c, w0, w1, &st);
+  tok->next_ok =
+      *rc == TG_OK && changed && !blank_stays_alg(alg, c, w0, w1, &st);
   if (tok->next_ok)
-    encode(c->alg, &st, g, &tok->next[0], &tok->next[1]);
+    encode(alg, &st, g, &tok->next[0], &tok->next[1]);
   return true;
 }
 
@@ -1252,10 +1284,10 @@ int tg__table_rule(tg__table *t, const tg__call *c, tg__outcome *o) {
   int rc;
   reach_wait(t, c);
   if (c->op == TG__OP_TAKE) {
-    if (take_as_checked(t, c))
+    if (take_as_checked(t, c, c->alg))
       return TG_OK;
   } else if (c->op == TG__OP_CHECK && c->alg != TG_SLIDING_WINDOW) {
-    if (check_found(t, c, o, &rc))
+    if (check_found(t, c, c->alg, o, &rc))
       return rc;
   }
   return exec_rule(t, c, o);
@@ -1266,7 +1298,8 @@ int tg__table_rule(tg__table *t, const tg__call *c, tg__outcome *o) {
  * the state it stepped from as the peek a denied policy reports: false for
  * anything else (absent, reclaimed meanwhile), having written nothing. */
 static inline __attribute__((always_inline)) bool
-take_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
+take_found(tg__table *t, const tg__call *c, tg_algorithm alg, tg__outcome *o,
+           int *rc) {
   kref k;
   kref_init(t, &k, c->key, c->key_len);
   uint64_t i, ctl, w0, w1;
@@ -1274,24 +1307,24 @@ take_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
     return false;
   uint32_t g = ctrl_gen(ctl);
   tg__pair *p = &t->slots[i].st;
-  tg__load_pair(p, is_window(c->alg) ? 0 : 1, &w0, &w1);
+  tg__load_pair(p, is_window(alg) ? 0 : 1, &w0, &w1);
   tg__token *tok = c->tok;
-  while (gen_ok(c->alg, w0, w1, g)) {
-    tg__state st = decode(c->alg, w0, w1), before = st;
+  while (gen_ok(alg, w0, w1, g)) {
+    tg__state st = decode(alg, w0, w1), before = st;
     if (t->g.shared && !tg__state_plausible(c->alg, &st)) {
       *rc = TG_ECORRUPT;
       return true;
     }
     bool changed;
-    *rc = tg__state_check(c, &st, o, &changed);
+    *rc = state_check(alg, c, &st, o, &changed);
     tok->peek_from = before;
     tok->peek_owed = true; /* tg__state_check leaves it */
-    if (*rc != TG_OK || !changed || blank_stays(c, w0, w1, &st)) {
+    if (*rc != TG_OK || !changed || blank_stays_alg(alg, c, w0, w1, &st)) {
       receipt(tok, false, g, &before, &st, c->now_us);
       return true;
     }
     uint64_t n0, n1;
-    encode(c->alg, &st, g, &n0, &n1);
+    encode(alg, &st, g, &n0, &n1);
     if (tg__cas128(p, &w0, &w1, n0, n1)) {
       receipt(tok, true, g, &before, &st, c->now_us);
       return true;
@@ -1309,14 +1342,16 @@ take_found(tg__table *t, const tg__call *c, tg__outcome *o, int *rc) {
  * the others allowed: its state is stepped once, like a hit's. */
 static inline __attribute__((always_inline)) int
 table_policy(tg__table *const *ts, tg__call *calls, size_t n, uint32_t shadow,
-             tg__outcome *o, tg__outcome *took, tg__policy_marks *pm) {
+             tg__outcome *o, tg__outcome *took, tg__policy_marks *pm,
+             int alg_all) {
   uint32_t ok = 0;
   bool blocked = false; /* a rule outside `shadow` denied */
   int rc = TG_OK;
   size_t last = n - 1;
   for (size_t i = 0; i < last; i++) {
     const tg__call *c = &calls[i];
-    if (c->alg == TG_SLIDING_WINDOW || !check_found(ts[i], c, &o[i], &rc))
+    tg_algorithm a = alg_all == ALG_EACH ? c->alg : (tg_algorithm)alg_all;
+    if (a == TG_SLIDING_WINDOW || !check_found(ts[i], c, a, &o[i], &rc))
       rc = exec_rule(ts[i], c, &o[i]);
     if (__builtin_expect(rc != TG_OK, 0)) {
       pm->at = i;
@@ -1327,15 +1362,16 @@ table_policy(tg__table *const *ts, tg__call *calls, size_t n, uint32_t shadow,
     blocked |= !yes && !(shadow >> i & 1u);
   }
   tg__call *cl = &calls[last];
+  tg_algorithm al = alg_all == ALG_EACH ? cl->alg : (tg_algorithm)alg_all;
   bool direct = false;
-  if (cl->alg != TG_SLIDING_WINDOW && !blocked) {
+  if (al != TG_SLIDING_WINDOW && !blocked) {
     cl->op = TG__OP_TAKE;
-    direct = take_found(ts[last], cl, &o[last], &rc);
+    direct = take_found(ts[last], cl, al, &o[last], &rc);
     if (!direct)
       cl->op = TG__OP_CHECK;
   }
-  if (!direct && (cl->alg == TG_SLIDING_WINDOW ||
-                  !check_found(ts[last], cl, &o[last], &rc)))
+  if (!direct && (al == TG_SLIDING_WINDOW ||
+                  !check_found(ts[last], cl, al, &o[last], &rc)))
     rc = exec_rule(ts[last], cl, &o[last]);
   if (__builtin_expect(rc != TG_OK, 0)) {
     pm->at = last;
@@ -1356,7 +1392,8 @@ table_policy(tg__table *const *ts, tg__call *calls, size_t n, uint32_t shadow,
       continue; /* a shadow rule that denied consumes nothing */
     tg__call *c = &calls[i];
     c->op = TG__OP_TAKE; /* the call stays as checked otherwise */
-    if (take_as_checked(ts[i], c)) {
+    if (take_as_checked(ts[i], c,
+                        alg_all == ALG_EACH ? c->alg : (tg_algorithm)alg_all)) {
       taken |= 1u << i; /* published what the check computed */
       continue;
     }
@@ -1389,10 +1426,18 @@ int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
   for (size_t i = 0; i < n; i++) /* a policy of reservations */
     reach_wait(ts[i], &calls[i]);
   if (n == 1)
-    return table_policy(ts, calls, 1, shadow, o, took, pm);
-  if (n == 2)
-    return table_policy(ts, calls, 2, shadow, o, took, pm);
-  return table_policy(ts, calls, n, shadow, o, took, pm);
+    return table_policy(ts, calls, 1, shadow, o, took, pm, ALG_EACH);
+  if (n == 2) {
+    /* two rules of one family (buckets, windows): compiled for it */
+    tg_algorithm a0 = calls[0].alg, a1 = calls[1].alg;
+    if (is_window(a0) && is_window(a1))
+      return table_policy(ts, calls, 2, shadow, o, took, pm, TG_FIXED_WINDOW);
+    if ((a0 == TG_TOKEN_BUCKET || a0 == TG_LEAKY_BUCKET) &&
+        (a1 == TG_TOKEN_BUCKET || a1 == TG_LEAKY_BUCKET))
+      return table_policy(ts, calls, 2, shadow, o, took, pm, TG_TOKEN_BUCKET);
+    return table_policy(ts, calls, 2, shadow, o, took, pm, ALG_EACH);
+  }
+  return table_policy(ts, calls, n, shadow, o, took, pm, ALG_EACH);
 }
 
 static inline __attribute__((always_inline)) int
