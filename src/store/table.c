@@ -1418,16 +1418,15 @@ table_policy(tg__table *const *ts, tg__call *calls, size_t n, uint32_t shadow,
   return TG_OK;
 }
 
-/* A policy of one rule (what an nginx location with one limit decides) is
- * compiled apart: with n known, the loops fold away. */
+/* Policies of one rule (what an nginx location with one limit decides) and
+ * of two are compiled apart: with n known, the loops fold away. A policy of
+ * reservations first raises every rule's table's reach (reach_wait). */
 int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
                      uint32_t shadow, tg__outcome *o, tg__outcome *took,
                      tg__policy_marks *pm) {
-  for (size_t i = 0; i < n; i++) /* a policy of reservations */
-    reach_wait(ts[i], &calls[i]);
-  if (n == 1)
-    return table_policy(ts, calls, 1, shadow, o, took, pm, ALG_EACH);
   if (n == 2) {
+    reach_wait(ts[0], &calls[0]);
+    reach_wait(ts[1], &calls[1]);
     /* two rules of one family (buckets, windows): compiled for it */
     tg_algorithm a0 = calls[0].alg, a1 = calls[1].alg;
     if (is_window(a0) && is_window(a1))
@@ -1437,6 +1436,10 @@ int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
       return table_policy(ts, calls, 2, shadow, o, took, pm, TG_TOKEN_BUCKET);
     return table_policy(ts, calls, 2, shadow, o, took, pm, ALG_EACH);
   }
+  for (size_t i = 0; i < n; i++)
+    reach_wait(ts[i], &calls[i]);
+  if (n == 1)
+    return table_policy(ts, calls, 1, shadow, o, took, pm, ALG_EACH);
   return table_policy(ts, calls, n, shadow, o, took, pm, ALG_EACH);
 }
 
