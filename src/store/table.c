@@ -1231,7 +1231,7 @@ check_found(tg__table *t, const tg__call *c, tg_algorithm alg, tg__outcome *o,
   kref k;
   kref_init(t, &k, c->key, c->key_len);
   uint64_t i, ctl, w0, w1;
-  if (!find(t, &k, &i, &ctl))
+  if (!find_inline(t, &k, &i, &ctl))
     return false;
   uint32_t g = ctrl_gen(ctl);
   /* windows too: their end word changes with every new state, so a pair
@@ -1303,7 +1303,7 @@ take_found(tg__table *t, const tg__call *c, tg_algorithm alg, tg__outcome *o,
   kref k;
   kref_init(t, &k, c->key, c->key_len);
   uint64_t i, ctl, w0, w1;
-  if (!find(t, &k, &i, &ctl))
+  if (!find_inline(t, &k, &i, &ctl))
     return false;
   uint32_t g = ctrl_gen(ctl);
   tg__pair *p = &t->slots[i].st;
