@@ -620,7 +620,11 @@ hit_two(const uint64_t *now, tg_rule *rules, tg_rules_result *out) {
   int rc = optimistic(rules, &pr, 2, now != NULL, &passed, &failed);
   if (rc != TG_OK)
     return store_failed(rules, 2, failed < 2 ? failed : 0, rc, false, out);
-  summary_start(out, passed);
+  /* the answer is built apart and copied once: out's fields, written
+   * between the rules' results (the same type), would be read back after
+   * each */
+  tg_rules_result sum;
+  summary_start(&sum, passed);
   _Pragma("GCC unroll 2") for (size_t i = 0; i < 2; i++) {
     tg_rule *ru = &rules[i];
     ru->status = TG_OK;
@@ -631,13 +635,14 @@ hit_two(const uint64_t *now, tg_rule *rules, tg_rules_result *out) {
         tg__state_peek(&pr.c[i], &pr.tok[i].peek_from, &pr.o[i].peek);
       ru->result = unpassed(&pr.o[i]);
     }
-    summary_add(out, i, &ru->result);
+    summary_add(&sum, i, &ru->result);
     /* tg__limiter_done of a quiet limiter */
     if (passed || !ru->result.allowed)
       tg__count_one(lim->stats,
                     ru->result.allowed ? TG__N_ALLOWED : TG__N_DENIED);
   }
-  summary_end(out, passed);
+  summary_end(&sum, passed);
+  *out = sum;
   return TG_OK;
 }
 
