@@ -1421,10 +1421,13 @@ table_policy(tg__table *const *ts, tg__call *calls, size_t n, uint32_t shadow,
 /* Policies of one rule (what an nginx location with one limit decides) and
  * of two are compiled apart: with n known, the loops fold away. A policy of
  * reservations first raises every rule's table's reach (reach_wait). */
-int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
-                     uint32_t shadow, tg__outcome *o, tg__outcome *took,
-                     tg__policy_marks *pm) {
+int tg__table_policy(tg__store *const *stores, size_t table_at, tg__call *calls,
+                     size_t n, uint32_t shadow, tg__outcome *o,
+                     tg__outcome *took, tg__policy_marks *pm) {
+  tg__table *ts[TG_RULES_MAX];
   if (n == 2) {
+    ts[0] = (tg__table *)(void *)((char *)stores[0] + table_at);
+    ts[1] = (tg__table *)(void *)((char *)stores[1] + table_at);
     reach_wait(ts[0], &calls[0]);
     reach_wait(ts[1], &calls[1]);
     /* two rules of one family (buckets, windows): compiled for it */
@@ -1436,8 +1439,10 @@ int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
       return table_policy(ts, calls, 2, shadow, o, took, pm, TG_TOKEN_BUCKET);
     return table_policy(ts, calls, 2, shadow, o, took, pm, ALG_EACH);
   }
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
+    ts[i] = (tg__table *)(void *)((char *)stores[i] + table_at);
     reach_wait(ts[i], &calls[i]);
+  }
   if (n == 1)
     return table_policy(ts, calls, 1, shadow, o, took, pm, ALG_EACH);
   return table_policy(ts, calls, n, shadow, o, took, pm, ALG_EACH);

@@ -330,10 +330,13 @@ void tg__table_exec_batch(tg__table *t, const tg__call *calls, size_t n,
  * and after: c->tok set), without the dispatch. */
 int tg__table_rule(tg__table *t, const tg__call *c, tg__outcome *o);
 
-/* A policy's checks and takes on tables ts[i], as store.h's exec_policy. */
-int tg__table_policy(tg__table *const *ts, tg__call *calls, size_t n,
-                     uint32_t shadow, tg__outcome *o, tg__outcome *took,
-                     tg__policy_marks *pm);
+/* A policy's checks and takes, as store.h's exec_policy, on the tables of
+ * stores[i]: each store's table is the tg__table at byte offset table_at
+ * in it (a store over one table, table_store.c's, passes offsetof: the
+ * table is found here, without a frame between for it). */
+int tg__table_policy(tg__store *const *stores, size_t table_at, tg__call *calls,
+                     size_t n, uint32_t shadow, tg__outcome *o,
+                     tg__outcome *took, tg__policy_marks *pm);
 
 /* Makes the key fresh: its state becomes the all-zero one, which every call
  * evaluates at its own now, and which a cleaning pass or a full table

@@ -18,6 +18,7 @@
 #include "store.h"
 #include "table.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,10 +86,8 @@ static void mem_ident(const tg__store *s, uint64_t group[2],
 static int mem_exec_policy(tg__store *const *stores, tg__call *calls, size_t n,
                            uint32_t shadow, tg__outcome *o, tg__outcome *took,
                            tg__policy_marks *pm) {
-  tg__table *ts[TG_RULES_MAX];
-  for (size_t i = 0; i < n; i++)
-    ts[i] = &((memory *)stores[i])->t;
-  return tg__table_policy(ts, calls, n, shadow, o, took, pm);
+  return tg__table_policy(stores, offsetof(memory, t), calls, n, shadow, o,
+                          took, pm);
 }
 
 static const tg__store_ops memory_ops = {
