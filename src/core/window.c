@@ -82,8 +82,12 @@ policy_step_inline(const tg__call *c, tg__state *st, tg__outcome *o,
   }
   const tg__state *left = allowed && cost > 0 ? &after : st;
   uint64_t shown = allowed ? count : tg__win_count(&w);
-  uint64_t retry =
-      cost > limit ? TG_NEVER : tg__ms_until(window_wait_end(c, &w), c->now_us);
+  /* the wait only when denied (tg__result_set drops it otherwise): an
+   * epoch window's is a division */
+  uint64_t retry = allowed ? 0
+                   : cost > limit
+                       ? TG_NEVER
+                       : tg__ms_until(window_wait_end(c, &w), c->now_us);
   uint64_t reset =
       window_live(c, left) ? tg__ms_until(tg__win_end(left), c->now_us) : 0;
   tg__result_set(&o->r, allowed, shown, shown <= limit ? limit - shown : 0,
