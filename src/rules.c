@@ -657,11 +657,10 @@ hit_rules_by_count(const uint64_t *now, tg_rule *rules, size_t n,
     return rc;
   if (n == 1)
     return hit_rules(now, rules, 1, flags, out, NULL);
-  if (n == 2) {
-    if (out && rules && two_quick(rules, flags))
-      return hit_two(now, rules, out);
+  if (n == 2 && out && rules && two_quick(rules, flags))
+    return hit_two(now, rules, out);
+  if (n == 2)
     return hit_rules(now, rules, 2, flags, out, NULL);
-  }
   return hit_rules(now, rules, n, flags, out, NULL);
 }
 
