@@ -132,7 +132,10 @@ int tg__window_step(const tg__call *c, tg__state *st, tg__outcome *o,
       *changed = true;
     }
     bool allowed = count <= limit;
-    uint64_t retry = cost > limit
+    /* the wait only when denied (tg__result_set drops it otherwise): an
+     * epoch window's is a division */
+    uint64_t retry = allowed ? 0
+                     : cost > limit
                          ? TG_NEVER
                          : tg__ms_until(window_wait_end(c, &w), c->now_us);
     uint64_t reset =
