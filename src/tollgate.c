@@ -260,7 +260,7 @@ static int limiter_new(tg_limiter **out, const tg_config *cfg, bool shell) {
     lim->ident_ok = true;
   }
   lim->plain_rules = rc == TG_OK && lim->quiet && !lim->deny && lim->ident_ok &&
-                     !lim->store->ops->exec_rules &&
+                     lim->store && !lim->store->ops->exec_rules &&
                      lim->store->ops->exec_policy;
   if (rc == TG_OK && lim->store && lim->store->ops->clean &&
       cfg->clean_period_ms > 0)

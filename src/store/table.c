@@ -1439,6 +1439,8 @@ int tg__table_policy(tg__store *const *stores, size_t table_at, tg__call *calls,
       return table_policy(ts, calls, 2, shadow, o, took, pm, TG_TOKEN_BUCKET);
     return table_policy(ts, calls, 2, shadow, o, took, pm, ALG_EACH);
   }
+  if (n == 0 || n > TG_RULES_MAX)
+    return TG_EINVAL; /* not reached: rules.c checked the call */
   for (size_t i = 0; i < n; i++) {
     ts[i] = (tg__table *)(void *)((char *)stores[i] + table_at);
     reach_wait(ts[i], &calls[i]);
