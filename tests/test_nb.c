@@ -335,9 +335,10 @@ static void differential(tg_algorithm alg, uint64_t seed, size_t rounds,
     }
     now += below(4) == 0 ? MS(below(2000)) : below(MS(50));
   }
-  print_message("%s%s: %zu calls in %zu rounds, %zu allowed, %zu denied\n",
-                tg_algorithm_name(alg), rule ? " (TG_NB_RULE)" : "", calls,
-                rounds, allowed, denied);
+  print_message("%s%s (seed %" PRIu64 "): %zu calls in %zu rounds, %zu "
+                "allowed, %zu denied\n",
+                tg_algorithm_name(alg), rule ? " (TG_NB_RULE)" : "", seed,
+                calls, rounds, allowed, denied);
   /* both verdicts represented (the seed is the time). Keys that started
    * on random quotas left a verdict at 4.6 % of the calls under 2 seeds of
    * 44; on distinct quotas the least share of 30 seeds' 300 runs was
@@ -1336,6 +1337,9 @@ static void reserve_matches_tg_reserve(void **state) {
   static const tg_quota RQ[] = {
       {10, 1000, 3}, {3, 7, 1}, {1000, 60000, 50}, {7, 1000, 0}};
   uint64_t seed = (uint64_t)time(NULL);
+  const char *fixed = getenv("TG_TEST_NB_SEED");
+  if (fixed)
+    seed = strtoull(fixed, NULL, 10);
   for (int alg = TG_TOKEN_BUCKET; alg <= TG_LEAKY_BUCKET; alg++) {
     rng = seed + (uint64_t)alg;
     tg_config cfg;
@@ -1404,9 +1408,10 @@ static void reserve_matches_tg_reserve(void **state) {
       }
       now += below(MS(400));
     }
-    print_message("%s: reservations %zu at once, %zu delayed, %zu refused\n",
-                  tg_algorithm_name((tg_algorithm)alg), at_once, delayed,
-                  refused);
+    print_message("%s (seed %" PRIu64 "): reservations %zu at once, %zu "
+                  "delayed, %zu refused\n",
+                  tg_algorithm_name((tg_algorithm)alg), seed + (uint64_t)alg,
+                  at_once, delayed, refused);
     /* the random mix reached all three answers (how often depends on the
      * seed, the time: a leaky bucket admits at once least, 49 of 3,200 in
      * one CI run, so the bound is only that each was seen) */
