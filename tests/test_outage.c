@@ -327,8 +327,12 @@ static void deny_differential(tg_algorithm alg, uint64_t seed, size_t steps) {
   /* the latest time the cache answered the key at, while the store has
    * not decided it at that time or later since (0: none) */
   uint64_t cached_at[5] = {0};
-  for (int k = 0; k < 5; k++)
-    kq[k] = &DQ[below(NDQ)];
+  /* the keys start on distinct quotas: the windows keep them, and five
+   * keys all on the loosest one left the cache 142 calls to answer (seed
+   * 1810001908); on distinct quotas the least of 80 runs was 561 */
+  size_t q0 = (size_t)below(NDQ);
+  for (size_t k = 0; k < 5; k++)
+    kq[k] = &DQ[(q0 + k) % NDQ];
   uint64_t now = real_us();
   size_t cached = 0, from_store = 0, denied = 0, allowed = 0;
   for (size_t i = 0; i < steps; i++) {
@@ -410,10 +414,10 @@ static void deny_differential(tg_algorithm alg, uint64_t seed, size_t steps) {
     if (below(50) == 0)
       now -= below(MS(5));
   }
-  print_message("%s: %zu calls, %zu answered by the cache, %zu by the store "
-                "(%zu allowed, %zu denied)\n",
-                tg_algorithm_name(alg), steps, cached, from_store, allowed,
-                denied);
+  print_message("%s (seed %" PRIu64 "): %zu calls, %zu answered by the "
+                "cache, %zu by the store (%zu allowed, %zu denied)\n",
+                tg_algorithm_name(alg), seed, steps, cached, from_store,
+                allowed, denied);
   assert_true(cached > steps / 25);
   assert_true(allowed > steps / 20);
   tg_limiter_destroy(red);
@@ -529,15 +533,16 @@ static void deny_cache_on_the_servers_clock(void **state) {
   assert_non_null(c);
   tg_limiter *lim =
       make(TG_TOKEN_BUCKET, prefix_of("dc"), TG_POLICY_ERROR, 1, 8);
-  /* one token per 400 ms: a denial holds for up to 399 ms */
-  tg_quota q = {.limit = 1, .period_ms = 400, .burst = 1};
+  /* one token per 2 s: a denial holds for up to 1,999 ms, room for the
+   * calls below on a slow sanitizer build on a busy host */
+  tg_quota q = {.limit = 1, .period_ms = 2000, .burst = 1};
   tg_result r;
   assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_OK);
   assert_true(r.allowed);
   assert_int_equal(tg_hit(lim, "k", 1, &q, 1, &r), TG_OK);
   assert_false(r.allowed);
   uint64_t retry = r.retry_after_ms;
-  assert_true(retry > 1 && retry <= 400);
+  assert_true(retry > 1 && retry <= 2000);
   assert_true(rs_ok(c, "CONFIG RESETSTAT"));
   /* a smaller cost may pass earlier: not covered by the denial (here it
    * is a peek, so the store answers) */
