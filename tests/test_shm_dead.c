@@ -206,9 +206,10 @@ static void dead_log_holder(void **state) {
   tg_limiter_destroy(lim);
   assert_int_equal(a->errors, 0);
   assert_true(confirmed >= 1);
-  /* nobody waited for a lock anywhere near the 2 s timeout, but for the
-   * lost wake-ups (TG_EBUSY after 2 s) that lost_wakeup pins down */
-  assert_true(a->max_call_us < 1000000u);
+  /* nobody waited for a lock until the 2 s timeout, but for the lost
+   * wake-ups (TG_EBUSY after 2 s) that lost_wakeup pins down (1.5 s: room
+   * for a slow build on a busy host) */
+  assert_true(a->max_call_us < 1500000u);
   munmap(a, sizeof *a);
 }
 
@@ -288,12 +289,14 @@ static void lost_wakeup(void **state) {
   unsigned blocked;
   assert_int_equal(reap_all(pids, 2, mono_us() + 10000000u, &blocked), 0);
   tg_limiter_destroy(lim);
-  if (j->rc != TG_OK || j->took_us > 500000u)
+  if (j->rc != TG_OK || j->took_us > 1500000u)
     print_error("waiter: %s after %" PRIu64 " us (the holder let go %u ms "
                 "after it began to wait)\n",
                 tg_err_name(j->rc), j->took_us, 100u);
   assert_int_equal(j->rc, TG_OK);
-  assert_true(j->took_us < 500000u);
+  /* well before the lock's 2 s timeout (it let go after 100 ms; 1.5 s:
+   * room for a slow build on a busy host) */
+  assert_true(j->took_us < 1500000u);
   assert_int_equal(validate(name, &cfg).errors, 0);
   munmap(j, sizeof *j);
 }
@@ -460,7 +463,7 @@ static void dead_table_holder(void **state) {
   assert_true(owner_died(&s.t.h->lock));
   uint64_t t0 = mono_us();
   assert_int_equal(tg_hit_at(lim, T0, "new", 3, &q, 1, &r), TG_OK);
-  assert_true(mono_us() - t0 < 1000000u); /* no wait for the timeout */
+  assert_true(mono_us() - t0 < 1500000u); /* no wait for the 2 s timeout */
   assert_true(r.allowed);
   assert_false(owner_died(&s.t.h->lock));
   tg__table_check c;
