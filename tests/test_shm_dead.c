@@ -60,6 +60,7 @@
 typedef struct log_area {
   const char *name;
   uint64_t iters; /* victim's calls so far (atomic) */
+  int go_on;      /* others keep calling while set (atomic) */
   uint64_t calls, errors, busy, max_call_us;
   int first_error;
 } log_area;
@@ -93,15 +94,20 @@ static int log_victim(unsigned idx, void *arg) {
   }
 }
 
-/* Another process on the same key: each call must come back, at once. */
+/* Another process on the same key: each call must come back, at once.
+ * It calls for 10 ms and 100 calls at least, and while go_on is set (so
+ * that, queued before the victim dies, it is still there after: a busy
+ * host may run it to its end before the kill otherwise). */
 static int log_other(unsigned idx, void *arg) {
   (void)idx;
   log_area *a = arg;
   tg_limiter *lim;
   if (log_config_new(a, &lim) != TG_OK)
     return 2;
-  const uint64_t end = mono_us() + 10000u; /* 10 ms, and 100 calls at least */
-  for (int i = 0; i < 100 || mono_us() < end; i++) {
+  const uint64_t end = mono_us() + 10000u;
+  for (int i = 0; i < 100 || mono_us() < end ||
+                  __atomic_load_n(&a->go_on, __ATOMIC_ACQUIRE);
+       i++) {
     uint64_t t0 = mono_us();
     tg_result r;
     int rc = tg_hit_at(lim, realtime_us(), "log", 3, &q_log, 1, &r);
@@ -161,6 +167,7 @@ static void dead_log_holder(void **state) {
            mono_us() < deadline)
       sched_yield();
     pid_t others[2] = {0, 0};
+    __atomic_store_n(&a->go_on, together, __ATOMIC_RELEASE);
     if (together)
       for (unsigned i = 0; i < 2; i++)
         others[i] = spawn(log_other, i, a);
@@ -168,6 +175,8 @@ static void dead_log_holder(void **state) {
     kill(victim, SIGKILL);
     waitpid(victim, NULL, 0);
     if (together) {
+      /* they outlive the victim, whatever the scheduler did */
+      __atomic_store_n(&a->go_on, 0, __ATOMIC_RELEASE);
       concurrent++;
     } else {
       if (owner_died(&b->lock)) {
